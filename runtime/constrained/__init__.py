@@ -1,0 +1,1 @@
+"""Constrained decoding: grammar backends, compile cache, token masks, jump-forward (scheduler process)."""

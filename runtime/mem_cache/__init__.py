@@ -1,0 +1,1 @@
+"""KV memory pools and prefix caches (radix tree, chunk cache); scheduler process."""

@@ -1,0 +1,65 @@
+"""The prefix-cache contract the scheduler programs against (radix tree or plain chunk cache)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixgen.runtime.scheduler.req import Req
+
+
+@dataclass
+class MatchResult:
+    """KV slots of the longest cached prefix of a key, and the node to lock while using them."""
+
+    indices: torch.Tensor
+    last_node: Any
+
+
+class BasePrefixCache(ABC):
+    """Owns KV slots of finished prefixes and hands them to new requests.
+
+    Accounting invariant (checked in debug mode): every allocated KV slot is either held by a
+    running request (protected), or by the cache (evictable when no request locks it), never both.
+    """
+
+    @abstractmethod
+    def match_prefix(self, key: list[int]) -> MatchResult: ...
+
+    @abstractmethod
+    def inc_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def dec_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def cache_finished_req(self, req: Req) -> None:
+        """Hand a finished (or aborted) request's KV over to the cache; free its request slot."""
+
+    @abstractmethod
+    def cache_unfinished_req(self, req: Req) -> None:
+        """After a prefill chunk: share what is computed so far; update the request's prefix."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` of unlocked cache (LRU) if possible; return tokens freed."""
+
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def protected_size(self) -> int: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    def total_size(self) -> int:
+        return self.evictable_size() + self.protected_size()
+
+    def cached_slots(self) -> list[torch.Tensor]:
+        """Every KV slot the cache holds (debug accounting)."""
+        return []

@@ -1,0 +1,146 @@
+"""KV memory: request slots -> KV indices (`ReqToTokenPool`) and the paged KV tensors (`TokenToKVPool`).
+
+Runs in the scheduler process. KV slots are handed out in pages of `page_size` tokens by a
+free-page allocator; slot 0 (page 0) is reserved as the padding target and never allocated, so
+index 0 can safely fill padded index tensors. No request ever owns a contiguous KV tensor: its
+tokens' slots are listed in its row of `req_to_token`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """One row per running request: the KV slot of each of its token positions."""
+
+    def __init__(self, size: int, max_context_len: int) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.long)
+        self._free: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int) -> None:
+        assert slot not in self._free, f"request slot {slot} freed twice"
+        self._free.append(slot)
+
+    def clear(self) -> None:
+        self._free = list(range(self.size))
+
+
+class TokenToKVPool:
+    """K and V tensors for every layer, [num_slots, kv_heads, head_dim] each, plus the allocator."""
+
+    def __init__(
+        self,
+        max_total_tokens: int,
+        page_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.page_size = page_size
+        self.num_pages = max_total_tokens // page_size
+        self.size = self.num_pages * page_size  # usable tokens
+        total_slots = self.size + page_size  # + the reserved padding page
+        self.dtype = dtype
+        self.device = device
+        shape = (num_layers, total_slots, num_kv_heads, head_dim)
+        self.k_buffer = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_buffer = torch.zeros(shape, dtype=dtype, device=device)
+        self.clear()
+
+    # --- allocator --------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        # Pages 1..num_pages; page 0 is the padding page.
+        self._free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.long)
+        self._release_buffer: list[torch.Tensor] = []
+
+    def available_size(self) -> int:
+        self._merge_released()
+        return int(self._free_pages.numel()) * self.page_size
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Whole fresh pages for `num_tokens` tokens (page_size 1: exactly that many slots)."""
+        self._merge_released()
+        pages_needed = -(-num_tokens // self.page_size)
+        if pages_needed > self._free_pages.numel():
+            return None
+        pages = self._free_pages[:pages_needed]
+        self._free_pages = self._free_pages[pages_needed:]
+        if self.page_size == 1:
+            return pages.clone()
+        slots = (pages[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
+        return slots[:num_tokens].clone()
+
+    def alloc_extend(self, prefix_lens: list[int], extend_lens: list[int], last_locs: list[int]) -> torch.Tensor | None:
+        """Slots for each request's next `extend_len` tokens after `prefix_len` cached ones.
+
+        With pages, a request first fills the free tail of its last page (`last_loc` is the slot of
+        its last cached token, or -1), then takes fresh pages. Returns the slots in batch order.
+        """
+        total = sum(extend_lens)
+        if self.page_size == 1:
+            return self.alloc(total)
+        parts: list[torch.Tensor] = []
+        fresh_needed = 0
+        plans: list[tuple[int, int]] = []
+        for prefix, ext, last in zip(prefix_lens, extend_lens, last_locs, strict=True):
+            in_tail = 0
+            if prefix % self.page_size and last >= 0:
+                in_tail = min(ext, self.page_size - prefix % self.page_size)
+            plans.append((in_tail, ext - in_tail))
+            fresh_needed += -(-(ext - in_tail) // self.page_size)
+        self._merge_released()
+        if fresh_needed > self._free_pages.numel():
+            return None
+        for (in_tail, fresh), last in zip(plans, last_locs, strict=True):
+            if in_tail:
+                parts.append(torch.arange(last + 1, last + 1 + in_tail, dtype=torch.long))
+            if fresh:
+                parts.append(self.alloc(fresh))
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return slots; with pages, every page touched is returned whole (callers free whole pages)."""
+        if slots.numel() == 0:
+            return
+        if self.page_size == 1:
+            self._release_buffer.append(slots)
+        else:
+            self._release_buffer.append(torch.unique(slots // self.page_size))
+
+    def _merge_released(self) -> None:
+        if self._release_buffer:
+            self._free_pages = torch.cat([self._free_pages, *self._release_buffer])
+            self._release_buffer = []
+
+    def free_slot_set(self) -> set[int]:
+        """Every free slot (debug accounting only)."""
+        self._merge_released()
+        pages = self._free_pages.tolist()
+        if self.page_size == 1:
+            return set(pages)
+        return {p * self.page_size + o for p in pages for o in range(self.page_size)}
+
+    # --- data -------------------------------------------------------------------------------
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def set_kv(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffer[layer_id].index_copy_(0, slots, k.to(self.dtype))
+        self.v_buffer[layer_id].index_copy_(0, slots, v.to(self.dtype))
+
+    def bytes_per_token(self) -> int:
+        layers, _, heads, dim = self.k_buffer.shape
+        return 2 * layers * heads * dim * self.k_buffer.element_size()

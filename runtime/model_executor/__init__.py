@@ -1,0 +1,1 @@
+"""Scheduler-process package."""

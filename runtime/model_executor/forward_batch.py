@@ -1,0 +1,39 @@
+"""What one forward step runs: the flat token batch and its per-request layout (scheduler process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """Tensors for the model plus CPU-side lists for the attention backend's metadata.
+
+    Request i contributes `extend_lens[i]` new tokens (1 for decode) at flat offsets
+    `extend_start_loc[i]`, on top of `prefix_lens[i]` tokens already in the KV pool.
+    """
+
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    out_cache_loc: torch.Tensor  # [N] KV slot of each new token
+    req_pool_indices_cpu: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    extend_start_loc: list[int]
+    logits_indices: torch.Tensor | None  # flat positions whose logits are needed
+    attn_backend: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(e == 1 for e in self.extend_lens)

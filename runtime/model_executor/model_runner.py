@@ -1,0 +1,137 @@
+"""Loads the model and its KV pools and runs one forward step (scheduler process)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from radixgen.errors import InvalidRequestError
+from radixgen.kernels.attention import create_attention_backend
+from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.model_config import ModelArchConfig
+from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+from radixgen.runtime.models.llama import LlamaForCausalLM
+from radixgen.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_has_bf16() -> bool:
+    """AMX-BF16 or AVX512-BF16 makes bf16 matmuls fast on this CPU."""
+    try:
+        flags = next(
+            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
+        )
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        if device.startswith("cuda") or cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+    return _DTYPES[dtype]
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def iter_safetensors(folder: str, dtype: torch.dtype):
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise InvalidRequestError(f"no *.safetensors weights in {folder}", "model_path")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, st.get_tensor(name).to(dtype)
+
+
+class ModelRunner:
+    """Owns the weights, the KV pools and the attention backend; `forward` returns fp32 logits."""
+
+    def __init__(self, model_folder: str, args: ServerArgs, context_length: int) -> None:
+        t0 = time.perf_counter()
+        self.args = args
+        self.device = resolve_device(args.model.device)
+        if self.device != "cpu":
+            raise InvalidRequestError(
+                f"device {self.device!r} is not supported by this build (the GPU path needs the [gpu] extra)",
+                "device",
+            )
+        self.dtype = resolve_dtype(args.model.dtype, self.device)
+        self.cfg = ModelArchConfig.from_folder(model_folder)
+        self.context_length = context_length
+        with torch.device("meta"):
+            model = LlamaForCausalLM(self.cfg, max_positions=1)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        from radixgen.runtime.models.llama import RotaryEmbedding
+
+        model.rotary = RotaryEmbedding(self.cfg, max_positions=context_length + 1)
+        model.load_weights(iter_safetensors(model_folder, self.dtype))
+        model.eval()
+        self.model = model
+        self.vocab_size = self.cfg.vocab_size
+
+        cache = args.cache
+        self.max_total_tokens = self._kv_capacity()
+        self.kv_pool = TokenToKVPool(
+            self.max_total_tokens,
+            cache.page_size,
+            self.cfg.num_layers,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.req_to_token_pool = ReqToTokenPool(
+            args.scheduler.max_running_requests + 8, context_length + 8
+        )
+        self.attn_backend = create_attention_backend("torch", self.kv_pool, self.req_to_token_pool)
+        self.load_seconds = time.perf_counter() - t0
+        logger.info(
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens",
+            self.load_seconds,
+            self.cfg.architecture,
+            self.dtype,
+            self.kv_pool.size,
+        )
+
+    def _kv_capacity(self) -> int:
+        cache = self.args.cache
+        if cache.max_total_tokens is not None:
+            return cache.max_total_tokens
+        import psutil
+
+        per_token = (
+            2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * self.dtype.itemsize
+        )
+        budget = psutil.virtual_memory().available * cache.mem_fraction_static
+        tokens = int(budget // per_token)
+        return max(cache.page_size * 64, min(tokens, 1 << 20))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        return self.model.compute_logits(hidden)

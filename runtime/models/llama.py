@@ -1,0 +1,233 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) whose attention reads the paged KV pool.
+
+Runs in the scheduler process. The batch is flat: N new tokens from many requests, each with its
+own position; the attention backend knows which request each token belongs to. Weights use Hugging
+Face names, with q/k/v and gate/up fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixgen.kernels.attention.base import AttentionLayerInfo
+from radixgen.runtime.model_config import ModelArchConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Norm of x (+ residual); with a residual returns (normed, new residual) like a fused add-norm."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+        return normed if residual is None else (normed, residual)
+
+
+def _inv_freq(cfg: ModelArchConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Half-split (NeoX-style) rotary embedding with a precomputed cos/sin table."""
+
+    def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        inv = _inv_freq(cfg)
+        t = torch.arange(max_positions, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [N, H, D], k: [N, Hkv, D] -> rotated copies."""
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.info = AttentionLayerInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any):
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = rotary(positions, q.view(n, self.h, self.d), k.view(n, self.hkv, self.d))
+        out = batch.attn_backend.forward(
+            q.reshape(n, self.q_size), k.reshape(n, self.kv_size), v, self.info, batch
+        )
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, residual, positions, rotary, batch):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, rotary, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Covers LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (biases per config)."""
+
+    def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg, max_positions)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> torch.Tensor:
+        """Hidden states (after the final norm) at `batch.logits_indices` -> [M, hidden]."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, self.rotary, batch)
+        idx = batch.logits_indices
+        if idx is not None:
+            x, residual = x[idx], residual[idx]
+        h, _ = self.norm(x, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    # --- weights ----------------------------------------------------------------------------
+
+    _FUSED = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into our (fused) parameters; every parameter must be set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight":
+                if self.cfg.tie_word_embeddings:
+                    continue
+                name = "lm_head"
+            elif name.startswith("model."):
+                name = name[len("model.") :]
+            target, shard = name, None
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[-2] in self._FUSED:
+                fused, shard = self._FUSED[parts[-2]]
+                target = ".".join([*parts[:-2], fused, parts[-1]])
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
+            param = params[target]
+            with torch.no_grad():
+                if shard is None:
+                    if tuple(param.shape) != tuple(tensor.shape):
+                        raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                    param.copy_(tensor)
+                else:
+                    param[self._shard_slice(target, shard)].copy_(tensor)
+            loaded.add(f"{target}#{shard}")
+        missing = self._expected_keys() - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+    def _shard_slice(self, target: str, shard: int) -> slice:
+        cfg = self.cfg
+        if "qkv_proj" in target:
+            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            bounds = [0, q, q + kv, q + 2 * kv]
+        else:
+            inter = cfg.intermediate_size
+            bounds = [0, inter, 2 * inter]
+        return slice(bounds[shard], bounds[shard + 1])
+
+    def _expected_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for name, _ in self.named_parameters():
+            if name.split(".")[-2:-1] and name.split(".")[-2] in ("qkv_proj", "gate_up_proj"):
+                n = 3 if "qkv_proj" in name else 2
+                keys.update(f"{name}#{i}" for i in range(n))
+            else:
+                keys.add(f"{name}#None")
+        return keys

@@ -1,0 +1,50 @@
+"""When a request stops: EOS, stop token ids, length, context end, grammar end, stop strings.
+
+Runs in the scheduler after each sampled token. Stop strings are found by decoding only the tail
+of the output (enough tokens to cover the longest stop string), so the check is cheap per step;
+the detokenizer then trims the matched text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixgen.runtime.scheduler.req import Req
+    from radixgen.runtime.tokenizer import Tokenizer
+
+
+def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: Tokenizer) -> None:
+    sp = req.sampling_params
+    tok = req.output_ids[-1]
+    if not sp.ignore_eos and tok in eos_ids:
+        req.finish({"type": "stop", "matched": tok})
+        return
+    if tok in sp.stop_token_ids:
+        req.finish({"type": "stop", "matched": tok})
+        return
+    if req.grammar is not None and req.grammar.is_terminated():
+        req.finish({"type": "stop", "matched": tok})
+        return
+    if sp.stop:
+        matched = _match_stop_string(req, tokenizer)
+        if matched is not None:
+            req.finish({"type": "stop", "matched": matched})
+            return
+    if len(req.output_ids) >= sp.max_new_tokens:
+        req.finish({"type": "length", "length": sp.max_new_tokens})
+        return
+    if req.seq_len >= context_length:
+        req.finish({"type": "length", "length": len(req.output_ids)})
+
+
+def _match_stop_string(req: Req, tokenizer: Tokenizer) -> str | None:
+    # Each token decodes to at least one character (partial UTF-8 bytes aside), so this many tail
+    # tokens cover any stop string ending at the newest token; an earlier match would have
+    # finished the request at an earlier step.
+    window = req.stop_tail_chars + 4
+    tail = tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+    for s in req.sampling_params.stop:
+        if s in tail:
+            return s
+    return None

@@ -1,0 +1,124 @@
+"""One request's state inside the scheduler: tokens, KV ownership, sampling stream, logprobs, finish."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from radixgen.io_struct import FinishReason, RequestMeta, TokenizedGenerateReq
+from radixgen.sampling_params import SamplingParams
+
+
+class Req:
+    """CPU-side state of a sequence being generated.
+
+    KV ownership: positions [0, kv_len) of `all_ids` have KV in the pool, listed in row
+    `req_pool_idx` of `req_to_token`; the first `cache_protected_len` of them belong to locked
+    prefix-cache nodes, the rest to this request.
+    """
+
+    def __init__(self, msg: TokenizedGenerateReq, default_seed: int) -> None:
+        self.rid = msg.rid
+        self.origin_input_ids: list[int] = list(msg.input_ids)
+        self.output_ids: list[int] = []
+        self.sampling_params: SamplingParams = msg.sampling_params
+        self.return_logprob = msg.return_logprob
+        self.logprob_start_len = msg.logprob_start_len
+        self.top_logprobs_num = msg.top_logprobs_num
+        self.stream = msg.stream
+        self.arrival_time = msg.arrival_time
+        seed = msg.sampling_params.seed
+        self.seed = seed if seed is not None else random.Random(hash((default_seed, msg.rid))).getrandbits(62)
+
+        # KV ownership
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0
+        self.cache_protected_len = 0
+        self.last_node: Any = None
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.admitted_once = False
+
+        # step plan, set by the scheduler each step
+        self.extend_len = 0
+
+        # grammar
+        self.grammar: Any = None
+        self.grammar_key: tuple[str, str] | None = None
+        self.jump_forward_tokens = 0
+
+        # outputs
+        self.finished_reason: FinishReason | None = None
+        self.retractions = 0
+        self.sent_output_len = 0  # output tokens already sent downstream
+        self.sent_input_logprobs = False
+        self.steps_since_stream = 0
+        self.input_token_logprobs: list[tuple[float | None, int]] | None = None
+        self.input_top_logprobs: list[Any] | None = None
+        self.output_token_logprobs: list[tuple[float | None, int]] = []
+        self.output_top_logprobs: list[Any] = []
+        self.stop_tail_chars = max((len(s) for s in self.sampling_params.stop), default=0)
+
+    # --- token views ------------------------------------------------------------------------
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def pending_len(self) -> int:
+        """Tokens still to run through the model before the next sample (1 = a decode step)."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def input_logprob_start(self) -> int:
+        """First prompt position whose logprob is reported, or -1."""
+        if not self.return_logprob or self.logprob_start_len < 0:
+            return -1
+        return self.logprob_start_len
+
+    def uniform(self) -> float:
+        """This request's own random number for its current step (batch-independent)."""
+        return random.Random(self.seed * 1_000_003 + len(self.output_ids)).random()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def release_kv(self) -> None:
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+
+    def reset_for_retract(self) -> None:
+        """Back to the waiting queue: all KV is released; output so far is kept and re-prefilled."""
+        self.retractions += 1
+        self.extend_len = 0
+
+    def finish(self, reason: FinishReason) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = reason
+
+    def meta(self) -> RequestMeta:
+        return RequestMeta(
+            prompt_tokens=len(self.origin_input_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens,
+            jump_forward_tokens=self.jump_forward_tokens,
+            retractions=self.retractions,
+        )
+
+    def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
+        assert self.req_pool_idx is not None
+        return req_to_token[self.req_pool_idx, : self.kv_len]
+
+    def __repr__(self) -> str:
+        return f"Req({self.rid}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, kv={self.kv_len})"

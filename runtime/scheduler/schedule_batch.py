@@ -1,0 +1,119 @@
+"""Build one step's `ForwardBatch` from the planned requests, and map logits rows back to them.
+
+Runs in the scheduler process. Each planned request runs `extend_len` tokens starting at its
+`kv_len`; it samples when that reaches the end of its sequence, and asks for extra logits rows
+when it wants prompt logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+from radixgen.runtime.scheduler.req import Req
+
+
+@dataclass
+class RowLayout:
+    """Where a request's rows sit in the step's logits."""
+
+    lp_start: int  # first prompt-logprob row
+    lp_positions: list[int]  # prompt positions k whose logits give logprob of token k+1
+    sample_row: int | None
+
+
+@dataclass
+class StepBatch:
+    reqs: list[Req]
+    forward: ForwardBatch
+    layouts: list[RowLayout]
+
+    @property
+    def sample_rows(self) -> list[int]:
+        return [lay.sample_row for lay in self.layouts if lay.sample_row is not None]
+
+    @property
+    def sampling_reqs(self) -> list[Req]:
+        return [r for r, lay in zip(self.reqs, self.layouts, strict=True) if lay.sample_row is not None]
+
+
+def token_slice(req: Req, start: int, end: int) -> list[int]:
+    """all_ids[start:end] without concatenating the whole sequence."""
+    p = len(req.origin_input_ids)
+    if start >= p:
+        return req.output_ids[start - p : end - p]
+    if end <= p:
+        return req.origin_input_ids[start:end]
+    return req.origin_input_ids[start:] + req.output_ids[: end - p]
+
+
+def build_step_batch(
+    reqs: list[Req], out_cache_loc: torch.Tensor, req_to_token_pool: ReqToTokenPool
+) -> StepBatch:
+    """`out_cache_loc` holds the freshly allocated KV slots of all new tokens, in batch order."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    starts: list[int] = []
+    prefix_lens: list[int] = []
+    extend_lens: list[int] = []
+    rows: list[int] = []
+    logits_idx: list[int] = []
+    layouts: list[RowLayout] = []
+    for req in reqs:
+        a, n = req.kv_len, req.extend_len
+        b = a + n
+        start = len(input_ids)
+        starts.append(start)
+        prefix_lens.append(a)
+        extend_lens.append(n)
+        assert req.req_pool_idx is not None
+        rows.append(req.req_pool_idx)
+        input_ids.extend(token_slice(req, a, b))
+        positions.extend(range(a, b))
+        lp_positions: list[int] = []
+        lp_from = req.input_logprob_start
+        prompt_len = len(req.origin_input_ids)
+        if lp_from >= 0:
+            lp_positions = list(range(max(a, lp_from), min(b, prompt_len - 1)))
+        lay = RowLayout(len(logits_idx), lp_positions, None)
+        logits_idx.extend(start + (k - a) for k in lp_positions)
+        if b == req.seq_len:
+            lay.sample_row = len(logits_idx)
+            logits_idx.append(start + n - 1)
+        layouts.append(lay)
+
+    pos = torch.tensor(positions, dtype=torch.long)
+    row_of_token = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens))
+    req_to_token_pool.req_to_token[row_of_token, pos] = out_cache_loc
+    fb = ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=pos,
+        out_cache_loc=out_cache_loc,
+        req_pool_indices_cpu=rows,
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        extend_start_loc=starts,
+        logits_indices=torch.tensor(logits_idx, dtype=torch.long),
+    )
+    return StepBatch(reqs, fb, layouts)
+
+
+def allocate_step_slots(reqs: list[Req], kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> torch.Tensor | None:
+    """KV slots for every planned request's new tokens (None if the pool is short)."""
+    if kv_pool.page_size == 1:
+        return kv_pool.alloc(sum(r.extend_len for r in reqs))
+    last_locs = [
+        int(req_to_token[r.req_pool_idx, r.kv_len - 1]) if r.kv_len > 0 else -1 for r in reqs
+    ]
+    return kv_pool.alloc_extend([r.kv_len for r in reqs], [r.extend_len for r in reqs], last_locs)
+
+
+def pages_needed(req: Req, n: int, page_size: int) -> int:
+    """Fresh pages a request needs to grow by n tokens (its last page may have room)."""
+    if page_size == 1:
+        return n
+    used = -(-req.kv_len // page_size)
+    return -(-(req.kv_len + n) // page_size) - used

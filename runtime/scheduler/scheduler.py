@@ -1,0 +1,526 @@
+"""The scheduler: continuous batching over the paged KV pool with the prefix cache (scheduler process).
+
+Every step: admit waiting requests (prefix match, lock, allocate, chunked-prefill budget), run one
+forward over the mixed batch (decodes + prefill chunks), sample, then finish or stream each request.
+When the pool is short it evicts unlocked cache first and then retracts the newest requests back to
+the queue. `step()` is pure logic; `run_scheduler_process` wraps it with ZMQ I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from radixgen.io_struct import (
+    AbortReq,
+    BatchTokenIDOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetInternalStateOut,
+    GetInternalStateReq,
+    TokenizedGenerateReq,
+)
+from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
+from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
+from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.model_executor.model_runner import ModelRunner
+from radixgen.runtime.sampling.sampler import Sampler
+from radixgen.runtime.scheduler.finish import check_finish
+from radixgen.runtime.scheduler.req import Req
+from radixgen.runtime.scheduler.schedule_batch import (
+    StepBatch,
+    allocate_step_slots,
+    build_step_batch,
+    pages_needed,
+)
+from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
+from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+NEW_TOKEN_RATIO_INIT = 0.7
+NEW_TOKEN_RATIO_MIN = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+RESERVE_CLIP = 1024  # future tokens reserved per running request are capped at this
+IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many tokens with one being prefilled
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, model_folder: str) -> None:
+        self.args = args
+        self.tokenizer = Tokenizer(model_folder, args.model.chat_template)
+        context = args.model.context_length
+        from radixgen.runtime.model_config import ModelArchConfig
+
+        cfg = ModelArchConfig.from_folder(model_folder)
+        self.context_length = min(context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if context and context > cfg.max_position_embeddings:
+            logger.warning("context_length %d exceeds the model's %d", context, cfg.max_position_embeddings)
+            self.context_length = context
+        self.model_runner = ModelRunner(model_folder, args, self.context_length)
+        self.kv_pool = self.model_runner.kv_pool
+        self.req_to_token_pool = self.model_runner.req_to_token_pool
+        self.page_size = args.cache.page_size
+        self.cache: BasePrefixCache
+        if args.cache.disable_radix_cache:
+            self.cache = ChunkCache(self.req_to_token_pool, self.kv_pool)
+        else:
+            self.cache = RadixCache(self.req_to_token_pool, self.kv_pool, self.page_size)
+        eos = cfg.eos_token_ids or self.tokenizer.eos_token_ids
+        self.eos_token_ids: list[int] = list(eos)
+        self.sampler = Sampler(cfg.vocab_size, self.eos_token_ids)
+        self.vocab_size = cfg.vocab_size
+        self.grammar_manager: Any = None
+        if args.grammar.grammar_backend != "none":
+            from radixgen.runtime.constrained.grammar_manager import GrammarManager
+
+            self.grammar_manager = GrammarManager(
+                args.grammar, self.tokenizer, self.vocab_size, self.eos_token_ids
+            )
+
+        sched = args.scheduler
+        self.max_running = min(sched.max_running_requests, self.req_to_token_pool.size)
+        self.chunk_size = sched.chunked_prefill_size if sched.chunked_prefill_size > 0 else None
+        self.max_prefill_tokens = sched.max_prefill_tokens
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT * sched.schedule_conservativeness
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.grammar_waiting: list[Req] = []
+        self.outbox: list[Req] = []  # requests with something to send this step
+        self.forward_steps = 0
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "retractions": 0,
+            "evicted_tokens": 0,
+            "jump_forward_tokens": 0,
+        }
+
+    # --- requests in --------------------------------------------------------------------------
+
+    def handle(self, msg: Any) -> Any:
+        """Handle one control or generate message; returns a direct reply for control messages."""
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+            return None
+        if isinstance(msg, AbortReq):
+            self.abort(msg)
+            return None
+        if isinstance(msg, FlushCacheReq):
+            return self.flush_cache()
+        if isinstance(msg, GetInternalStateReq):
+            return GetInternalStateOut(self.internal_state())
+        logger.error("unknown message %r", type(msg))
+        return None
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        req = Req(msg, self.args.model.random_seed)
+        limit = min(self.context_length, self.kv_pool.size)
+        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
+        if not req.origin_input_ids:
+            req.finish({"type": "abort", "message": "the prompt is empty", "status_code": 400})
+        elif total > limit:
+            req.finish(
+                {
+                    "type": "abort",
+                    "message": f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
+                    f"({req.sampling_params.max_new_tokens}) exceeds the limit of {limit} tokens",
+                    "status_code": 400,
+                }
+            )
+        if req.finished:
+            self.outbox.append(req)
+            return
+        if req.sampling_params.constraint is not None:
+            if self.grammar_manager is None:
+                req.finish(
+                    {
+                        "type": "abort",
+                        "message": "constrained decoding is off (grammar_backend=none)",
+                        "status_code": 400,
+                    }
+                )
+                self.outbox.append(req)
+                return
+            self.grammar_manager.submit(req)
+            self.grammar_waiting.append(req)
+            return
+        self.waiting.append(req)
+
+    def _poll_grammars(self) -> None:
+        if not self.grammar_waiting:
+            return
+        ready, failed = self.grammar_manager.poll(self.grammar_waiting)
+        for req in failed:
+            self.outbox.append(req)
+        for req in ready:
+            self.waiting.append(req)
+        done = {id(r) for r in ready} | {id(r) for r in failed}
+        self.grammar_waiting = [r for r in self.grammar_waiting if id(r) not in done]
+
+    def abort(self, msg: AbortReq) -> None:
+        reason = {"type": "abort", "message": msg.message, "status_code": 499}
+        for queue in (self.waiting, self.grammar_waiting):
+            keep = []
+            for r in queue:
+                if msg.abort_all or r.rid == msg.rid:
+                    r.finish(reason)
+                    self.outbox.append(r)
+                else:
+                    keep.append(r)
+            queue[:] = keep
+        for r in list(self.running):
+            if msg.abort_all or r.rid == msg.rid:
+                r.finish(reason)
+                self._release(r)
+                self.outbox.append(r)
+
+    def flush_cache(self) -> FlushCacheOut:
+        if self.running or self.waiting or self.grammar_waiting:
+            return FlushCacheOut(
+                False,
+                f"cannot flush the cache while requests are in flight "
+                f"({len(self.running)} running, {len(self.waiting) + len(self.grammar_waiting)} waiting)",
+            )
+        self.cache.reset()
+        self.kv_pool.clear()
+        self.req_to_token_pool.clear()
+        return FlushCacheOut(True, "cache flushed")
+
+    # --- one step -----------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.outbox)
+
+    def step(self) -> list[BatchTokenIDOut]:
+        """Plan, run and process one forward step; return the outputs to send."""
+        self._poll_grammars()
+        plan = self._plan_step()
+        if plan:
+            try:
+                self._run(plan)
+            except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
+                logger.error("step failed: %s\n%s", e, traceback.format_exc())
+                for r in plan:
+                    if not r.finished:
+                        r.finish({"type": "abort", "message": f"internal error: {e}", "status_code": 500})
+                        self._release(r)
+                        self.outbox.append(r)
+            self.forward_steps += 1
+            self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if self.args.scheduler.debug_invariants:
+            self.check_invariants()
+        return self._collect_outputs()
+
+    def _run(self, plan: list[Req]) -> None:
+        slots = allocate_step_slots(plan, self.kv_pool, self.req_to_token_pool.req_to_token)
+        assert slots is not None, "planner admitted more tokens than the pool holds"
+        try:
+            batch = build_step_batch(plan, slots, self.req_to_token_pool)
+            logits = self.model_runner.forward(batch.forward)
+        except Exception:
+            self.kv_pool.free(slots)  # nobody owns this step's slots yet
+            raise
+        self._process(batch, logits)
+
+    # --- planning -----------------------------------------------------------------------------
+
+    def _free_tokens(self, needed: int) -> bool:
+        """Make `needed` slots free, evicting unlocked cache if necessary."""
+        free = self.kv_pool.available_size()
+        if free >= needed:
+            return True
+        self.stats["evicted_tokens"] += self.cache.evict(needed - free)
+        return self.kv_pool.available_size() >= needed
+
+    def _plan_step(self) -> list[Req]:
+        plan: list[Req] = []
+        decodes = [r for r in self.running if r.pending_len == 1]
+        extends = sorted((r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time)
+        # 1) every decoding request gets its token; retract the newest when the pool is short
+        while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
+            victim = max(decodes + extends, key=lambda r: r.arrival_time)
+            self._retract(victim)
+            if victim in decodes:
+                decodes.remove(victim)
+            else:
+                extends.remove(victim)
+        for r in decodes:
+            r.extend_len = 1
+            plan.append(r)
+        budget = self.chunk_size or self.max_prefill_tokens
+        reserved = self._pages(decodes, 1) * self.page_size
+        # 2) requests part-way through their prefill (chunks, jump-forward text) continue
+        for r in extends:
+            n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
+            if n <= 0:
+                break
+            need = pages_needed(r, n, self.page_size) * self.page_size
+            if not self._free_tokens(reserved + need):
+                if not plan and r is extends[-1]:
+                    self._retract(r)  # nothing can run: free the newest to break the deadlock
+                continue
+            r.extend_len = n
+            reserved += need
+            budget -= n
+            plan.append(r)
+        # 3) admit waiting requests
+        if budget > 0 and self.waiting:
+            plan.extend(self._admit(budget, reserved, plan))
+        return plan
+
+    def _pages(self, reqs: list[Req], n: int) -> int:
+        return sum(pages_needed(r, n, self.page_size) for r in reqs)
+
+    def _future_reserve(self, extra: list[Req]) -> int:
+        """Slots kept free for running requests' future tokens (fewer retractions)."""
+        total = 0
+        for r in (*self.running, *extra):
+            left = r.sampling_params.max_new_tokens - len(r.output_ids)
+            total += min(max(left, 0), RESERVE_CLIP)
+        return int(total * self.new_token_ratio)
+
+    def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
+        admitted: list[Req] = []
+        prefilling = [r for r in plan if r.extend_len > 1]
+        for req in order_waiting_queue(self.waiting, self.args.scheduler.schedule_policy, self.cache):
+            if budget <= 0 or len(self.running) >= self.max_running:
+                break
+            if self.req_to_token_pool.available_size() == 0:
+                break
+            key_len = req.seq_len - 1  # at least one token must run to produce logits
+            if req.input_logprob_start >= 0:
+                key_len = min(key_len, req.input_logprob_start)
+            match = self.cache.match_prefix(req.all_ids[:key_len])
+            prefix_len = match.indices.numel()
+            if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
+                continue  # its prefix will be in the cache after this step
+            extend = req.seq_len - prefix_len
+            if self.chunk_size:
+                n = min(extend, budget)
+            else:
+                if extend > budget and (admitted or prefilling):
+                    break
+                n = extend
+            need = -(-n // self.page_size) * self.page_size
+            self.cache.inc_lock_ref(match.last_node)  # protect the prefix from our own eviction
+            future = self._future_reserve([*admitted, req]) if self.running or admitted else 0
+            if not self._free_tokens(reserved + need + future):
+                self.cache.dec_lock_ref(match.last_node)
+                if self.running or admitted or plan:
+                    break
+                # alone and still short: run without the future reservation
+                self.cache.inc_lock_ref(match.last_node)
+                if not self._free_tokens(reserved + need):
+                    self.cache.dec_lock_ref(match.last_node)
+                    break
+            row = self.req_to_token_pool.alloc()
+            assert row is not None
+            req.req_pool_idx = row
+            req.last_node = match.last_node
+            if prefix_len:
+                self.req_to_token_pool.req_to_token[row, :prefix_len] = match.indices
+            req.kv_len = prefix_len
+            req.cache_protected_len = prefix_len
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = prefix_len
+                self.stats["prompt_tokens"] += len(req.origin_input_ids)
+                self.stats["cached_tokens"] += prefix_len
+            req.extend_len = n
+            budget -= n
+            reserved += need
+            admitted.append(req)
+            self.running.append(req)
+        if admitted:
+            ids = {id(r) for r in admitted}
+            self.waiting = [r for r in self.waiting if id(r) not in ids]
+        return admitted
+
+    def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
+        if not isinstance(self.cache, RadixCache):
+            return False
+        from radixgen.runtime.mem_cache.radix_cache import common_prefix_len
+
+        window = req.all_ids[: req.seq_len - 1]
+        for o in others:
+            shared = common_prefix_len(window, o.origin_input_ids)
+            if shared - prefix_len >= IN_BATCH_SHARE_MIN:
+                return True
+        return False
+
+    def _retract(self, req: Req) -> None:
+        """Send a running request back to the queue; its KV goes to the cache (evictable)."""
+        self.cache.cache_finished_req(req)
+        self.running.remove(req)
+        req.reset_for_retract()
+        if req.grammar is not None:
+            pass  # the grammar state follows output_ids, which are kept
+        self.waiting.append(req)
+        self.stats["retractions"] += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+        logger.info("retracted %s (pool short): %d running", req.rid, len(self.running))
+
+    def _release(self, req: Req) -> None:
+        """Give a finished or aborted request's KV to the cache and drop it from the running set."""
+        if req.req_pool_idx is not None:
+            self.cache.cache_finished_req(req)
+        if req in self.running:
+            self.running.remove(req)
+
+    # --- results ------------------------------------------------------------------------------
+
+    def _process(self, batch: StepBatch, logits: torch.Tensor) -> None:
+        for r in batch.reqs:
+            r.kv_len += r.extend_len
+        self._record_input_logprobs(batch, logits)
+        sample_reqs = batch.sampling_reqs
+        if sample_reqs:
+            rows = batch.sample_rows
+            grammar_mask = grammar_rows = None
+            if self.grammar_manager is not None and any(r.grammar is not None for r in sample_reqs):
+                grammar_mask, grammar_rows = self.grammar_manager.fill_mask(sample_reqs)
+            out = self.sampler.sample(logits[rows], sample_reqs, grammar_mask, grammar_rows)
+            for i, r in enumerate(sample_reqs):
+                if r.sampling_params.max_new_tokens == 0:
+                    r.finish({"type": "length", "length": 0})
+                    continue
+                tok = out.next_ids[i]
+                r.output_ids.append(tok)
+                self.stats["generated_tokens"] += 1
+                if r.return_logprob:
+                    r.output_token_logprobs.append((out.logprobs[i], tok))
+                    if r.top_logprobs_num:
+                        r.output_top_logprobs.append(out.top_logprobs[i])
+                if r.grammar is not None:
+                    self.grammar_manager.accept(r, tok)
+                check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
+                if not r.finished and r.grammar is not None:
+                    self.grammar_manager.jump_forward(r, self)
+        for r in batch.reqs:
+            if r.finished:
+                self._release(r)
+            elif r.extend_len > 1:
+                self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
+            r.steps_since_stream += 1
+            self.outbox.append(r)
+
+    def _record_input_logprobs(self, batch: StepBatch, logits: torch.Tensor) -> None:
+        for r, lay in zip(batch.reqs, batch.layouts, strict=True):
+            if r.input_logprob_start < 0:
+                continue
+            if r.input_token_logprobs is None:
+                start = r.input_logprob_start
+                first = r.origin_input_ids[start] if start < len(r.origin_input_ids) else None
+                r.input_token_logprobs = [] if first is None else [(None, first)]
+                r.input_top_logprobs = [] if first is None else [None]
+            # after a retraction the prompt is recomputed: skip positions already recorded
+            next_pos = r.input_logprob_start + len(r.input_token_logprobs) - 1
+            skip = sum(1 for k in lay.lp_positions if k < next_pos)
+            positions = lay.lp_positions[skip:]
+            if not positions:
+                continue
+            n = len(positions)
+            row0 = lay.lp_start + skip
+            lp = torch.log_softmax(logits[row0 : row0 + n, : self.vocab_size], dim=-1)
+            targets = [r.origin_input_ids[k + 1] for k in positions]
+            vals = lp.gather(1, torch.tensor(targets)[:, None]).squeeze(1).tolist()
+            r.input_token_logprobs.extend(zip(vals, targets, strict=True))
+            if r.top_logprobs_num:
+                tv, ti = lp.topk(r.top_logprobs_num, dim=-1)
+                r.input_top_logprobs.extend(
+                    list(zip(v, i, strict=True)) for v, i in zip(tv.tolist(), ti.tolist(), strict=True)
+                )
+
+    def _collect_outputs(self) -> list[BatchTokenIDOut]:
+        if not self.outbox:
+            return []
+        interval = self.args.scheduler.stream_interval
+        seen: set[int] = set()
+        out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [])
+        for r in self.outbox:
+            if id(r) in seen:
+                continue
+            seen.add(id(r))
+            if not r.finished:
+                every = r.sampling_params.stream_interval or interval
+                if not r.stream or r.steps_since_stream < every or len(r.output_ids) == r.sent_output_len:
+                    continue
+            r.steps_since_stream = 0
+            sp = r.sampling_params
+            new = r.output_ids[r.sent_output_len :]
+            out.rids.append(r.rid)
+            out.new_token_ids.append(new)
+            out.finished_reasons.append(r.finished_reason)
+            out.metas.append(r.meta())
+            out.skip_special_tokens.append(sp.skip_special_tokens)
+            out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+            out.stop_strings.append(sp.stop)
+            out.no_stop_trim.append(sp.no_stop_trim)
+            if r.return_logprob:
+                out.output_token_logprobs.append(r.output_token_logprobs[r.sent_output_len :])
+                out.output_top_logprobs.append(
+                    r.output_top_logprobs[r.sent_output_len :] if r.top_logprobs_num else None
+                )
+                first = not r.sent_input_logprobs
+                out.input_token_logprobs.append(r.input_token_logprobs if first else None)
+                out.input_top_logprobs.append(r.input_top_logprobs if first else None)
+                r.sent_input_logprobs = True
+            else:
+                out.output_token_logprobs.append(None)
+                out.output_top_logprobs.append(None)
+                out.input_token_logprobs.append(None)
+                out.input_top_logprobs.append(None)
+            r.sent_output_len = len(r.output_ids)
+        self.outbox = []
+        return [out] if out.rids else []
+
+    # --- introspection ------------------------------------------------------------------------
+
+    def internal_state(self) -> dict[str, Any]:
+        st = self.stats
+        hit = st["cached_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0
+        used = self.kv_pool.size - self.kv_pool.available_size()
+        return {
+            "running_requests": len(self.running),
+            "waiting_requests": len(self.waiting) + len(self.grammar_waiting),
+            "max_total_num_tokens": self.kv_pool.size,
+            "kv_used_tokens": used,
+            "kv_usage": used / self.kv_pool.size,
+            "cache_evictable_tokens": self.cache.evictable_size(),
+            "cache_protected_tokens": self.cache.protected_size(),
+            "cache_hit_rate": hit,
+            "forward_steps": self.forward_steps,
+            "new_token_ratio": self.new_token_ratio,
+            **st,
+            **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
+        }
+
+    def check_invariants(self) -> None:
+        """Free + cached + request-owned slots cover the pool exactly once (debug mode, tests)."""
+        free = self.kv_pool.free_slot_set()
+        owned: list[int] = []
+        for tensor in self.cache.cached_slots():
+            owned.extend(tensor.tolist())
+        for r in self.running:
+            assert r.req_pool_idx is not None
+            own = self.req_to_token_pool.req_to_token[r.req_pool_idx, r.cache_protected_len : r.kv_len]
+            owned.extend(own.tolist())
+            if self.page_size > 1 and own.numel():  # a request owns its last page whole
+                last = int(own[-1])
+                page_start = last - last % self.page_size
+                owned.extend(s for s in range(page_start, page_start + self.page_size) if s > last)
+        owned_set = set(owned)
+        assert len(owned_set) == len(owned), "a KV slot is owned twice"
+        assert not (owned_set & free), "a KV slot is both free and in use"
+        total = len(free) + len(owned_set)
+        assert total == self.kv_pool.size, f"KV accounting: {len(free)} free + {len(owned_set)} used != {self.kv_pool.size}"
+        cache_total = self.cache.evictable_size() + self.cache.protected_size()
+        assert cache_total == sum(t.numel() for t in self.cache.cached_slots())

@@ -1,0 +1,165 @@
+"""A light tokenizer over the `tokenizers` library: encode, decode, token bytes, special ids, chat template.
+
+Used by the API process (tokenize + chat template), the detokenizer (incremental decode) and the
+scheduler (stop strings, grammar vocabulary). It never imports torch; transformers is used only as
+a fallback for folders without a tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from radixgen.runtime.chat_template import ChatTemplate
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class Tokenizer:
+    """What every process needs of a model's tokenizer."""
+
+    def __init__(self, folder: str, chat_template_override: str | None = None) -> None:
+        self.folder = Path(folder)
+        self._tok = self._load_backend(self.folder)
+        cfg_path = self.folder / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        model_cfg_path = self.folder / "config.json"
+        model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.bos_token_id = self._id_or_none(self.bos_token)
+        eos_ids = model_cfg.get("eos_token_id")
+        if eos_ids is None:
+            eos_ids = self._id_or_none(self.eos_token)
+        if isinstance(eos_ids, int):
+            eos_ids = [eos_ids]
+        self.eos_token_ids: list[int] = list(eos_ids or [])
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+        added = self._tok.get_added_tokens_decoder()
+        self.special_token_ids: set[int] = {i for i, t in added.items() if t.special}
+        self.added_token_ids: set[int] = set(added)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        template = chat_template_override or self._find_chat_template()
+        self.chat_template = (
+            ChatTemplate(template, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            if template
+            else None
+        )
+
+    # --- loading ------------------------------------------------------------------------
+
+    @staticmethod
+    def _load_backend(folder: Path) -> _HFTokenizer:
+        path = folder / "tokenizer.json"
+        if path.exists():
+            return _HFTokenizer.from_file(str(path))
+        from transformers import AutoTokenizer  # slow path: sentencepiece-only folders
+
+        return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+
+    def _find_chat_template(self) -> str | None:
+        jinja = self.folder / "chat_template.jinja"
+        if jinja.exists():
+            return jinja.read_text()
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # HF's named-template form
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return template
+
+    def _id_or_none(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    # --- encode / decode ----------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self._tok.decode_batch(batch, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as a client sees it (used for logprob entries)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    @cached_property
+    def is_byte_level(self) -> bool:
+        dec = json.loads(self._tok.to_str()).get("decoder") or {}
+        kinds = [dec.get("type")] + [d.get("type") for d in dec.get("decoders", []) or []]
+        return "ByteLevel" in kinds
+
+    @cached_property
+    def token_bytes(self) -> list[bytes]:
+        """Raw bytes of every token id (b"" for added/special tokens): the grammar vocabulary."""
+        out: list[bytes] = []
+        byte_level = self.is_byte_level
+        for i in range(self.vocab_size):
+            if i in self.added_token_ids:
+                out.append(b"")
+                continue
+            piece = self._tok.id_to_token(i)
+            if piece is None:
+                out.append(b"")
+            elif byte_level:
+                out.append(bytes(_BYTE_DECODER.get(c, 0) for c in piece))
+            else:
+                out.append(_sentencepiece_bytes(piece))
+        return out
+
+    # --- chat ---------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template; pass --chat-template")
+        return self.chat_template.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra
+        )
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("▁", " ").encode("utf-8")
