@@ -91,6 +91,7 @@ class BatchTokenIDOut:
     """Scheduler -> Detokenizer: new token ids per request since the last send."""
 
     rids: list[str]
+    rollbacks: list[int]  # previously sent tokens to drop before appending new_token_ids
     new_token_ids: list[list[int]]
     finished_reasons: list[FinishReason | None]
     metas: list[RequestMeta]

@@ -52,6 +52,7 @@ class Req:
         self.finished_reason: FinishReason | None = None
         self.retractions = 0
         self.sent_output_len = 0  # output tokens already sent downstream
+        self.rollback_pending = 0  # sent tokens since replaced (jump-forward retokenization)
         self.sent_input_logprobs = False
         self.steps_since_stream = 0
         self.input_token_logprobs: list[tuple[float | None, int]] | None = None

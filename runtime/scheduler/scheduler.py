@@ -368,6 +368,26 @@ class Scheduler:
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
         logger.info("retracted %s (pool short): %d running", req.rid, len(self.running))
 
+    def replace_output_tail(self, req: Req, keep: int, new_tokens: list[int]) -> None:
+        """Replace output_ids[keep:] by `new_tokens` (jump-forward after retokenization).
+
+        KV of the replaced tokens is dropped so the next step recomputes them as one extend; tokens
+        already streamed are reported as rolled back so the detokenizer re-derives their text.
+        """
+        keep_pos = len(req.origin_input_ids) + keep
+        assert keep_pos >= req.cache_protected_len, "cannot roll back into shared cache"
+        if req.kv_len > keep_pos and req.req_pool_idx is not None:
+            first_free = -(-keep_pos // self.page_size) * self.page_size  # keep a shared tail page
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+            if req.kv_len > first_free:
+                self.kv_pool.free(row[first_free : req.kv_len].clone())
+            req.kv_len = keep_pos
+        del req.output_ids[keep:]
+        req.output_ids.extend(new_tokens)
+        if keep < req.sent_output_len:
+            req.rollback_pending += req.sent_output_len - keep
+            req.sent_output_len = keep
+
     def _release(self, req: Req) -> None:
         """Give a finished or aborted request's KV to the cache and drop it from the running set."""
         if req.req_pool_idx is not None:
@@ -407,7 +427,7 @@ class Scheduler:
         for r in batch.reqs:
             if r.finished:
                 self._release(r)
-            elif r.extend_len > 1:
+            elif r.extend_len > 1 and r.kv_len - r.extend_len < len(r.origin_input_ids):
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.outbox.append(r)
@@ -444,7 +464,7 @@ class Scheduler:
             return []
         interval = self.args.scheduler.stream_interval
         seen: set[int] = set()
-        out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [])
+        out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [], [])
         for r in self.outbox:
             if id(r) in seen:
                 continue
@@ -457,6 +477,8 @@ class Scheduler:
             sp = r.sampling_params
             new = r.output_ids[r.sent_output_len :]
             out.rids.append(r.rid)
+            out.rollbacks.append(r.rollback_pending)
+            r.rollback_pending = 0
             out.new_token_ids.append(new)
             out.finished_reasons.append(r.finished_reason)
             out.metas.append(r.meta())
