@@ -50,7 +50,9 @@ class TorchAttentionBackend(AttentionBackend):
         for i, e in enumerate(extend_lens):
             if e != 1:
                 seq_len = prefix_lens[i] + e
-                extend_rows.append((starts[i], e, prefix_lens[i], self.req_to_token[req_rows[i], :seq_len]))
+                extend_rows.append(
+                    (starts[i], e, prefix_lens[i], self.req_to_token[req_rows[i], :seq_len])
+                )
         meta = TorchAttentionMetadata(None, None, None, None, None, extend_rows)
         if decode_rows:
             seq_lens = [prefix_lens[i] + 1 for i in decode_rows]
@@ -93,7 +95,9 @@ class TorchAttentionBackend(AttentionBackend):
             return self._decode(q, k_buf, v_buf, layer, meta).view(n, h * d)
         out = torch.empty_like(q)
         if meta.decode_token_idx is not None:
-            out[meta.decode_token_idx] = self._decode(q[meta.decode_token_idx], k_buf, v_buf, layer, meta)
+            out[meta.decode_token_idx] = self._decode(
+                q[meta.decode_token_idx], k_buf, v_buf, layer, meta
+            )
         for start, ext, prefix, slots in meta.extend_rows:
             out[start : start + ext] = _extend_one(
                 q[start : start + ext], k_buf[slots], v_buf[slots], prefix, layer

@@ -87,7 +87,9 @@ class NativeKernels:
             max_len,
         )
         if rc != 0:
-            raise RuntimeError(f"native decode_attention failed with code {rc} (shape {tuple(q.shape)})")
+            raise RuntimeError(
+                f"native decode_attention failed with code {rc} (shape {tuple(q.shape)})"
+            )
 
 
 def _cache_dir() -> Path:

@@ -119,3 +119,52 @@ class BatchStrOut:
     output_top_logprobs: list[list[LogprobList] | None] = field(default_factory=list)
     input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
     input_top_logprobs: list[list[LogprobList | None] | None] = field(default_factory=list)
+    rollbacks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerateReqInput:
+    """A user's /generate call (or Engine.generate): one prompt or a batch, SGLang's field names."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    stream: bool = False
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def batch_size(self) -> int:
+        if not self.is_batch:
+            return 1
+        return len(self.text) if self.text is not None else len(self.input_ids)  # type: ignore[arg-type]
+
+    def item(self, i: int) -> GenerateReqInput:
+        """The i-th prompt of a batch as a single request (per-item lists are indexed)."""
+
+        def pick(value: Any, default: Any = None) -> Any:
+            if isinstance(value, list):
+                return value[i] if i < len(value) else default
+            return value
+
+        return GenerateReqInput(
+            text=self.text[i] if isinstance(self.text, list) else None,
+            input_ids=self.input_ids[i] if self.input_ids is not None else None,  # type: ignore[index]
+            sampling_params=pick(self.sampling_params),
+            return_logprob=bool(pick(self.return_logprob, False)),
+            logprob_start_len=pick(self.logprob_start_len),
+            top_logprobs_num=pick(self.top_logprobs_num),
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            rid=self.rid[i]
+            if isinstance(self.rid, list)
+            else (f"{self.rid}_{i}" if self.rid else None),
+            stream=self.stream,
+        )

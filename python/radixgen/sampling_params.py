@@ -161,7 +161,10 @@ class SamplingParams:
         """Checks that need the model: token ids must exist."""
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
-                _bad("stop_token_ids", f"token id {t} is outside the vocabulary (0..{vocab_size - 1})")
+                _bad(
+                    "stop_token_ids",
+                    f"token id {t} is outside the vocabulary (0..{vocab_size - 1})",
+                )
         for t in self.logit_bias:
             if not 0 <= t < vocab_size:
                 _bad("logit_bias", f"token id {t} is outside the vocabulary (0..{vocab_size - 1})")

@@ -35,7 +35,9 @@ class ModelConfig:
         ("auto", "bfloat16", "float32", "float16"),
     )
     context_length: int | None = _f(None, "Maximum context length; default from the model config.")
-    served_model_name: str | None = _f(None, "Model name reported by the APIs (default: derived from the path).")
+    served_model_name: str | None = _f(
+        None, "Model name reported by the APIs (default: derived from the path)."
+    )
     chat_template: str | None = _f(
         None, "A Jinja chat template (a file path or inline text) overriding the model's own."
     )
@@ -53,7 +55,9 @@ class CacheConfig:
         "Share of the device memory (RAM on CPU) given to the KV pool when --max-total-tokens is unset.",
     )
     page_size: int = _f(1, "Tokens per KV page; the radix cache matches whole pages.")
-    disable_radix_cache: bool = _f(False, "Turn off RadixAttention prefix sharing (a ChunkCache instead).")
+    disable_radix_cache: bool = _f(
+        False, "Turn off RadixAttention prefix sharing (a ChunkCache instead)."
+    )
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class SchedulerConfig:
         1.0, "Higher keeps more KV free for running requests (fewer retractions)."
     )
     num_threads: int | None = _f(
-        None, "torch intra-op threads of the scheduler process (default: measured best for this host)."
+        None,
+        "torch intra-op threads of the scheduler process (default: measured best for this host).",
     )
     stream_interval: int = _f(1, "Decode steps per streamed chunk.")
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
@@ -86,7 +91,9 @@ class GrammarConfig:
         "Constrained-decoding backend.",
         ("xgrammar", "outlines", "llguidance", "none"),
     )
-    disable_jump_forward: bool = _f(False, "Do not append grammar-forced text without a model step.")
+    disable_jump_forward: bool = _f(
+        False, "Do not append grammar-forced text without a model step."
+    )
     grammar_compile_timeout: float = _f(30.0, "Seconds a grammar may take to compile.")
     constrained_json_whitespace_pattern: str | None = _f(
         None, "Allow free whitespace in JSON output (default: compact separators)."
@@ -172,13 +179,17 @@ class ServerArgs:
         if s.max_running_requests < 1:
             raise InvalidRequestError("max_running_requests must be >= 1", "max_running_requests")
         if s.chunked_prefill_size == 0 or s.chunked_prefill_size < -1:
-            raise InvalidRequestError("chunked_prefill_size must be -1 or > 0", "chunked_prefill_size")
+            raise InvalidRequestError(
+                "chunked_prefill_size must be -1 or > 0", "chunked_prefill_size"
+            )
         if self.cache.page_size < 1:
             raise InvalidRequestError("page_size must be >= 1", "page_size")
         if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
             raise InvalidRequestError("max_total_tokens must be >= 16", "max_total_tokens")
         if not 0.0 < self.cache.mem_fraction_static < 1.0:
-            raise InvalidRequestError("mem_fraction_static must be in (0, 1)", "mem_fraction_static")
+            raise InvalidRequestError(
+                "mem_fraction_static must be in (0, 1)", "mem_fraction_static"
+            )
         if self.parallel.tp_size != 1 or self.parallel.dp_size != 1:
             raise InvalidRequestError(
                 "tensor and data parallelism are not available yet (tp_size=dp_size=1)", "tp_size"
@@ -193,7 +204,7 @@ def field_owners() -> dict[str, str]:
 def _base_type(annotation: Any) -> type:
     hint = annotation
     if isinstance(hint, str):
-        hint = eval(hint, {"__builtins__": __builtins__}, {})  # noqa: S307 - our own annotations
+        hint = eval(hint, {"__builtins__": __builtins__}, {})
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]

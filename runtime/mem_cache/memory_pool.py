@@ -54,8 +54,12 @@ class TokenToKVPool:
         self.dtype = dtype
         self.device = device
         shape = (num_layers, total_slots, num_kv_heads, head_dim)
-        self.k_buffer = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_buffer = torch.zeros(shape, dtype=dtype, device=device)
+        # NOTE: only the padding page must be zero (padded attention rows read it); fresh slots
+        # are always written before they are read, so the rest stays uninitialised (fast start).
+        self.k_buffer = torch.empty(shape, dtype=dtype, device=device)
+        self.v_buffer = torch.empty(shape, dtype=dtype, device=device)
+        self.k_buffer[:, :page_size].zero_()
+        self.v_buffer[:, :page_size].zero_()
         self.clear()
 
     # --- allocator --------------------------------------------------------------------------
@@ -82,7 +86,9 @@ class TokenToKVPool:
         slots = (pages[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
         return slots[:num_tokens].clone()
 
-    def alloc_extend(self, prefix_lens: list[int], extend_lens: list[int], last_locs: list[int]) -> torch.Tensor | None:
+    def alloc_extend(
+        self, prefix_lens: list[int], extend_lens: list[int], last_locs: list[int]
+    ) -> torch.Tensor | None:
         """Slots for each request's next `extend_len` tokens after `prefix_len` cached ones.
 
         With pages, a request first fills the free tail of its last page (`last_loc` is the slot of

@@ -26,7 +26,8 @@ def cpu_has_bf16() -> bool:
     """AMX-BF16 or AVX512-BF16 makes bf16 matmuls fast on this CPU."""
     try:
         flags = next(
-            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
+            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")),
+            "",
         )
     except OSError:
         return False
@@ -123,7 +124,11 @@ class ModelRunner:
         import psutil
 
         per_token = (
-            2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * self.dtype.itemsize
+            2
+            * self.cfg.num_layers
+            * self.cfg.num_kv_heads
+            * self.cfg.head_dim
+            * self.dtype.itemsize
         )
         budget = psutil.virtual_memory().available * cache.mem_fraction_static
         tokens = int(budget // per_token)

@@ -30,7 +30,11 @@ class Req:
         self.stream = msg.stream
         self.arrival_time = msg.arrival_time
         seed = msg.sampling_params.seed
-        self.seed = seed if seed is not None else random.Random(hash((default_seed, msg.rid))).getrandbits(62)
+        self.seed = (
+            seed
+            if seed is not None
+            else random.Random(hash((default_seed, msg.rid))).getrandbits(62)
+        )
 
         # KV ownership
         self.req_pool_idx: int | None = None

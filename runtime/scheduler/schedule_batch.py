@@ -37,7 +37,9 @@ class StepBatch:
 
     @property
     def sampling_reqs(self) -> list[Req]:
-        return [r for r, lay in zip(self.reqs, self.layouts, strict=True) if lay.sample_row is not None]
+        return [
+            r for r, lay in zip(self.reqs, self.layouts, strict=True) if lay.sample_row is not None
+        ]
 
 
 def token_slice(req: Req, start: int, end: int) -> list[int]:
@@ -86,7 +88,9 @@ def build_step_batch(
         layouts.append(lay)
 
     pos = torch.tensor(positions, dtype=torch.long)
-    row_of_token = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens))
+    row_of_token = torch.repeat_interleave(
+        torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens)
+    )
     req_to_token_pool.req_to_token[row_of_token, pos] = out_cache_loc
     fb = ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
@@ -101,7 +105,9 @@ def build_step_batch(
     return StepBatch(reqs, fb, layouts)
 
 
-def allocate_step_slots(reqs: list[Req], kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> torch.Tensor | None:
+def allocate_step_slots(
+    reqs: list[Req], kv_pool: TokenToKVPool, req_to_token: torch.Tensor
+) -> torch.Tensor | None:
     """KV slots for every planned request's new tokens (None if the pool is short)."""
     if kv_pool.page_size == 1:
         return kv_pool.alloc(sum(r.extend_len for r in reqs))

@@ -9,7 +9,6 @@ the queue. `step()` is pure logic; `run_scheduler_process` wraps it with ZMQ I/O
 from __future__ import annotations
 
 import logging
-import time
 import traceback
 from typing import Any
 
@@ -58,9 +57,13 @@ class Scheduler:
         from radixgen.runtime.model_config import ModelArchConfig
 
         cfg = ModelArchConfig.from_folder(model_folder)
-        self.context_length = min(context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.context_length = min(
+            context or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
         if context and context > cfg.max_position_embeddings:
-            logger.warning("context_length %d exceeds the model's %d", context, cfg.max_position_embeddings)
+            logger.warning(
+                "context_length %d exceeds the model's %d", context, cfg.max_position_embeddings
+            )
             self.context_length = context
         self.model_runner = ModelRunner(model_folder, args, self.context_length)
         self.kv_pool = self.model_runner.kv_pool
@@ -210,11 +213,15 @@ class Scheduler:
                 logger.error("step failed: %s\n%s", e, traceback.format_exc())
                 for r in plan:
                     if not r.finished:
-                        r.finish({"type": "abort", "message": f"internal error: {e}", "status_code": 500})
+                        r.finish(
+                            {"type": "abort", "message": f"internal error: {e}", "status_code": 500}
+                        )
                         self._release(r)
                         self.outbox.append(r)
             self.forward_steps += 1
-            self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+            self.new_token_ratio = max(
+                NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            )
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return self._collect_outputs()
@@ -243,7 +250,9 @@ class Scheduler:
     def _plan_step(self) -> list[Req]:
         plan: list[Req] = []
         decodes = [r for r in self.running if r.pending_len == 1]
-        extends = sorted((r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time)
+        extends = sorted(
+            (r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time
+        )
         # 1) every decoding request gets its token; retract the newest when the pool is short
         while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
             victim = max(decodes + extends, key=lambda r: r.arrival_time)
@@ -290,7 +299,9 @@ class Scheduler:
     def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
         admitted: list[Req] = []
         prefilling = [r for r in plan if r.extend_len > 1]
-        for req in order_waiting_queue(self.waiting, self.args.scheduler.schedule_policy, self.cache):
+        for req in order_waiting_queue(
+            self.waiting, self.args.scheduler.schedule_policy, self.cache
+        ):
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
             if self.req_to_token_pool.available_size() == 0:
@@ -456,7 +467,8 @@ class Scheduler:
             if r.top_logprobs_num:
                 tv, ti = lp.topk(r.top_logprobs_num, dim=-1)
                 r.input_top_logprobs.extend(
-                    list(zip(v, i, strict=True)) for v, i in zip(tv.tolist(), ti.tolist(), strict=True)
+                    list(zip(v, i, strict=True))
+                    for v, i in zip(tv.tolist(), ti.tolist(), strict=True)
                 )
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
@@ -471,7 +483,11 @@ class Scheduler:
             seen.add(id(r))
             if not r.finished:
                 every = r.sampling_params.stream_interval or interval
-                if not r.stream or r.steps_since_stream < every or len(r.output_ids) == r.sent_output_len:
+                if (
+                    not r.stream
+                    or r.steps_since_stream < every
+                    or len(r.output_ids) == r.sent_output_len
+                ):
                     continue
             r.steps_since_stream = 0
             sp = r.sampling_params
@@ -533,7 +549,9 @@ class Scheduler:
             owned.extend(tensor.tolist())
         for r in self.running:
             assert r.req_pool_idx is not None
-            own = self.req_to_token_pool.req_to_token[r.req_pool_idx, r.cache_protected_len : r.kv_len]
+            own = self.req_to_token_pool.req_to_token[
+                r.req_pool_idx, r.cache_protected_len : r.kv_len
+            ]
             owned.extend(own.tolist())
             if self.page_size > 1 and own.numel():  # a request owns its last page whole
                 last = int(own[-1])
@@ -543,6 +561,8 @@ class Scheduler:
         assert len(owned_set) == len(owned), "a KV slot is owned twice"
         assert not (owned_set & free), "a KV slot is both free and in use"
         total = len(free) + len(owned_set)
-        assert total == self.kv_pool.size, f"KV accounting: {len(free)} free + {len(owned_set)} used != {self.kv_pool.size}"
+        assert total == self.kv_pool.size, (
+            f"KV accounting: {len(free)} free + {len(owned_set)} used != {self.kv_pool.size}"
+        )
         cache_total = self.cache.evictable_size() + self.cache.protected_size()
         assert cache_total == sum(t.numel() for t in self.cache.cached_slots())

@@ -1,0 +1,55 @@
+"""`python -m radixgen.runtime.child_main ROLE SPEC`: the entry point of every child process.
+
+Children are started as fresh interpreters (not multiprocessing's spawn), so the user's main
+module is never re-imported: an Engine works from any script or notebook, guard or not. SPEC is a
+pickle file with the role's arguments; the child reports ready (or its start-up error) by pushing
+one message to the launcher's ZMQ endpoint.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any
+
+
+class ReadyChannel:
+    """Sends the one start-up report to the launcher."""
+
+    def __init__(self, endpoint: str, role: str) -> None:
+        import zmq
+
+        self._ctx = zmq.Context(1)
+        self._sock = self._ctx.socket(zmq.PUSH)
+        self._sock.connect(endpoint)
+        self._role = role
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self._sock.send_pyobj({"role": self._role, **msg})
+
+    def close(self) -> None:
+        self._sock.close(linger=2000)
+        self._ctx.term()
+
+
+def main() -> None:
+    role, spec_path = sys.argv[1], sys.argv[2]
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    channel = ReadyChannel(spec["ready_endpoint"], role)
+    if role == "scheduler":
+        from radixgen.runtime.scheduler.scheduler_process import run_scheduler_process
+
+        run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel)
+    elif role == "detokenizer":
+        from radixgen.runtime.detokenizer_manager import run_detokenizer_process
+
+        run_detokenizer_process(
+            spec["model_folder"], spec["chat_template"], spec["ports"], channel, spec["log_level"]
+        )
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    main()

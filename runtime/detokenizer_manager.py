@@ -1,0 +1,182 @@
+"""Incremental detokenization (detokenizer process): token ids in, text deltas out.
+
+A streamed piece never ends in a broken UTF-8 character (text ending in U+FFFD is held back until
+the next token completes it), never shows the start of a possible stop string, and the matched
+stop string is trimmed from the final text. Each incoming batch is decoded with two batched
+`decode_batch` calls, not one call per request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
+from radixgen.runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# How many already-emitted tokens to re-decode as context: byte-level BPE pieces and
+# sentencepiece's leading-space rule both need a little left context to decode a suffix.
+_CONTEXT_TOKENS = 5
+
+
+@dataclass
+class DecodeState:
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0  # start of the context window
+    read_offset: int = 0  # tokens whose text is in `text`
+    text: str = ""  # decoded text of ids[:read_offset] (may hold back held text below)
+    sent_len: int = 0  # chars of `text` already sent
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, DecodeState] = {}
+
+    def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
+        states: list[DecodeState] = []
+        for i, rid in enumerate(batch.rids):
+            st = self.states.get(rid)
+            if st is None:
+                st = self.states[rid] = DecodeState()
+            rollback = batch.rollbacks[i]
+            if rollback:
+                self._rollback(st, rollback, batch.skip_special_tokens[i])
+            st.ids.extend(batch.new_token_ids[i])
+            finished = batch.finished_reasons[i]
+            if (
+                finished is not None
+                and _trims_last_token(finished, batch.no_stop_trim[i])
+                and st.ids
+            ):
+                st.ids.pop()  # a matched stop token id is not part of the text
+                st.read_offset = min(st.read_offset, len(st.ids))
+            states.append(st)
+        self._decode(states, batch.skip_special_tokens)
+        for i, st in enumerate(states):
+            if batch.finished_reasons[i] is not None and st.read_offset < len(st.ids):
+                # the request ended inside a multi-byte character: flush it as it decodes
+                full = self.tokenizer.decode(
+                    st.ids[st.prefix_offset :], batch.skip_special_tokens[i]
+                )
+                prefix = self.tokenizer.decode(
+                    st.ids[st.prefix_offset : st.read_offset], batch.skip_special_tokens[i]
+                )
+                st.text += full[len(prefix) :]
+                st.read_offset = len(st.ids)
+
+        deltas: list[str] = []
+        for i, rid in enumerate(batch.rids):
+            st = states[i]
+            finished = batch.finished_reasons[i]
+            end = len(st.text)
+            stops = batch.stop_strings[i]
+            if finished is not None:
+                matched = finished.get("matched") if finished.get("type") == "stop" else None
+                if isinstance(matched, str) and not batch.no_stop_trim[i]:
+                    pos = st.text.find(matched)
+                    if pos != -1:
+                        end = pos
+            elif stops:
+                end -= _held_back(st.text, stops)
+            end = max(end, st.sent_len)
+            deltas.append(st.text[st.sent_len : end])
+            st.sent_len = end
+            if finished is not None:
+                del self.states[rid]
+        return BatchStrOut(
+            rids=batch.rids,
+            delta_texts=deltas,
+            new_token_ids=batch.new_token_ids,
+            finished_reasons=batch.finished_reasons,
+            metas=batch.metas,
+            output_token_logprobs=batch.output_token_logprobs,
+            output_top_logprobs=batch.output_top_logprobs,
+            input_token_logprobs=batch.input_token_logprobs,
+            input_top_logprobs=batch.input_top_logprobs,
+            rollbacks=batch.rollbacks,
+        )
+
+    def _decode(self, states: list[DecodeState], skip_special: list[bool]) -> None:
+        """Advance every state's text by the ids it has not decoded yet (two batched calls)."""
+        by_flag: dict[bool, list[int]] = {}
+        for i, st in enumerate(states):
+            if st.read_offset < len(st.ids):
+                by_flag.setdefault(skip_special[i], []).append(i)
+        for flag, idx in by_flag.items():
+            prefix = self.tokenizer.decode_batch(
+                [states[i].ids[states[i].prefix_offset : states[i].read_offset] for i in idx], flag
+            )
+            full = self.tokenizer.decode_batch(
+                [states[i].ids[states[i].prefix_offset :] for i in idx], flag
+            )
+            for j, i in enumerate(idx):
+                st = states[i]
+                new_text = full[j]
+                if len(new_text) > len(prefix[j]) and not new_text.endswith("\ufffd"):
+                    st.text += new_text[len(prefix[j]) :]
+                    st.read_offset = len(st.ids)
+                    st.prefix_offset = max(0, st.read_offset - _CONTEXT_TOKENS)
+
+    def _rollback(self, st: DecodeState, n: int, skip_special: bool) -> None:
+        """Drop the last n token ids (jump-forward retokenized them); the text is re-derived.
+
+        The replacement tokens decode to the same text plus more, so text already sent stays a
+        prefix of the new text and nothing is sent twice.
+        """
+        del st.ids[len(st.ids) - n :]
+        st.text = self.tokenizer.decode(st.ids, skip_special_tokens=skip_special)
+        while st.text.endswith("\ufffd"):
+            st.text = st.text[:-1]
+        st.read_offset = len(st.ids)
+        st.prefix_offset = max(0, st.read_offset - _CONTEXT_TOKENS)
+
+
+def _trims_last_token(finished: dict, no_stop_trim: bool) -> bool:
+    return (
+        finished.get("type") == "stop"
+        and isinstance(finished.get("matched"), int)
+        and not no_stop_trim
+    )
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def run_detokenizer_process(
+    model_folder: str, chat_template: str | None, ports, ready_pipe, log_level: str
+) -> None:
+    """Entry point of the detokenizer process."""
+    import zmq
+
+    from radixgen.runtime.process_utils import configure_child_process
+
+    configure_child_process("detokenizer", log_level)
+    try:
+        manager = DetokenizerManager(Tokenizer(model_folder, chat_template))
+        ctx = zmq.Context(1)
+        recv = ctx.socket(zmq.PULL)
+        recv.bind(ports.detokenizer_ipc)
+        send = ctx.socket(zmq.PUSH)
+        send.connect(ports.tokenizer_ipc)
+    except Exception as e:
+        ready_pipe.send({"status": "error", "error": repr(e)})
+        raise
+    ready_pipe.send({"status": "ready"})
+    ready_pipe.close()
+    while True:
+        msg = recv.recv_pyobj()
+        if isinstance(msg, BatchTokenIDOut):
+            send.send_pyobj(manager.handle(msg))
+        else:  # control replies pass through untouched
+            send.send_pyobj(msg)

@@ -1,0 +1,233 @@
+"""The offline Engine: the server's managers and processes, driven from Python without HTTP.
+
+`Engine(...)` starts the scheduler and detokenizer processes and runs a TokenizerManager on a
+private event loop in a background thread; `generate` (sync), `async_generate` and streaming
+iterators all go through the very same TokenizerManager code the HTTP server uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.launcher import EngineProcesses, launch_engine_processes
+from radixgen.runtime.tokenizer_manager import TokenizerManager
+from radixgen.server_args import ServerArgs
+
+_WATCH_INTERVAL_S = 0.5
+_END = object()
+
+
+class Engine:
+    """An in-process handle on a running RadixGen engine.
+
+    Args mirror the server's flags, e.g. `Engine(dtype="float32", max_total_tokens=8192)`.
+    """
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        self._procs: EngineProcesses | None = launch_engine_processes(self.server_args)
+        p = self._procs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="radixgen-engine-loop", daemon=True
+        )
+        self._thread.start()
+        self.tokenizer_manager = TokenizerManager(
+            self.server_args, p.model_folder, p.ports, p.ready, p.served_model_name
+        )
+        self._call(self._start())
+        atexit.register(self.shutdown)
+
+    async def _start(self) -> None:
+        self.tokenizer_manager.start()
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch_children())
+
+    async def _watch_children(self) -> None:
+        while self._procs is not None:
+            dead = self._procs.dead_child()
+            if dead:
+                self.tokenizer_manager.mark_dead(dead)
+                return
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def tokenizer(self):
+        return self.tokenizer_manager.tokenizer
+
+    # --- generation ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _request(
+        prompt: str | list[str] | None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        return_logprob: bool | list[bool],
+        logprob_start_len: int | list[int] | None,
+        top_logprobs_num: int | list[int] | None,
+        stream: bool,
+        rid: str | list[str] | None,
+        return_text_in_logprobs: bool,
+    ) -> GenerateReqInput:
+        return GenerateReqInput(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+            rid=rid,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
+
+        Bad input raises `ValueError` (an `InvalidRequestError`) naming the parameter.
+        """
+        obj = self._request(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, rid, return_text_in_logprobs,
+        )  # fmt: skip
+        if stream:
+            return self._stream_sync(obj)
+        return self._call(self._collect(obj))
+
+    async def _collect(self, obj: GenerateReqInput) -> Any:
+        result = None
+        async for item in self.tokenizer_manager.generate(obj):
+            result = item
+        return result
+
+    def _stream_sync(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
+        q: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for chunk in self.tokenizer_manager.generate(obj):
+                    q.put(chunk)
+                q.put(_END)
+            except BaseException as e:  # surfaced to the consumer thread
+                q.put(e)
+
+        fut: Future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> Any:
+        """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
+        obj = self._request(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, rid, return_text_in_logprobs,
+        )  # fmt: skip
+        if stream:
+            return self._stream_async(obj)
+        fut = asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop)
+        return await asyncio.wrap_future(fut)
+
+    async def _stream_async(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        q: asyncio.Queue = asyncio.Queue()
+        caller_loop = asyncio.get_running_loop()
+
+        async def pump() -> None:
+            try:
+                async for chunk in self.tokenizer_manager.generate(obj):
+                    caller_loop.call_soon_threadsafe(q.put_nowait, chunk)
+                caller_loop.call_soon_threadsafe(q.put_nowait, _END)
+            except BaseException as e:
+                caller_loop.call_soon_threadsafe(q.put_nowait, e)
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item = await q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    # --- control ------------------------------------------------------------------------------
+
+    def flush_cache(self) -> dict[str, Any]:
+        """Empty the prefix cache; refused (success False, with a message) while requests run."""
+        out = self._call(self.tokenizer_manager.flush_cache())
+        return {"success": out.success, "message": out.message}
+
+    def get_server_info(self) -> dict[str, Any]:
+        state = self._call(self.tokenizer_manager.get_internal_state())
+        from radixgen.version import __version__
+
+        return {
+            **self.server_args.to_flat_dict(),
+            **self.tokenizer_manager.model_info(),
+            "version": __version__,
+            "internal_states": [state],
+        }
+
+    def shutdown(self) -> None:
+        if self._procs is None:
+            return
+        procs, self._procs = self._procs, None
+        try:
+            self._call(self._close())
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        procs.shutdown()
+        atexit.unregister(self.shutdown)
+
+    async def _close(self) -> None:
+        self._watch_task.cancel()
+        self.tokenizer_manager.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

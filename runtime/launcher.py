@@ -1,0 +1,125 @@
+"""Start and stop the engine's child processes (scheduler, detokenizer) and watch their health.
+
+Runs in the API process (server) or the user's process (offline Engine). The model path is
+resolved (and a GGUF converted) here once, before any child starts; each child is a fresh
+interpreter (`radixgen.runtime.child_main`) that reports ready or its start-up error over ZMQ;
+shutdown stops every child, and children die with the parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from radixgen.errors import EngineDeadError
+from radixgen.io_struct import SchedulerReadyOut
+from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
+from radixgen.runtime.process_utils import PortArgs
+from radixgen.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0
+ROLES = ("scheduler", "detokenizer")
+
+
+@dataclass
+class EngineProcesses:
+    args: ServerArgs
+    model_folder: str
+    served_model_name: str
+    ports: PortArgs
+    ready: SchedulerReadyOut | None
+    procs: dict[str, subprocess.Popen]
+
+    def dead_child(self) -> str | None:
+        """Name and exit code of a child that died, if any."""
+        for role, p in self.procs.items():
+            code = p.poll()
+            if code is not None:
+                return f"the {role} process exited with code {code}"
+        return None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(2.0)
+        shutil.rmtree(self.ports.ipc_dir, ignore_errors=True)
+
+
+def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
+    """Resolve the model, start scheduler + detokenizer, wait until both are ready."""
+    model_folder = resolve_model_path(args.model.model_path)
+    served = args.model.served_model_name or default_served_name(args.model.model_path)
+    ports = PortArgs.create()
+    ready_endpoint = f"ipc://{ports.ipc_dir}/ready"
+    ctx = zmq.Context(1)
+    ready_sock = ctx.socket(zmq.PULL)
+    ready_sock.bind(ready_endpoint)
+    spec = {
+        "args": args,
+        "model_folder": model_folder,
+        "ports": ports,
+        "ready_endpoint": ready_endpoint,
+        "chat_template": args.model.chat_template,
+        "log_level": args.http.log_level,
+    }
+    spec_path = os.path.join(ports.ipc_dir, "spec.pkl")
+    with open(spec_path, "wb") as f:
+        pickle.dump(spec, f)
+    procs = {
+        role: subprocess.Popen(
+            [sys.executable, "-m", "radixgen.runtime.child_main", role, spec_path],
+            env={**os.environ, "RADIXGEN_PARENT_PID": str(os.getpid())},
+        )
+        for role in ROLES
+    }
+    handle = EngineProcesses(args, model_folder, served, ports, None, procs)
+    try:
+        handle.ready = _wait_ready(handle, ready_sock)
+    except BaseException:
+        handle.shutdown()
+        raise
+    finally:
+        ready_sock.close(linger=0)
+        ctx.term()
+    return handle
+
+
+def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> SchedulerReadyOut:
+    waiting = set(ROLES)
+    ready: SchedulerReadyOut | None = None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while waiting:
+        if time.monotonic() > deadline:
+            raise EngineDeadError(f"start-up timed out waiting for {sorted(waiting)}")
+        if sock.poll(200):
+            msg = sock.recv_pyobj()
+            if msg.get("status") != "ready":
+                raise EngineDeadError(
+                    f"the {msg.get('role')} process failed to start: {msg.get('error')}"
+                )
+            waiting.discard(msg["role"])
+            if msg["role"] == "scheduler":
+                ready = msg["info"]
+            continue
+        dead = handle.dead_child()
+        if dead:
+            raise EngineDeadError(f"{dead} during start-up")
+    assert ready is not None
+    return ready

@@ -1,0 +1,432 @@
+"""TokenizerManager (API process, asyncio): validate, tokenize, send to the scheduler, route outputs by rid.
+
+Used by the HTTP server and by the offline Engine alike. Each request has a `ReqState` that the
+receive loop updates from the detokenizer's `BatchStrOut`; consumers wait on its event and read a
+snapshot, so a slow consumer never loses text or logprobs (deltas are sliced from what it has seen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixgen.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+)
+from radixgen.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReqInput,
+    GetInternalStateOut,
+    GetInternalStateReq,
+    SchedulerReadyOut,
+    TokenizedGenerateReq,
+)
+from radixgen.runtime.process_utils import PortArgs
+from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.sampling_params import SamplingParams
+from radixgen.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+MAX_TOP_LOGPROBS = 100
+
+
+@dataclass
+class ReqState:
+    rid: str
+    prompt_tokens: int
+    return_logprob: bool
+    top_logprobs_num: int
+    return_text: bool
+    created: float
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    meta: Any = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    input_token_logprobs: list[Any] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    output_token_logprobs: list[Any] = field(default_factory=list)
+    output_top_logprobs: list[Any] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class TokenizerManager:
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_folder: str,
+        ports: PortArgs,
+        ready: SchedulerReadyOut,
+        served_model_name: str,
+    ) -> None:
+        self.args = args
+        self.model_folder = model_folder
+        self.tokenizer = Tokenizer(model_folder, args.model.chat_template)
+        self.ready = ready
+        self.served_model_name = served_model_name
+        self.context_length = ready.context_length
+        self.max_total_tokens = ready.max_total_num_tokens
+        self.vocab_size = ready.vocab_size
+        self.ports = ports
+        self.states: dict[str, ReqState] = {}
+        self.dead_reason: str | None = None
+        self.metrics: Any = None  # set by the HTTP server when --enable-metrics
+        self._control_waiters: dict[type, list[asyncio.Future]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open sockets and start the receive loop; call from the event loop that will serve."""
+        self._ctx = zmq.asyncio.Context(1)
+        self._recv = self._ctx.socket(zmq.PULL)
+        self._recv.bind(self.ports.tokenizer_ipc)
+        self._send = self._ctx.socket(zmq.PUSH)
+        self._send.connect(self.ports.scheduler_input_ipc)
+        self._loop_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def mark_dead(self, reason: str) -> None:
+        """A child process died: fail everything in flight, refuse new work."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        logger.error("engine is dead: %s", reason)
+        for st in self.states.values():
+            if not st.finished:
+                st.finish_reason = {"type": "abort", "message": reason, "status_code": 503}
+                st.event.set()
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self._recv.recv_pyobj()
+            try:
+                if isinstance(msg, BatchStrOut):
+                    self._on_outputs(msg)
+                else:
+                    waiters = self._control_waiters.get(type(msg))
+                    if waiters:
+                        fut = waiters.pop(0)
+                        if not fut.done():
+                            fut.set_result(msg)
+            except Exception:  # NOTE: one bad message must not stop routing for everyone
+                logger.exception("failed to route %s", type(msg).__name__)
+
+    def _on_outputs(self, out: BatchStrOut) -> None:
+        now = time.perf_counter()
+        for i, rid in enumerate(out.rids):
+            st = self.states.get(rid)
+            if st is None:
+                continue  # aborted and forgotten
+            if out.rollbacks and out.rollbacks[i]:
+                del st.output_ids[len(st.output_ids) - out.rollbacks[i] :]
+            st.text += out.delta_texts[i]
+            new_ids = out.new_token_ids[i]
+            st.output_ids.extend(new_ids)
+            st.meta = out.metas[i]
+            if new_ids and st.first_token_time is None:
+                st.first_token_time = now
+            if st.return_logprob:
+                if out.input_token_logprobs[i] is not None:
+                    st.input_token_logprobs = out.input_token_logprobs[i]
+                    st.input_top_logprobs = out.input_top_logprobs[i] or []
+                if out.output_token_logprobs[i]:
+                    st.output_token_logprobs.extend(out.output_token_logprobs[i])
+                if out.output_top_logprobs[i]:
+                    st.output_top_logprobs.extend(out.output_top_logprobs[i])
+            if out.finished_reasons[i] is not None:
+                st.finish_reason = out.finished_reasons[i]
+                st.finished_time = now
+            if self.metrics is not None:
+                self.metrics.on_output(st, len(new_ids), now)
+            st.event.set()
+
+    async def _control(self, req: Any, reply_type: type, timeout: float = 30.0) -> Any:
+        self._check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self._control_waiters.setdefault(reply_type, []).append(fut)
+        await self._send.send_pyobj(req)
+        return await asyncio.wait_for(fut, timeout)
+
+    async def flush_cache(self) -> FlushCacheOut:
+        return await self._control(FlushCacheReq(), FlushCacheOut)
+
+    async def get_internal_state(self) -> dict[str, Any]:
+        out: GetInternalStateOut = await self._control(GetInternalStateReq(), GetInternalStateOut)
+        return out.state
+
+    async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        if self._ctx is None:
+            return
+        await self._send.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
+
+    # --- validation and tokenization ----------------------------------------------------------
+
+    def tokenize_one(self, obj: GenerateReqInput) -> tuple[list[int], SamplingParams]:
+        """Validate one request and return its prompt ids and parsed params (raises on bad input)."""
+        if obj.text is not None and obj.input_ids is not None:
+            raise InvalidRequestError("give either text or input_ids, not both", "text")
+        if obj.text is not None:
+            if not isinstance(obj.text, str):
+                raise InvalidRequestError("text must be a string or a list of strings", "text")
+            ids = self.tokenizer.encode(obj.text)
+        elif obj.input_ids is not None:
+            ids = obj.input_ids
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"input_ids has token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})",
+                    "input_ids",
+                )
+        else:
+            raise InvalidRequestError("a prompt is required: text or input_ids", "text")
+        if not ids:
+            raise InvalidRequestError(
+                "the prompt is empty", "text" if obj.text is not None else "input_ids"
+            )
+        sp = SamplingParams.from_dict(obj.sampling_params)
+        sp.verify_vocab(self.vocab_size)
+        limit = min(self.context_length, self.max_total_tokens)
+        if len(ids) >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens; the maximum is {limit - 1} "
+                f"(context length {self.context_length})",
+                "text" if obj.text is not None else "input_ids",
+            )
+        if len(ids) + sp.max_new_tokens > limit:
+            raise PromptTooLongError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) = "
+                f"{len(ids) + sp.max_new_tokens} exceeds the context length of {limit} tokens",
+                "max_new_tokens",
+            )
+        if obj.logprob_start_len is not None and obj.logprob_start_len != -1:
+            if not isinstance(obj.logprob_start_len, int) or not 0 <= obj.logprob_start_len < len(
+                ids
+            ):
+                raise InvalidRequestError(
+                    f"logprob_start_len must be -1 or in [0, {len(ids) - 1}], got {obj.logprob_start_len}",
+                    "logprob_start_len",
+                )
+        top = obj.top_logprobs_num or 0
+        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
+                "top_logprobs_num",
+            )
+        return ids, sp
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def generate(
+        self, obj: GenerateReqInput
+    ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
+        """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
+        self._check_alive()
+        items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
+        prepared = [
+            (it, *self.tokenize_one(it)) for it in items
+        ]  # all validated before any is sent
+        expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
+        for it, ids, sp in prepared:
+            if sp.n > 1:
+                await self._cache_prompt(ids)
+                for k in range(sp.n):
+                    child = dataclasses.replace(it, rid=f"{it.rid or uuid.uuid4().hex}-{k}")
+                    expanded.append((child, ids, dataclasses.replace(sp, n=1)))
+            else:
+                expanded.append((it, ids, sp))
+        self._check_capacity(len(expanded))
+        states = [await self._submit(it, ids, sp) for it, ids, sp in expanded]
+        plural = obj.is_batch or len(states) > 1
+        try:
+            if obj.stream:
+                async for chunk in self._stream(states, plural):
+                    yield chunk
+            else:
+                results = await asyncio.gather(*(self._wait_final(st) for st in states))
+                if not plural:
+                    self._raise_if_rejected(states[0])
+                yield results if plural else results[0]
+        except (asyncio.CancelledError, GeneratorExit):
+            for st in states:
+                if not st.finished:
+                    await self.abort_request(st.rid)
+            raise
+        finally:
+            for st in states:
+                self.states.pop(st.rid, None)
+
+    async def _cache_prompt(self, ids: list[int]) -> None:
+        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache."""
+        if self.args.cache.disable_radix_cache:
+            return
+        st = await self._submit(GenerateReqInput(), ids, SamplingParams(max_new_tokens=0))
+        try:
+            await self._wait_final(st)
+        finally:
+            self.states.pop(st.rid, None)
+
+    def _check_capacity(self, n: int) -> None:
+        cap = self.args.scheduler.max_queued_requests
+        if cap is None:
+            return
+        in_flight = sum(1 for s in self.states.values() if not s.finished)
+        if in_flight + n > self.args.scheduler.max_running_requests + cap:
+            raise QueueFullError(
+                f"too many requests in flight ({in_flight}); max_queued_requests={cap}"
+            )
+
+    async def _submit(self, it: GenerateReqInput, ids: list[int], sp: SamplingParams) -> ReqState:
+        rid = it.rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise InvalidRequestError(f"request id {rid!r} is already in use", "rid")
+        start = it.logprob_start_len if it.logprob_start_len is not None else -1
+        if it.return_logprob and start == -1 and sp.max_new_tokens == 0:
+            start = 0  # prefill-only scoring: report the whole prompt
+        st = ReqState(
+            rid=rid,
+            prompt_tokens=len(ids),
+            return_logprob=bool(it.return_logprob),
+            top_logprobs_num=it.top_logprobs_num or 0,
+            return_text=it.return_text_in_logprobs,
+            created=time.perf_counter(),
+        )
+        self.states[rid] = st
+        msg = TokenizedGenerateReq(
+            rid=rid,
+            input_ids=ids,
+            sampling_params=sp,
+            return_logprob=bool(it.return_logprob),
+            logprob_start_len=start,
+            top_logprobs_num=it.top_logprobs_num or 0,
+            stream=it.stream,
+            arrival_time=time.time(),
+        )
+        await self._send.send_pyobj(msg)
+        if self.metrics is not None:
+            self.metrics.on_submit(st)
+        return st
+
+    async def _wait_final(self, st: ReqState) -> dict[str, Any]:
+        while not st.finished:
+            await st.event.wait()
+            st.event.clear()
+        return self.build_output(st, 0)
+
+    async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
+        sent_lp = [0] * len(states)
+        pending = set(range(len(states)))
+        waiters = {i: asyncio.ensure_future(states[i].event.wait()) for i in pending}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(
+                    [waiters[i] for i in pending], return_when=asyncio.FIRST_COMPLETED
+                )
+                for i in sorted(pending):
+                    if waiters[i] not in done:
+                        continue
+                    st = states[i]
+                    st.event.clear()
+                    chunk = self.build_output(st, sent_lp[i])
+                    sent_lp[i] = len(st.output_token_logprobs)
+                    if plural:
+                        chunk["index"] = i
+                    yield chunk
+                    if st.finished:
+                        pending.discard(i)
+                    else:
+                        waiters[i] = asyncio.ensure_future(st.event.wait())
+        finally:
+            for w in waiters.values():
+                w.cancel()
+
+    def _raise_if_rejected(self, st: ReqState) -> None:
+        fr = st.finish_reason or {}
+        if fr.get("type") == "abort" and fr.get("status_code") == 400:
+            raise InvalidRequestError(fr.get("message", "request rejected"), None)
+        if fr.get("type") == "abort" and fr.get("status_code") == 503:
+            raise EngineDeadError(fr.get("message", "engine unavailable"))
+
+    def build_output(self, st: ReqState, output_lp_from: int) -> dict[str, Any]:
+        """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""
+        meta = st.meta
+        info: dict[str, Any] = {
+            "id": st.rid,
+            "finish_reason": st.finish_reason,
+            "prompt_tokens": st.prompt_tokens,
+            "completion_tokens": meta.completion_tokens if meta else 0,
+            "cached_tokens": meta.cached_tokens if meta else 0,
+            "jump_forward_tokens": meta.jump_forward_tokens if meta else 0,
+        }
+        if st.finished:
+            info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
+        if st.return_logprob:
+            info["input_token_logprobs"] = self._lp_entries(st.input_token_logprobs, st.return_text)
+            info["output_token_logprobs"] = self._lp_entries(
+                st.output_token_logprobs[output_lp_from:], st.return_text
+            )
+            info["output_token_logprobs_length"] = len(st.output_token_logprobs)
+            if st.top_logprobs_num:
+                info["input_top_logprobs"] = [
+                    None if row is None else self._lp_entries(row, st.return_text)
+                    for row in st.input_top_logprobs
+                ]
+                info["output_top_logprobs"] = [
+                    self._lp_entries(row or [], st.return_text)
+                    for row in st.output_top_logprobs[output_lp_from:]
+                ]
+        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": info}
+
+    def _lp_entries(self, pairs: list[Any], with_text: bool) -> list[list[Any]]:
+        tok = self.tokenizer
+        return [[lp, tid, tok.token_text(tid) if with_text else None] for lp, tid in pairs]
+
+    # --- info ---------------------------------------------------------------------------------
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args.model.model_path or self.served_model_name,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.args.model.tokenizer_path or self.model_folder,
+            "is_generation": True,
+            "context_length": self.context_length,
+            "max_total_num_tokens": self.max_total_tokens,
+            "vocab_size": self.vocab_size,
+            "dtype": self.ready.dtype,
+        }
