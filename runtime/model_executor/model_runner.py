@@ -139,4 +139,27 @@ class ModelRunner:
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if hidden.dtype != torch.float32:
+            refine_near_max(logits, hidden, self.model.lm_head_weight)
+        return logits
+
+
+_BF16_REL_ULP = 2.0**-7
+
+
+def refine_near_max(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """Recompute, in float32, the logits within two bf16 ulps of each row's maximum.
+
+    A bf16 matmul rounds every logit to 8 significant bits, so near-ties at the top (common at
+    logit magnitudes of 10-30) would make the greedy choice depend on rounding noise. The true
+    maximum is always among these candidates, so after this the argmax and the top logprobs are
+    those of the float32 dot products of the same hidden state, at the cost of a few dot products.
+    """
+    top = logits.max(dim=-1, keepdim=True).values
+    tol = top.abs() * (2 * _BF16_REL_ULP) + 1e-6
+    rows, cols = torch.nonzero(logits >= top - tol, as_tuple=True)
+    if rows.numel() == 0:
+        return
+    exact = (hidden[rows].float() * weight[cols].float()).sum(dim=-1)
+    logits[rows, cols] = exact
