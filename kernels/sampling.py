@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+# Re-exported: the sampler applies grammar masks through this module.
+from radixgen.kernels.grammar_mask import apply_token_bitmask as apply_token_bitmask
+
 # top-k below this reads only the k largest probabilities instead of sorting the vocabulary
 _PARTIAL_SORT_K = 1024
 
@@ -87,18 +90,3 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         last_nonzero = (weights > 0).cumsum(dim=-1).argmax(dim=-1)
         idx = torch.where(bad, last_nonzero, idx)
     return idx
-
-
-def apply_token_bitmask(
-    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
-) -> None:
-    """In place: set logits of tokens whose bit is 0 to -inf. bitmask: int32 [R, ceil(V/32)]."""
-    vocab = logits.shape[-1]
-    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    allowed = bits.flatten(start_dim=1)[:, :vocab].bool()
-    if rows is None:
-        logits.masked_fill_(~allowed, float("-inf"))
-    else:
-        sub = logits[rows]
-        sub.masked_fill_(~allowed, float("-inf"))
-        logits[rows] = sub
