@@ -1,0 +1,272 @@
+"""The scheduler's grammar manager: async compile, per-request matchers, batch masks, jump-forward.
+
+Runs in the scheduler process. Compilation happens on a small thread pool behind a shared
+(kind, spec) cache, so the scheduler thread never waits for a compile; `poll` hands over the
+requests whose grammar is ready. Everything else (masks, accepting tokens, jump-forward) runs on
+the scheduler thread inside a step, so it is kept to a few list operations per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixgen.errors import GrammarError
+from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
+from radixgen.runtime.constrained.jump_forward import plan_jump_forward
+from radixgen.runtime.constrained.registry import create_grammar_backend
+from radixgen.runtime.constrained.vocab import GrammarVocab
+
+if TYPE_CHECKING:
+    from radixgen.runtime.scheduler.req import Req
+    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.server_args import GrammarConfig
+
+logger = logging.getLogger(__name__)
+
+COMPILE_WORKERS = 2
+CACHE_MAX_ENTRIES = 1024
+
+
+@dataclass
+class _PendingCompile:
+    key: GrammarKey
+    future: Future
+    deadline: float  # time.monotonic() after which the request gives up
+
+
+class GrammarManager:
+    """Owns the grammar backend of one scheduler; see runtime/scheduler/scheduler.py for calls."""
+
+    def __init__(
+        self,
+        grammar_config: GrammarConfig,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        eos_token_ids: list[int],
+    ) -> None:
+        self.config = grammar_config
+        self.vocab = GrammarVocab.from_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        self.backend = create_grammar_backend(
+            grammar_config.grammar_backend, self.vocab, grammar_config
+        )
+        self.bitmask_words = (vocab_size + 31) // 32
+        self._executor = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="radixgen-grammar")
+        self.cache = CompileCache(self.backend.compile, self._executor, CACHE_MAX_ENTRIES)
+        self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
+        if not grammar_config.disable_jump_forward:
+            _ = self.vocab.extendable  # build now (~0.1 s), not inside the first decode step
+        self.counters: dict[str, float] = {
+            "grammar_compile_failures": 0,
+            "grammar_compile_timeouts": 0,
+            "grammar_rejected_tokens": 0,
+            "mask_fill_calls": 0,
+            "mask_fill_rows": 0,
+            "mask_fill_rows_unrestricted": 0,
+            "mask_fill_seconds_total": 0.0,
+            "jump_forward_calls": 0,
+            "jump_forward_tokens": 0,
+            "jump_forward_retokenized_tokens": 0,
+            "jump_forward_seconds_total": 0.0,
+        }
+
+    # --- compile ------------------------------------------------------------------------------
+
+    def submit(self, req: Req) -> None:
+        """Start (or join) the compile of the request's constraint; never blocks."""
+        key = req.sampling_params.constraint
+        assert key is not None, "submit() needs a constrained request"
+        req.grammar_key = key
+        try:
+            self.backend.check_kind(key[0])
+            future = self.cache.get(key)
+        except GrammarError as e:
+            future = Future()
+            future.set_exception(e)
+        deadline = time.monotonic() + self.config.grammar_compile_timeout
+        self._pending[id(req)] = _PendingCompile(key, future, deadline)
+
+    def poll(self, reqs: list[Req]) -> tuple[list[Req], list[Req]]:
+        """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
+        ready: list[Req] = []
+        failed: list[Req] = []
+        now = time.monotonic()
+        for req in reqs:
+            pending = self._pending.get(id(req))
+            if pending is None:  # not submitted through us (should not happen): do it now
+                self.submit(req)
+                continue
+            if pending.future.done():
+                del self._pending[id(req)]
+                error = pending.future.exception()
+                if error is None:
+                    try:
+                        req.grammar = self.backend.create_grammar(pending.future.result())
+                    except Exception as e:  # a library failure must cost only this request
+                        logger.exception("creating a matcher for %s failed", req.rid)
+                        error = e
+                if error is None:
+                    ready.append(req)
+                else:
+                    self._fail(req, error)
+                    failed.append(req)
+            elif now >= pending.deadline:
+                del self._pending[id(req)]
+                self.counters["grammar_compile_timeouts"] += 1
+                kind = pending.key[0]
+                req.finish(
+                    {
+                        "type": "abort",
+                        "message": f"compiling the {kind} constraint took longer than "
+                        f"{self.config.grammar_compile_timeout:g} s (grammar_compile_timeout); "
+                        "simplify it",
+                        "status_code": 400,
+                    }
+                )
+                failed.append(req)
+        if len(self._pending) > len(reqs):  # drop compiles of requests aborted while waiting
+            alive = {id(r) for r in reqs}
+            self._pending = {k: v for k, v in self._pending.items() if k in alive}
+        return ready, failed
+
+    def _fail(self, req: Req, error: BaseException) -> None:
+        self.counters["grammar_compile_failures"] += 1
+        if isinstance(error, GrammarError):
+            message, status = str(error), 400
+        else:
+            kind = req.grammar_key[0] if req.grammar_key else "grammar"
+            message, status = f"compiling the {kind} constraint failed: {error}", 500
+        req.finish({"type": "abort", "message": message, "status_code": status})
+
+    # --- per step -----------------------------------------------------------------------------
+
+    def fill_mask(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bitmask rows for the constrained requests in `reqs` and their row indices.
+
+        Rows whose mask allows every token are left out (nothing to apply).
+        """
+        start = time.perf_counter()
+        idx = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        bitmask = torch.empty((len(idx), self.bitmask_words), dtype=torch.int32)
+        restricts = self.backend.fill_bitmask([reqs[i].grammar for i in idx], bitmask)
+        if not all(restricts):
+            keep = [j for j, r in enumerate(restricts) if r]
+            self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
+            bitmask = bitmask[keep]
+            idx = [idx[j] for j in keep]
+        rows = torch.tensor(idx, dtype=torch.long)
+        c = self.counters
+        c["mask_fill_calls"] += 1
+        c["mask_fill_rows"] += len(restricts)
+        c["mask_fill_seconds_total"] += time.perf_counter() - start
+        return bitmask, rows
+
+    def accept(self, req: Req, token_id: int) -> None:
+        """Advance the request's matcher; a rejected token is a bug, so the request is aborted."""
+        if req.grammar.accept_token(token_id):
+            return
+        self.counters["grammar_rejected_tokens"] += 1
+        logger.error(
+            "grammar of request %s rejected sampled token %d (%r) after %d output tokens; "
+            "the mask should have prevented it",
+            req.rid,
+            token_id,
+            self.vocab.token_bytes[token_id] if 0 <= token_id < self.vocab.vocab_size else None,
+            len(req.output_ids) - 1,
+        )
+        req.finish(
+            {
+                "type": "abort",
+                "message": f"internal error: the grammar rejected sampled token {token_id}",
+                "status_code": 500,
+            }
+        )
+
+    def jump_forward(self, req: Req, scheduler: Any) -> None:
+        """Append the text the grammar forces next, re-tokenized at the boundary (no model step)."""
+        if self.config.disable_jump_forward or req.return_logprob:
+            return  # with logprobs, every output token needs its own model step
+        grammar = req.grammar
+        if grammar.is_terminated():
+            return
+        forced = grammar.find_jump_forward_string()
+        if not forced:
+            return
+        start = time.perf_counter()
+        try:
+            self._jump(req, grammar, forced, scheduler)
+        finally:
+            self.counters["jump_forward_seconds_total"] += time.perf_counter() - start
+
+    def _jump(self, req: Req, grammar: Any, forced: str, scheduler: Any) -> None:
+        sp = req.sampling_params
+        prompt_len = len(req.origin_input_ids)
+        out = req.output_ids
+        max_len = min(sp.max_new_tokens, scheduler.context_length - prompt_len) - 1
+        min_keep = max(0, req.cache_protected_len - prompt_len)
+        plan = plan_jump_forward(out, forced, self.vocab, min_keep, max_len)
+        if plan is None:
+            return
+        if sp.stop_token_ids and not set(plan.tokens).isdisjoint(sp.stop_token_ids):
+            return  # finish checks see only the newest token: let the model emit stop ids
+        if sp.stop and self._adds_stop_string(out, plan.keep, plan.tokens, sp.stop):
+            return
+        replaced = out[plan.keep :]
+        grammar.rollback(len(replaced))
+        accepted = grammar.accept_tokens(plan.tokens)
+        if accepted < len(plan.tokens):  # never append tokens the grammar would reject
+            grammar.rollback(accepted)
+            if grammar.accept_tokens(replaced) != len(replaced):
+                logger.error("grammar of %s could not restore its state after a jump", req.rid)
+                req.finish(
+                    {
+                        "type": "abort",
+                        "message": "internal error: grammar state lost",
+                        "status_code": 500,
+                    }
+                )
+            return
+        scheduler.replace_output_tail(req, plan.keep, plan.tokens)
+        # tokens gained without a model step (a merge can also shrink the tail: count 0 then)
+        added = max(0, len(plan.tokens) - len(replaced))
+        req.jump_forward_tokens += added
+        scheduler.stats["jump_forward_tokens"] += added
+        c = self.counters
+        c["jump_forward_calls"] += 1
+        c["jump_forward_tokens"] += added
+        c["jump_forward_retokenized_tokens"] += len(replaced)
+
+    def _adds_stop_string(
+        self, out: list[int], keep: int, new: list[int], stops: list[str]
+    ) -> bool:
+        """Whether the appended text completes a stop string (the model must reach it itself)."""
+        before = self.vocab.join(out[max(0, keep - 8) : keep])
+        after = before + self.vocab.join(new)
+        return any(s.encode() in after and s.encode() not in before for s in stops)
+
+    # --- introspection ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /server_info and metrics."""
+        cache = self.cache
+        return {
+            "grammar_compiles": cache.compiles,
+            "grammar_compile_errors": cache.errors,
+            "grammar_compile_seconds_total": cache.compile_seconds,
+            "grammar_compile_seconds_max": cache.max_compile_seconds,
+            "grammar_cache_hits": cache.hits,
+            "grammar_cache_misses": cache.misses,
+            "grammar_cache_entries": len(cache),
+            "grammar_waiting_compiles": len(self._pending),
+            **self.counters,
+        }
+
+    def shutdown(self) -> None:
+        """Stop the compile workers (running compiles finish in the background)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.backend.shutdown()
