@@ -1,0 +1,218 @@
+"""GrammarManager: async compile + cache, poll failures, timeouts, batch masks, accept errors, stats."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from grammar_helpers import VOCAB_SIZE, make_req
+
+from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+from radixgen.runtime.constrained.grammar_manager import GrammarManager
+from radixgen.runtime.constrained.xgrammar_backend import XGrammarBackend
+from radixgen.server_args import GrammarConfig
+
+SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+
+
+def new_manager(tokenizer, **config) -> GrammarManager:
+    return GrammarManager(GrammarConfig(**config), tokenizer, VOCAB_SIZE, [2])
+
+
+@pytest.fixture(scope="module")
+def manager(tokenizer) -> GrammarManager:
+    gm = new_manager(tokenizer)
+    yield gm
+    gm.shutdown()
+
+
+def settle(gm: GrammarManager, reqs, timeout: float = 30.0):
+    """Poll like the scheduler does until every request is ready or failed."""
+    waiting, ready, failed = list(reqs), [], []
+    deadline = time.monotonic() + timeout
+    while waiting:
+        assert time.monotonic() < deadline, "poll never settled"
+        r, f = gm.poll(waiting)
+        ready += r
+        failed += f
+        done = {id(x) for x in r + f}
+        waiting = [x for x in waiting if id(x) not in done]
+        time.sleep(0.002)
+    return ready, failed
+
+
+def submit_all(gm, reqs):
+    for r in reqs:
+        gm.submit(r)
+    return reqs
+
+
+def test_bad_specs_fail_alone_with_clear_messages(manager):
+    reqs = submit_all(
+        manager,
+        [
+            make_req("ok", json_schema=SCHEMA),
+            make_req("bad_json", json_schema="{not json"),
+            make_req("bad_type", json_schema={"type": "wat"}),
+            make_req("bad_regex", regex="[a-"),
+            make_req("bad_ebnf", ebnf="root ::= missing"),
+            make_req("ok_regex", regex="[a-z]+"),
+        ],
+    )
+    ready, failed = settle(manager, reqs)
+    assert {r.rid for r in ready} == {"ok", "ok_regex"}
+    assert all(r.grammar is not None and not r.finished for r in ready)
+    reasons = {r.rid: r.finished_reason for r in failed}
+    assert all(fr["type"] == "abort" and fr["status_code"] == 400 for fr in reasons.values())
+    assert reasons["bad_json"]["message"].startswith("invalid json_schema: not valid JSON")
+    assert 'invalid json_schema: Unsupported type "wat"' in reasons["bad_type"]["message"]
+    assert reasons["bad_regex"]["message"].startswith("invalid regex:")
+    assert 'Rule "missing" is not defined' in reasons["bad_ebnf"]["message"]
+    assert all(r.grammar is None for r in failed)
+
+
+def test_compile_cache_shares_successes_only(tokenizer):
+    gm = new_manager(tokenizer)
+    try:
+        first = submit_all(gm, [make_req(f"a{i}", json_schema=SCHEMA) for i in range(3)])
+        settle(gm, first)
+        later = submit_all(gm, [make_req("b", json_schema=SCHEMA)])
+        ready, _ = settle(gm, later)
+        assert ready and ready[0].grammar is not first[0].grammar  # a fresh matcher each
+        for _ in range(2):
+            settle(gm, submit_all(gm, [make_req("bad", regex="(")]))
+        st = gm.stats()
+        assert st["grammar_compiles"] == 3  # the schema once, the bad regex every time
+        assert st["grammar_cache_hits"] == 3
+        assert st["grammar_compile_errors"] == 2
+        assert st["grammar_cache_entries"] == 1
+    finally:
+        gm.shutdown()
+
+
+def test_unsupported_kind_is_refused(tokenizer):
+    gm = new_manager(tokenizer, grammar_backend="outlines")
+    try:
+        _, failed = settle(gm, submit_all(gm, [make_req("e", ebnf='root ::= "a"')]))
+        reason = failed[0].finished_reason
+        assert reason["status_code"] == 400
+        assert "outlines grammar backend does not support ebnf" in reason["message"]
+        assert gm.stats()["grammar_compiles"] == 0
+    finally:
+        gm.shutdown()
+
+
+def test_compile_timeout_fails_request_and_later_success_is_cached(tokenizer, monkeypatch):
+    original = XGrammarBackend._compile
+
+    def slow(self, kind, spec):
+        time.sleep(0.6)
+        return original(self, kind, spec)
+
+    monkeypatch.setattr(XGrammarBackend, "_compile", slow)
+    gm = new_manager(tokenizer, grammar_compile_timeout=0.1)
+    try:
+        _, failed = settle(gm, submit_all(gm, [make_req("slow", regex="[0-9]+")]))
+        message = failed[0].finished_reason["message"]
+        assert (
+            "took longer than 0.1 s" in message and failed[0].finished_reason["status_code"] == 400
+        )
+        time.sleep(0.8)  # the compile itself finishes in the background and is kept
+        ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[0-9]+")]))
+        assert ready and gm.stats()["grammar_compile_timeouts"] == 1
+    finally:
+        gm.shutdown()
+
+
+def test_aborted_waiting_requests_are_forgotten(manager):
+    gone = submit_all(manager, [make_req("gone", json_schema=SCHEMA)])
+    stays = submit_all(manager, [make_req("stays", regex="x+")])
+    settle(manager, stays)  # the scheduler no longer lists "gone"
+    assert manager.stats()["grammar_waiting_compiles"] == 0
+    assert gone[0].grammar is None
+
+
+def test_fill_mask_rows_match_single_fills(manager, encode):
+    reqs = submit_all(manager, [make_req("a", json_schema=SCHEMA), make_req("b", regex="[0-9]{3}")])
+    settle(manager, reqs)
+    plain = make_req("plain")
+    reqs[0].grammar.accept_tokens(encode('{"x":'))
+    batch = [reqs[0], plain, reqs[1]]
+    bitmask, rows = manager.fill_mask(batch)
+    assert rows.tolist() == [0, 2] and bitmask.shape == (2, VOCAB_SIZE // 32)
+    for j, r in enumerate((reqs[0], reqs[1])):
+        single = torch.zeros(1, VOCAB_SIZE // 32, dtype=torch.int32)
+        r.grammar.fill_next_token_bitmask(single, 0)
+        assert torch.equal(bitmask[j], single[0])
+    logits = torch.zeros(3, VOCAB_SIZE)
+    from radixgen.kernels.sampling import apply_token_bitmask
+
+    apply_token_bitmask(logits, bitmask, rows)
+    assert torch.isfinite(logits[1]).all()
+    assert int(torch.isfinite(logits[2]).sum()) < 100  # digits only
+
+
+class _AllowAll(BaseGrammarObject):
+    def accept_token(self, token_id):
+        return True
+
+    def fill_next_token_bitmask(self, bitmask, row):
+        bitmask[row].fill_(-1)
+        return False
+
+    def find_jump_forward_string(self):
+        return ""
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def copy(self):
+        return self
+
+
+def test_fill_mask_skips_rows_that_allow_everything(manager):
+    free, tight = make_req("free"), submit_all(manager, [make_req("tight", regex="a")])[0]
+    settle(manager, [tight])
+    free.grammar = _AllowAll()
+    bitmask, rows = manager.fill_mask([free, tight])
+    assert rows.tolist() == [1] and bitmask.shape[0] == 1
+
+
+def test_rejected_token_aborts_only_that_request(manager, encode):
+    req = submit_all(manager, [make_req("r", regex="[0-9]+")])[0]
+    settle(manager, [req])
+    manager.accept(req, encode("7")[0])
+    assert not req.finished
+    before = manager.stats()["grammar_rejected_tokens"]
+    manager.accept(req, encode("x")[0])
+    assert req.finished_reason["type"] == "abort" and req.finished_reason["status_code"] == 500
+    assert manager.stats()["grammar_rejected_tokens"] == before + 1
+
+
+def test_choices_and_json_object_compile(manager, encode):
+    reqs = submit_all(
+        manager, [make_req("c", choices=["alpha", "beta"]), make_req("o", json_object=True)]
+    )
+    ready, failed = settle(manager, reqs)
+    assert not failed
+    c, o = ready if ready[0].rid == "c" else ready[::-1]
+    assert c.grammar.accept_tokens(encode("beta")) == len(encode("beta"))
+    assert not o.grammar.accept_token(encode("[")[0])  # an object, not any JSON value
+    assert o.grammar.accept_tokens(encode('{"k":[1]}')) == len(encode('{"k":[1]}'))
+
+
+def test_stats_report_counters(manager):
+    st = manager.stats()
+    for key in (
+        "grammar_compiles",
+        "grammar_compile_seconds_total",
+        "grammar_cache_hits",
+        "mask_fill_seconds_total",
+        "mask_fill_rows",
+        "jump_forward_tokens",
+    ):
+        assert key in st and isinstance(st[key], (int, float))
