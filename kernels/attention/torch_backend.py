@@ -4,11 +4,15 @@ Decode rows (one new token) run batched: their KV slots are gathered into a padd
 attended in one masked matmul pair, or by the native CPU kernel when it is available. Extend rows
 (a prompt chunk on top of a cached prefix) run one request at a time through SDPA with a
 bottom-right causal mask: prefill is compute-bound, so the loop costs little.
+
+A layer whose info carries `sliding_window` W (Mistral, some Qwen2 layers) lets a query at
+position p see only keys at p - W < k <= p: decode rows then read only their last W slots, extend
+rows get a banded mask. The per-window decode layout is built once per step and shared by layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +31,9 @@ class TorchAttentionMetadata:
     decode_mask: torch.Tensor | None  # [num_decode, max_len] True where a key exists
     # extend rows: (token start, extend_len, prefix_len, kv slots of the whole sequence)
     extend_rows: list[tuple[int, int, int, torch.Tensor]]
+    # decode rows' (request slot, sequence length), and their layout per sliding window
+    decode_rows: list[tuple[int, int]] = field(default_factory=list)
+    windowed: dict[int, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -58,21 +65,50 @@ class TorchAttentionBackend(AttentionBackend):
             seq_lens = [prefix_lens[i] + 1 for i in decode_rows]
             rows = [req_rows[i] for i in decode_rows]
             meta.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long)
-            if self.native is not None:
-                meta.decode_kv_indices = torch.cat(
-                    [self.req_to_token[r, :n] for r, n in zip(rows, seq_lens, strict=True)]
-                )
-                indptr = [0]
-                for n in seq_lens:
-                    indptr.append(indptr[-1] + n)
-                meta.decode_kv_indptr = torch.tensor(indptr, dtype=torch.long)
-            else:
-                max_len = max(seq_lens)
-                lens = torch.tensor(seq_lens)
-                meta.decode_mask = torch.arange(max_len)[None, :] < lens[:, None]
-                padded = self.req_to_token[torch.tensor(rows), :max_len]
-                meta.decode_padded_idx = padded.masked_fill(~meta.decode_mask, 0)
+            meta.decode_rows = list(zip(rows, seq_lens, strict=True))
+            layout = self._decode_layout(meta.decode_rows, None)
+            (
+                meta.decode_kv_indices,
+                meta.decode_kv_indptr,
+                meta.decode_padded_idx,
+                meta.decode_mask,
+            ) = layout
         self.meta = meta
+
+    def _decode_layout(
+        self, rows: list[tuple[int, int]], window: int | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        """(CSR indices, indptr) for the native kernel or (padded slots, mask) for torch.
+
+        With a window, each row keeps only the slots of its last `window` positions.
+        """
+        spans = [(r, 0 if window is None else max(0, n - window), n) for r, n in rows]
+        if self.native is not None:
+            indices = torch.cat([self.req_to_token[r, lo:hi] for r, lo, hi in spans])
+            indptr = [0]
+            for _, lo, hi in spans:
+                indptr.append(indptr[-1] + hi - lo)
+            return indices, torch.tensor(indptr, dtype=torch.long), None, None
+        max_len = max(hi for _, _, hi in spans)
+        pos = torch.arange(max_len)[None, :]
+        lo = torch.tensor([lo for _, lo, _ in spans])[:, None]
+        hi = torch.tensor([hi for _, _, hi in spans])[:, None]
+        mask = (pos >= lo) & (pos < hi)
+        padded = self.req_to_token[torch.tensor([r for r, _, _ in spans]), :max_len]
+        return None, None, padded.masked_fill(~mask, 0), mask
+
+    def _decode_meta(
+        self, meta: TorchAttentionMetadata, window: int | None
+    ) -> TorchAttentionMetadata:
+        """The step's metadata with the decode layout for `window` (cached per window)."""
+        if window is None or all(n <= window for _, n in meta.decode_rows):
+            return meta
+        if window not in meta.windowed:
+            meta.windowed[window] = self._decode_layout(meta.decode_rows, window)
+        idx, indptr, padded, mask = meta.windowed[window]
+        return TorchAttentionMetadata(
+            meta.decode_token_idx, idx, indptr, padded, mask, meta.extend_rows, meta.decode_rows
+        )
 
     def forward(
         self,
@@ -91,6 +127,9 @@ class TorchAttentionBackend(AttentionBackend):
         v = v.view(n, hkv, d)
         self.kv_pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
         q = q.view(n, h, d)
+        window: int | None = getattr(layer, "sliding_window", None)
+        if meta.decode_token_idx is not None:
+            meta = self._decode_meta(meta, window)
         if meta.decode_token_idx is not None and len(meta.extend_rows) == 0:
             return self._decode(q, k_buf, v_buf, layer, meta).view(n, h * d)
         out = torch.empty_like(q)
@@ -100,7 +139,7 @@ class TorchAttentionBackend(AttentionBackend):
             )
         for start, ext, prefix, slots in meta.extend_rows:
             out[start : start + ext] = _extend_one(
-                q[start : start + ext], k_buf[slots], v_buf[slots], prefix, layer
+                q[start : start + ext], k_buf[slots], v_buf[slots], prefix, layer, window
             )
         return out.view(n, h * d)
 
@@ -150,21 +189,38 @@ def _extend_one(
     values: torch.Tensor,
     prefix_len: int,
     layer: AttentionLayerInfo,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [E, H, D]; keys/values: [prefix + E, Hkv, D] -> [E, H, D], causal from the bottom right."""
+    """q: [E, H, D]; keys/values: [prefix + E, Hkv, D] -> [E, H, D], causal from the bottom right.
+
+    With a `window`, a query at position p sees keys p - window < k <= p only.
+    """
     ext = q.shape[0]
     total = keys.shape[0]
+    if window is not None and total <= window:
+        window = None  # every key is inside the window
+    if window is not None:  # drop keys no query can see: the first query sits at prefix_len
+        first = max(0, prefix_len - window + 1)
+        keys, values, prefix_len, total = (
+            keys[first:],
+            values[first:],
+            prefix_len - first,
+            total - first,
+        )
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, E, D]
     kh = keys.transpose(0, 1).unsqueeze(0)
     vh = values.transpose(0, 1).unsqueeze(0)
     gqa = layer.num_heads != layer.num_kv_heads
-    if prefix_len == 0:
+    if prefix_len == 0 and window is None:
         out = F.scaled_dot_product_attention(
             qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=gqa
         )
     else:
         q_pos = torch.arange(prefix_len, total).unsqueeze(1)
-        mask = torch.arange(total).unsqueeze(0) <= q_pos  # [E, total]
+        k_pos = torch.arange(total).unsqueeze(0)
+        mask = k_pos <= q_pos  # [E, total]
+        if window is not None:
+            mask &= k_pos > q_pos - window
         out = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
         )

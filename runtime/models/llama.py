@@ -9,14 +9,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.runtime.model_config import ModelArchConfig
+
+
+@dataclass(frozen=True)
+class LlamaAttentionInfo(AttentionLayerInfo):
+    """Layer facts for the attention backend, plus the layer's sliding window (None = full).
+
+    NOTE: a query at position p attends to keys at positions p - sliding_window < k <= p, as in
+    transformers' `sliding_window_overlay`.
+    """
+
+    sliding_window: int | None = None
+
+
+def _bad(message: str) -> InvalidRequestError:
+    return InvalidRequestError(message, "model_path")
 
 
 class RMSNorm(nn.Module):
@@ -56,7 +73,7 @@ def _inv_freq(cfg: ModelArchConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
+    raise _bad(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,9 +82,12 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        inv = _inv_freq(cfg)
-        t = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv)
+        # NOTE: computed on the CPU even inside a meta-device context: meta pow/cos/sin import
+        # torch._dynamo (over a second of start-up) and a meta table would be garbage anyway.
+        with torch.device("cpu"):
+            inv = _inv_freq(cfg)
+            t = torch.arange(max_positions, dtype=torch.int64).float()
+            freqs = torch.outer(t, inv)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
@@ -90,11 +110,16 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.info = AttentionLayerInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5)
+        window = cfg.layer_sliding_windows[layer_id] if cfg.layer_sliding_windows else None
+        self.info = LlamaAttentionInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5, window)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any):
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any
+    ):
         n = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -142,12 +167,40 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # NOTE: `_weight` skips nn.Embedding's random init, whose meta-device version imports
+        # torch._dynamo (over a second of start-up); weights always come from the checkpoint.
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg, max_positions)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+
+    @classmethod
+    def create(
+        cls,
+        cfg: ModelArchConfig,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        max_positions: int,
+    ) -> LlamaForCausalLM:
+        """An uninitialised model in `dtype` on `device`, ready for `load_weights`.
+
+        Laid out on the meta device, then every parameter is allocated once with `torch.empty`
+        in `dtype`: no random init, no fp32 copy to convert. (`Module.to_empty` would do the same
+        through `empty_like`, whose meta path imports sympy: half a second of start-up.) The
+        rotary table is real (float32) because no checkpoint holds it.
+        """
+        with torch.device("meta"):
+            model = cls(cfg, max_positions=1)
+        for module in model.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                empty = torch.empty(tuple(p.shape), dtype=dtype, device=device)
+                setattr(module, name, nn.Parameter(empty, requires_grad=False))
+        model.rotary = RotaryEmbedding(cfg, max_positions).to(device)
+        return model.eval()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -171,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
 
     # --- weights ----------------------------------------------------------------------------
 
-    _FUSED = {
+    _FUSED: ClassVar[dict[str, tuple[str, int]]] = {
         "q_proj": ("qkv_proj", 0),
         "k_proj": ("qkv_proj", 1),
         "v_proj": ("qkv_proj", 2),
@@ -180,37 +233,69 @@ class LlamaForCausalLM(nn.Module):
     }
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into our (fused) parameters; every parameter must be set."""
+        """Copy HF-named tensors (any float dtype) into our fused parameters.
+
+        Every expected tensor must come exactly once with its exact shape; anything else is an
+        InvalidRequestError naming the tensor, never a silent broadcast or a half-loaded model.
+        """
         params = dict(self.named_parameters())
+        expected = self.checkpoint_names()
         loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb" in name:
+        for raw_name, tensor in weights:
+            if "rotary_emb" in raw_name:
                 continue
-            if name == "lm_head.weight":
-                if self.cfg.tie_word_embeddings:
-                    continue
-                name = "lm_head"
-            elif name.startswith("model."):
-                name = name[len("model.") :]
-            target, shard = name, None
-            parts = name.split(".")
-            if len(parts) >= 3 and parts[-2] in self._FUSED:
-                fused, shard = self._FUSED[parts[-2]]
-                target = ".".join([*parts[:-2], fused, parts[-1]])
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
-            param = params[target]
+            name = raw_name if raw_name.startswith(("model.", "lm_head.")) else f"model.{raw_name}"
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue  # some tied checkpoints also store the (identical) head
+            if name not in expected:
+                raise _bad(
+                    f"checkpoint tensor {raw_name!r} has no place in {self.cfg.architecture}"
+                )
+            if name in loaded:
+                raise _bad(f"checkpoint tensor {raw_name!r} appears twice")
+            target, shard = self._target(name)
+            dest = params[target]
+            if shard is not None:
+                dest = dest[self._shard_slice(target, shard)]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise _bad(
+                    f"checkpoint tensor {raw_name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(dest.shape)}"
+                )
             with torch.no_grad():
-                if shard is None:
-                    if tuple(param.shape) != tuple(tensor.shape):
-                        raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
-                    param.copy_(tensor)
-                else:
-                    param[self._shard_slice(target, shard)].copy_(tensor)
-            loaded.add(f"{target}#{shard}")
-        missing = self._expected_keys() - loaded
+                dest.copy_(tensor)
+            loaded.add(name)
+        missing = sorted(expected - loaded)
         if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            raise _bad(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def checkpoint_names(self) -> set[str]:
+        """The Hugging Face tensor names a complete checkpoint of this model holds."""
+        unfused = {v: k for k, v in self._FUSED.items()}
+        names: set[str] = set()
+        for pname, _ in self.named_parameters():
+            if pname == "lm_head":
+                names.add("lm_head.weight")
+                continue
+            parts = pname.split(".")
+            if len(parts) >= 3 and parts[-2] in ("qkv_proj", "gate_up_proj"):
+                n = 3 if parts[-2] == "qkv_proj" else 2
+                for i in range(n):
+                    sub = unfused[(parts[-2], i)]
+                    names.add("model." + ".".join([*parts[:-2], sub, parts[-1]]))
+            else:
+                names.add(f"model.{pname}")
+        return names
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        """HF name -> (our parameter name, shard index within a fused parameter or None)."""
+        if name == "lm_head.weight":
+            return "lm_head", None
+        parts = name[len("model.") :].split(".")
+        if len(parts) >= 3 and parts[-2] in self._FUSED:
+            fused, shard = self._FUSED[parts[-2]]
+            return ".".join([*parts[:-2], fused, parts[-1]]), shard
+        return ".".join(parts), None
 
     def _shard_slice(self, target: str, shard: int) -> slice:
         cfg = self.cfg
@@ -221,13 +306,3 @@ class LlamaForCausalLM(nn.Module):
             inter = cfg.intermediate_size
             bounds = [0, inter, 2 * inter]
         return slice(bounds[shard], bounds[shard + 1])
-
-    def _expected_keys(self) -> set[str]:
-        keys: set[str] = set()
-        for name, _ in self.named_parameters():
-            if name.split(".")[-2:-1] and name.split(".")[-2] in ("qkv_proj", "gate_up_proj"):
-                n = 3 if "qkv_proj" in name else 2
-                keys.update(f"{name}#{i}" for i in range(n))
-            else:
-                keys.add(f"{name}#None")
-        return keys

@@ -1,0 +1,59 @@
+"""Read a model folder's safetensors into our model (scheduler process).
+
+Tensors are copied straight from the memory-mapped files into parameters that were allocated
+once in the target dtype, so a bf16 load converts each fp32 value exactly once and touches no
+throw-away copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from radixgen.errors import InvalidRequestError
+from radixgen.runtime.model_config import ModelArchConfig
+from radixgen.runtime.models.llama import LlamaForCausalLM
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The folder's *.safetensors files; with an index json, exactly the files it names."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing = [n for n in names if not (folder / n).exists()]
+        if missing:
+            raise InvalidRequestError(
+                f"{folder}: shards named in {index.name} are missing: {missing}", "model_path"
+            )
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InvalidRequestError(f"no *.safetensors weights in {folder}", "model_path")
+    return files
+
+
+def iter_weights(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in its stored dtype) for every tensor of the checkpoint."""
+    from safetensors import safe_open
+
+    for path in weight_files(folder):
+        with safe_open(str(path), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, st.get_tensor(name)
+
+
+def load_model(
+    folder: str | Path,
+    cfg: ModelArchConfig,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    max_positions: int,
+) -> LlamaForCausalLM:
+    """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint."""
+    model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
+    model.load_weights(iter_weights(folder))
+    return model
