@@ -60,9 +60,32 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def cached_file_digest(path: Path, cache_dir: Path) -> str:
+    """The file's SHA-256 prefix, remembered per (path, size, mtime) so warm starts skip hashing."""
+    st = path.stat()
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    memo = cache_dir / f".digest-{key}.json"
+    stamp = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        saved = json.loads(memo.read_text())
+        if {k: saved.get(k) for k in stamp} == stamp:
+            return str(saved["digest"])
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = file_sha256(path)[:20]
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**stamp, "digest": digest}))
+        os.replace(tmp, memo)
+    except OSError:  # a read-only cache still works, it just hashes every time
+        pass
+    return digest
+
+
 def convert_gguf_cached(gguf_path: Path, cache_dir: Path) -> Path:
     """Return the converted folder for `gguf_path`, converting on the first call only."""
-    digest = file_sha256(gguf_path)[:20]
+    digest = cached_file_digest(gguf_path, cache_dir)
     target = cache_dir / f"{gguf_path.stem}-{digest}-v{CONVERTER_VERSION}"
     if (target / "radixgen_done.json").exists():
         return target
@@ -85,27 +108,46 @@ def convert_gguf_cached(gguf_path: Path, cache_dir: Path) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-        logger.info("converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - t0, target)
+        logger.info(
+            "converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - t0, target
+        )
     return target
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json, model.safetensors (float32) and tokenizer files into `out_dir`."""
+    """Write config.json, model.safetensors (float32) and tokenizer files into `out_dir`.
+
+    A GGUF without tokenizer metadata (`tokenizer.ggml.model`) converts its weights only.
+    """
     import gguf
 
     reader = gguf.GGUFReader(str(gguf_path))
-    meta = _read_metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch not in _ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {sorted(_ARCHS)})")
-    tensor_names = {t.name for t in reader.tensors}
-    config = _hf_config(meta, arch, tensor_names)
-    state = dict(_convert_tensors(reader, config, permuted=_ARCHS[arch][2]))
+    config, state = convert_gguf_weights(reader)
     from safetensors.numpy import save_file
 
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    _write_tokenizer(gguf_path, meta, config, out_dir)
+    meta = _read_metadata(reader)
+    if "tokenizer.ggml.model" in meta:
+        _write_tokenizer(gguf_path, meta, config, out_dir)
+
+
+def convert_gguf_weights(reader: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(HF config dict, HF-named float32 arrays) from an open `gguf.GGUFReader`."""
+    meta = _read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {sorted(_ARCHS)})"
+        )
+    tensor_names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in tensor_names:
+        raise ValueError(
+            "GGUF tensor rope_freqs.weight (per-dimension rope factors) is not supported"
+        )
+    config = _hf_config(meta, arch, tensor_names)
+    state = dict(_convert_tensors(reader, config, permuted=_ARCHS[arch][2]))
+    return config, state
 
 
 def _read_metadata(reader: Any) -> dict[str, Any]:
@@ -131,10 +173,22 @@ def _hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    missing = [
+        f"{arch}.{k}"
+        for k in ("embedding_length", "attention.head_count", "feed_forward_length", "block_count")
+        if get(k) is None
+    ]
+    if missing:
+        raise ValueError(f"GGUF metadata lacks {missing}")
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     kv_heads = int(get("attention.head_count_kv", heads))
     head_dim = int(get("attention.key_length", hidden // heads))
+    rope_dims = int(get("rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(
+            f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported"
+        )
     vocab = int(get("vocab_size", 0)) or None
     hf_arch, model_type, _ = _ARCHS[arch]
     config: dict[str, Any] = {
@@ -156,6 +210,9 @@ def _hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
     }
     if vocab:
         config["vocab_size"] = vocab
+    window = get("attention.sliding_window")
+    if window and model_type == "mistral":  # llama.cpp applies it to mistral only
+        config["sliding_window"] = int(window)
     scaling_type = get("rope.scaling.type")
     if scaling_type and scaling_type != "none":
         config["rope_scaling"] = {
@@ -171,11 +228,7 @@ def _hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's rope-layout permutation of q/k rows (interleaved -> half-split)."""
     rows = w.shape[0]
-    return (
-        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
@@ -187,9 +240,10 @@ def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = arr.reshape(shape)
         name = _hf_name(t.name)
-        if permuted and name.endswith("q_proj.weight"):
+        # llama.cpp's converter permutes the rows of q/k weights AND biases
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, config["num_attention_heads"])
-        elif permuted and name.endswith("k_proj.weight"):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _unpermute(arr, config["num_key_value_heads"])
         if name == "model.embed_tokens.weight":
             config.setdefault("vocab_size", arr.shape[0])
@@ -222,7 +276,11 @@ def _write_tokenizer(
     tok.save_pretrained(str(out_dir))
     cfg_path = out_dir / "tokenizer_config.json"
     tok_cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    if template and "chat_template" not in tok_cfg and not (out_dir / "chat_template.jinja").exists():
+    if (
+        template
+        and "chat_template" not in tok_cfg
+        and not (out_dir / "chat_template.jinja").exists()
+    ):
         tok_cfg["chat_template"] = template
     cfg_path.write_text(json.dumps(tok_cfg, indent=2))
     config["bos_token_id"] = tok.bos_token_id
