@@ -1,0 +1,92 @@
+"""The `radixgen` command: `serve` (the HTTP server) and `generate` (one offline answer).
+
+Flags are built from the `ServerArgs` dataclass fields and named like SGLang's, so
+`radixgen serve --model-path ... --port 30000` matches `python -m sglang.launch_server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from radixgen.server_args import add_cli_args, from_cli_namespace
+from radixgen.version import __version__
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="Start the HTTP server (SGLang native API + OpenAI-compatible API).",
+        description="Start the RadixGen HTTP server. /health answers 503 until the model is "
+        "loaded, then 200; SIGINT / SIGTERM stop the server and every engine process.",
+    )
+    add_cli_args(p)
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="Answer one prompt offline (no server) and print the text.",
+        description="Start the engine in-process, answer one prompt, print it, and exit.",
+    )
+    p.add_argument("--prompt", required=True, help="The prompt (or user message with --chat).")
+    p.add_argument("--chat", action="store_true", help="Wrap the prompt in the chat template.")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=64, help="Tokens to generate (default 64)."
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0).")
+    p.add_argument("--json", action="store_true", help="Print the whole SGLang-shaped result.")
+    add_cli_args(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixgen", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate}")
+    _serve_parser(sub)
+    _generate_parser(sub)
+    return parser
+
+
+def serve(ns: argparse.Namespace) -> int:
+    from radixgen.runtime.entrypoints.http_server import run_server
+
+    return run_server(from_cli_namespace(ns))
+
+
+def generate(ns: argparse.Namespace) -> int:
+    from radixgen.runtime.engine import Engine
+
+    args = from_cli_namespace(ns)
+    engine = Engine(**args.to_flat_dict())
+    try:
+        prompt = ns.prompt
+        if ns.chat:
+            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        out = engine.generate(
+            prompt, {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
+        )
+    finally:
+        engine.shutdown()
+    print(json.dumps(out, indent=2) if ns.json else out["text"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    from radixgen.errors import InvalidRequestError
+
+    try:
+        if ns.command == "serve":
+            return serve(ns)
+        return generate(ns)
+    except InvalidRequestError as e:
+        print(f"radixgen: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Parse and check the body of SGLang's native `POST /generate` into a `GenerateReqInput`.
+
+The shape follows SGLang's contract (reference doc 2.3): `text` or `input_ids`, single or batch,
+`sampling_params` as one object or one per item, explicit nulls accepted. Keys SGLang knows but
+this server does not do are accepted while unset (null / false / empty) and refused otherwise;
+unknown keys are refused, naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixgen.errors import InvalidRequestError
+from radixgen.io_struct import GenerateReqInput
+
+_CORE_KEYS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "rid",
+    "stream",
+}
+# SGLang request keys this server accepts only while they are unset.
+_UNSUPPORTED_KEYS = {
+    "image_data": "multimodal input",
+    "video_data": "multimodal input",
+    "audio_data": "multimodal input",
+    "modalities": "multimodal input",
+    "mm_hashes": "multimodal input",
+    "images_config": "multimodal input",
+    "input_embeds": "input embeddings",
+    "token_ids_logprob": "token_ids_logprob",
+    "return_hidden_states": "hidden states",
+    "return_routed_experts": "routed experts",
+    "lora_path": "LoRA adapters",
+    "session_params": "sessions",
+    "session_id": "sessions",
+    "custom_logit_processor": "custom logit processors",
+    "bootstrap_host": "disaggregation",
+    "bootstrap_port": "disaggregation",
+    "bootstrap_room": "disaggregation",
+    "require_reasoning": "reasoning parsing",
+    "max_thinking_tokens": "reasoning budgets",
+}
+# Accepted and ignored: routing and bookkeeping hints that change no output here.
+_IGNORED_KEYS = {
+    "priority",
+    "extra_key",
+    "cache_salt",
+    "routing_key",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "decode_tp_size",
+    "disagg_prefill_dp_rank",
+    "custom_labels",
+    "log_metrics",
+    "return_prompt_token_ids",
+    "kv_hints",
+    "routed_experts_start_len",
+    "return_sampling_mask",
+}
+
+
+def _is_unset(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == {} or value == ""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_per_item(name: str, value: Any, n: int, ok: Any, what: str) -> None:
+    """A scalar, or (batches only) a list with one value per prompt."""
+    if isinstance(value, list):
+        if n < 0:
+            raise InvalidRequestError(f"{name} is a list but the prompt is not a batch", name)
+        if len(value) != n:
+            raise InvalidRequestError(
+                f"{name} has {len(value)} entries for a batch of {n} prompts", name
+            )
+        items = value
+    else:
+        items = [value]
+    for item in items:
+        if item is not None and not ok(item):
+            raise InvalidRequestError(f"{name} must be {what}, got {item!r}", name)
+
+
+def parse_generate_request(body: Any) -> GenerateReqInput:
+    """Validate a /generate body; errors are `InvalidRequestError`s that name the field."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object", None)
+    for key, value in body.items():
+        if key in _CORE_KEYS or key in _IGNORED_KEYS:
+            continue
+        what = _UNSUPPORTED_KEYS.get(key)
+        if what is None:
+            raise InvalidRequestError(f"unknown field '{key}' in the /generate request", key)
+        if not _is_unset(value):
+            raise InvalidRequestError(f"{what} ({key}) is not supported by this server", key)
+
+    text = body.get("text")
+    input_ids = body.get("input_ids")
+    batch = -1  # -1: a single prompt
+    if text is not None:
+        if isinstance(text, list):
+            if not text or not all(isinstance(t, str) for t in text):
+                raise InvalidRequestError(
+                    "text must be a string or a non-empty list of strings", "text"
+                )
+            batch = len(text)
+        elif not isinstance(text, str):
+            raise InvalidRequestError("text must be a string or a list of strings", "text")
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise InvalidRequestError(
+                "input_ids must be a non-empty list of token ids or of lists of token ids",
+                "input_ids",
+            )
+        if isinstance(input_ids[0], list):
+            if not all(isinstance(row, list) and all(map(_is_int, row)) for row in input_ids):
+                raise InvalidRequestError(
+                    "input_ids must be lists of integer token ids", "input_ids"
+                )
+            batch = len(input_ids)
+        elif not all(map(_is_int, input_ids)):
+            raise InvalidRequestError("input_ids must be a list of integer token ids", "input_ids")
+    if text is not None and input_ids is not None:
+        raise InvalidRequestError("give either text or input_ids, not both", "text")
+    if text is None and input_ids is None:
+        raise InvalidRequestError("a prompt is required: text or input_ids", "text")
+
+    sp = body.get("sampling_params")
+    _check_per_item("sampling_params", sp, batch, lambda v: isinstance(v, dict), "an object")
+    _check_per_item(
+        "return_logprob",
+        body.get("return_logprob"),
+        batch,
+        lambda v: isinstance(v, bool),
+        "a boolean",
+    )
+    _check_per_item(
+        "logprob_start_len", body.get("logprob_start_len"), batch, _is_int, "an integer"
+    )
+    _check_per_item("top_logprobs_num", body.get("top_logprobs_num"), batch, _is_int, "an integer")
+    _check_per_item(
+        "rid", body.get("rid"), batch, lambda v: isinstance(v, str) and v, "a non-empty string"
+    )
+    for flag in ("stream", "return_text_in_logprobs"):
+        if body.get(flag) is not None and not isinstance(body[flag], bool):
+            raise InvalidRequestError(f"{flag} must be a boolean", flag)
+
+    return GenerateReqInput(
+        text=text,
+        input_ids=input_ids,
+        sampling_params=sp,
+        return_logprob=body.get("return_logprob") or False,
+        logprob_start_len=body.get("logprob_start_len"),
+        top_logprobs_num=body.get("top_logprobs_num"),
+        return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
+        rid=body.get("rid"),
+        stream=bool(body.get("stream")),
+    )

@@ -1,0 +1,131 @@
+"""The API process: FastAPI on uvicorn, the TokenizerManager on uvicorn's event loop.
+
+`run_server(args)` binds the HTTP port first (so `/health` can say 503 while the model loads),
+starts the scheduler and detokenizer processes in the background, and on SIGINT / SIGTERM (or when
+a child dies) stops every child before it returns. Routes: SGLang's native API (`native_api`) and
+the OpenAI-compatible API (`openai.routes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.native_api import router as native_router
+from radixgen.runtime.entrypoints.openai.routes import router as openai_router
+from radixgen.runtime.entrypoints.server_state import ServerState
+from radixgen.runtime.process_utils import configure_logging
+from radixgen.server_args import ServerArgs
+from radixgen.version import __version__
+
+logger = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The ASGI app; the engine starts in the lifespan, i.e. right before the port is bound."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(
+        title="RadixGen",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.server = state
+    if state.metrics is None and state.args.http.enable_metrics:
+        from radixgen.runtime.metrics import ServerMetrics
+
+        state.metrics = ServerMetrics()
+    app.include_router(native_router)
+    app.include_router(openai_router)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {
+            "error": {
+                "message": str(exc.detail),
+                "type": kind,
+                "param": None,
+                "code": exc.status_code,
+            }
+        }
+        return hu.json_response(body, exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
+        body = {"error": {"message": f"{param}: {err['msg']}", "type": "invalid_request_error",
+                          "param": param, "code": 400}}  # fmt: skip
+        return hu.json_response(body, 400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error")
+        return hu.error_response(exc)
+
+    if state.args.http.api_key:
+        return _with_api_key(app, state.args.http.api_key)
+    return app
+
+
+def _with_api_key(app: FastAPI, key: str) -> FastAPI:
+    app.add_middleware(hu.ApiKeyMiddleware, api_key=key)
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with an exit code, settable from the engine watchdog."""
+
+    exit_code = 0
+
+    def request_exit(self, code: int) -> None:
+        self.exit_code = max(self.exit_code, code)
+        self.should_exit = True
+
+
+def run_server(args: ServerArgs) -> int:
+    """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code."""
+    configure_logging(args.http.log_level, "server")
+    holder: dict[str, _Server] = {}
+    state = ServerState(args, request_exit=lambda code: holder["server"].request_exit(code))
+    app = create_app(state)
+    config = uvicorn.Config(
+        app,
+        host=args.http.host,
+        port=args.http.port,
+        log_level=args.http.log_level,
+        access_log=args.http.log_level == "debug",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=30,
+        lifespan="on",
+    )
+    server = _Server(config)
+    holder["server"] = server
+    logger.info("RadixGen %s: HTTP on http://%s:%d, loading the model", __version__,
+                args.http.host, args.http.port)  # fmt: skip
+    server.run()
+    if not server.started and server.exit_code == 0:
+        return 1  # e.g. the port was taken
+    return server.exit_code

@@ -1,0 +1,288 @@
+"""SGLang's native HTTP API (reference doc section 2): /generate, health, info, cache, abort, tokenize.
+
+What `sglang.RuntimeEndpoint` and SGLang's HTTP clients call. Streaming sends SSE chunks with the
+cumulative text, delta output logprobs and cumulative token counters, one chunk per scheduler
+output (never a replayed burst), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+
+from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
+from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.entrypoints.generate_request import parse_generate_request
+from radixgen.runtime.entrypoints.http_utils import (
+    SSE_DONE,
+    SSE_HEADERS,
+    ClientDisconnected,
+    collect,
+    error_body,
+    error_response,
+    first_and_rest,
+    json_response,
+    raise_if_failed,
+    read_json,
+    sse_event,
+    stream_error,
+    until_disconnect,
+)
+from radixgen.runtime.entrypoints.server_state import ServerState
+from radixgen.version import __version__
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+SECRET_ARGS = ("api_key",)
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request) -> Response:
+    try:
+        obj = parse_generate_request(await read_json(request))
+        tm = server_state(request).manager()
+        if not obj.stream:
+            result = await until_disconnect(request, collect(tm.generate(obj)))
+            raise_if_failed(result)
+            return json_response(result)
+        first, rest = await first_and_rest(tm.generate(obj), request)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except RadixGenError as e:
+        return error_response(e)
+    return StreamingResponse(_sse(first, rest), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _sse(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """SSE framing; closing `rest` on a disconnect cancels and aborts the request in the engine."""
+    try:
+        chunk = first
+        while True:
+            err = stream_error(chunk)
+            if err is not None:
+                yield sse_event(err)
+                break
+            yield sse_event(chunk)
+            try:
+                chunk = await rest.__anext__()
+            except StopAsyncIteration:
+                break
+    except RadixGenError as e:
+        body = error_body(e)
+        body["error"]["retryable"] = False
+        yield sse_event(body)
+    finally:
+        await rest.aclose()
+    yield SSE_DONE
+
+
+# --- health and info -----------------------------------------------------------------------------
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = server_state(request)
+    if state.healthy:
+        return Response(status_code=200)
+    try:
+        state.manager()
+        raise EngineDeadError("the engine is not running")
+    except RadixGenError as e:
+        return error_response(e)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Healthy only if one token can be generated now."""
+    try:
+        tm = server_state(request).manager()
+        obj = GenerateReqInput(
+            text="Hi", sampling_params={"max_new_tokens": 1}, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"
+        )
+        await asyncio.wait_for(collect(tm.generate(obj)), HEALTH_GENERATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return error_response(EngineDeadError("no token within the health-check timeout"))
+    except RadixGenError as e:
+        return error_response(e)
+    return Response(status_code=200)
+
+
+@router.get("/ping")
+async def ping() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    return await health(request)
+
+
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(request: Request) -> Response:
+    try:
+        tm = server_state(request).manager()
+    except RadixGenError as e:
+        return error_response(e)
+    info = tm.model_info()
+    info.update(
+        {
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "preferred_sampling_params": None,
+            "model_type": None,
+            "architectures": None,
+        }
+    )
+    return json_response(info)
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(request: Request) -> Response:
+    state = server_state(request)
+    try:
+        tm = state.manager()
+        internal = await tm.get_internal_state()
+    except (RadixGenError, asyncio.TimeoutError) as e:
+        return error_response(e if isinstance(e, RadixGenError) else EngineDeadError(str(e)))
+    args = {k: v for k, v in state.args.to_flat_dict().items() if k not in SECRET_ARGS}
+    return json_response(
+        {
+            **args,
+            **tm.model_info(),
+            "version": __version__,
+            "startup_time": state.started_at,
+            "ready_time": state.ready_at,
+            "max_context_length": tm.context_length,
+            "max_req_input_len": tm.ready.max_req_input_len,
+            "num_threads": tm.ready.num_threads,
+            "internal_states": [internal],
+        }
+    )
+
+
+# --- control -------------------------------------------------------------------------------------
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    try:
+        out = await server_state(request).manager().flush_cache()
+    except RadixGenError as e:
+        return error_response(e)
+    if out.success:
+        return PlainTextResponse("Cache flushed.\n", status_code=200)
+    return PlainTextResponse(f"Cache not flushed: {out.message}\n", status_code=400)
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    try:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the body must be a JSON object", None)
+        rid = body.get("rid") or ""
+        abort_all = bool(body.get("abort_all", False))
+        if not isinstance(rid, str):
+            raise InvalidRequestError("rid must be a string", "rid")
+        if not rid and not abort_all:
+            raise InvalidRequestError("give a rid or abort_all: true", "rid")
+        await server_state(request).manager().abort_request(rid=rid, abort_all=abort_all)
+    except RadixGenError as e:
+        return error_response(e)
+    return Response(status_code=200)
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append_request() -> Response:
+    """SGLang's frontend calls this on join(mode="concate_and_append") and has already appended
+    the text itself; 0.5.23 servers lack the route, so a 200 no-op is the compatible answer."""
+    return Response(status_code=200)
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+
+
+@router.post("/tokenize")
+@router.post("/v1/tokenize")
+async def tokenize(request: Request) -> Response:
+    try:
+        body = await read_json(request)
+        tm = server_state(request).manager()
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the body must be a JSON object", None)
+        prompt = body.get("prompt", body.get("text"))
+        add_special = body.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            raise InvalidRequestError("add_special_tokens must be a boolean", "add_special_tokens")
+        if isinstance(prompt, str):
+            tokens: Any = tm.tokenizer.encode(prompt, add_special_tokens=add_special)
+            count: Any = len(tokens)
+        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            tokens = tm.tokenizer.encode_batch(prompt, add_special_tokens=add_special)
+            count = [len(t) for t in tokens]
+        else:
+            raise InvalidRequestError("prompt must be a string or a list of strings", "prompt")
+    except RadixGenError as e:
+        return error_response(e)
+    return json_response({"tokens": tokens, "count": count, "max_model_len": tm.context_length})
+
+
+@router.post("/detokenize")
+@router.post("/v1/detokenize")
+async def detokenize(request: Request) -> Response:
+    try:
+        body = await read_json(request)
+        tm = server_state(request).manager()
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            raise InvalidRequestError("tokens must be a list of token ids", "tokens")
+        bad = [t for t in tokens if not 0 <= t < tm.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary", "tokens")
+        skip = body.get("skip_special_tokens", False)
+        text = tm.tokenizer.decode(tokens, skip_special_tokens=bool(skip))
+    except RadixGenError as e:
+        return error_response(e)
+    return json_response({"text": text})
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = server_state(request)
+    if state.metrics is None:
+        body = error_body(InvalidRequestError("metrics are off; start with --enable-metrics"))
+        body["error"]["code"] = 404
+        return json_response(body, 404)
+    engine_state = None
+    live: set[str] = set()
+    if state.healthy and state.tm is not None:
+        live = {rid for rid, st in state.tm.states.items() if not st.finished}
+        try:
+            engine_state = await state.tm.get_internal_state()
+        except (RadixGenError, asyncio.TimeoutError):
+            engine_state = None
+    body = state.metrics.render(engine_state, live)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,1 @@
+"""OpenAI-compatible API: request models, completions and chat handlers, tool-call parsing."""

@@ -1,0 +1,55 @@
+"""The /v1 routes of the OpenAI-compatible API (tokenize / detokenize live with the native API)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from radixgen.errors import RadixGenError
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
+from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
+
+router = APIRouter()
+router.add_api_route("/v1/completions", create_completion, methods=["POST"])
+router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+
+
+def _model_card(request: Request) -> dict:
+    state = request.app.state.server
+    tm = state.manager()
+    return {
+        "id": tm.served_model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "radixgen",
+        "root": tm.served_model_name,
+        "max_model_len": tm.context_length,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    try:
+        return hu.json_response({"object": "list", "data": [_model_card(request)]})
+    except RadixGenError as e:
+        return hu.error_response(e)
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> Response:
+    try:
+        card = _model_card(request)
+    except RadixGenError as e:
+        return hu.error_response(e)
+    if model != card["id"]:
+        body = {
+            "error": {
+                "message": f"model '{model}' does not exist; this server serves '{card['id']}'",
+                "type": "not_found_error",
+                "param": "model",
+                "code": 404,
+            }
+        }
+        return hu.json_response(body, 404)
+    return hu.json_response(card)

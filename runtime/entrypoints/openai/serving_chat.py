@@ -1,0 +1,278 @@
+"""POST /v1/chat/completions: messages through the chat template, tools, JSON output, streaming.
+
+The prompt is rendered and tokenized here (without adding special tokens: the template writes
+them) and sent as `input_ids`, so its length is known for the default `max_tokens` (the rest of
+the context window, as OpenAI does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.openai import serving_common as common
+from radixgen.runtime.entrypoints.openai import tool_calls as tc
+from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
+from radixgen.runtime.tokenizer_manager import TokenizerManager
+
+
+class ChatPlan:
+    """What one chat request turns into: prompt ids, sampling params and how to read the reply."""
+
+    def __init__(self, req: ChatCompletionRequest, tm: TokenizerManager) -> None:
+        self.req = req
+        self.mode = tc.tool_mode(req.tools, req.tool_choice)
+        self.forced = self.mode not in (None, "auto")  # constrained to one call's JSON
+        tok = tm.tokenizer
+        if tok.chat_template is None:
+            raise InvalidRequestError(
+                "this model has no chat template; start the server with --chat-template",
+                "messages",
+            )
+        native_tools = "tools" in tok.chat_template.source
+        messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
+        tools_arg = None
+        if self.mode is not None and native_tools:
+            tools_arg = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        elif req.tools:
+            messages = tc.history_messages(messages)
+            if self.mode is not None:
+                messages = _with_system(messages, tc.tools_system_prompt(req.tools, self.mode))
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.continue_final_message:
+            if messages[-1]["role"] != "assistant":
+                raise InvalidRequestError(
+                    "continue_final_message needs an assistant message last", "messages"
+                )
+            text = tok.apply_chat_template(messages, False, tools_arg, **kwargs)
+            last = messages[-1].get("content") or ""
+            cut = text.rfind(last) if last else -1
+            if cut != -1:
+                text = text[: cut + len(last)]
+        else:
+            text = tok.apply_chat_template(messages, True, tools_arg, **kwargs)
+        if self.forced:
+            text += tc.CALL_OPEN + "\n"
+        self.input_ids = tok.encode(text, add_special_tokens=False)
+        limit = min(tm.context_length, tm.max_total_tokens)
+        max_new = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        if max_new is None:
+            max_new = max(0, limit - len(self.input_ids))
+        self.sampling_params = common.sampling_params(req, max_new)
+        if self.forced:
+            if "json_schema" in self.sampling_params or "json_object" in self.sampling_params:
+                raise InvalidRequestError(
+                    "a forced tool call cannot be combined with response_format", "tool_choice"
+                )
+            self.sampling_params["json_schema"] = tc.call_schema(req.tools or [], self.mode)
+
+    def generate_input(self) -> GenerateReqInput:
+        req = self.req
+        if req.top_logprobs and not req.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return GenerateReqInput(
+            input_ids=self.input_ids,
+            sampling_params=self.sampling_params,
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
+            rid=req.rid,
+            stream=req.stream,
+        )
+
+    def message(self, text: str) -> tuple[dict[str, Any], bool]:
+        """The assistant message for a finished reply, and whether it holds tool calls."""
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if self.forced:
+            calls = tc.parse_forced_call(text, self.req.tools or [])
+            content = None if calls else text
+        elif self.mode == "auto":
+            content, calls = tc.parse_tool_calls(text, self.req.tools or [])
+        msg: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": None}
+        if calls:
+            msg["tool_calls"] = calls
+        return msg, bool(calls)
+
+
+def _template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """Text parts joined into one string; "developer" is a system message to the template."""
+    role = "system" if m["role"] == "developer" else m["role"]
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequestError(
+                    f"content part {j} has type {part.get('type')!r}; only text parts are supported",
+                    "messages.content",
+                )
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    out = {
+        k: v for k, v in m.items() if k not in ("refusal", "audio", "annotations", "function_call")
+    }
+    out["role"] = role
+    out["content"] = content if content is not None else ""
+    return out
+
+
+def _with_system(messages: list[dict[str, Any]], extra: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{extra}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": extra}, *messages]
+
+
+async def create_chat_completion(request: Request) -> Response:
+    state = request.app.state.server
+    try:
+        tm = state.manager()
+        req = parse_request(ChatCompletionRequest, await hu.read_json(request))
+        plan = ChatPlan(req, tm)
+        obj = plan.generate_input()
+        if not req.stream:
+            result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
+            results = result if isinstance(result, list) else [result]
+            hu.raise_if_failed(results)
+            return hu.json_response(
+                _response(plan, results, tm, state.args.http.enable_cache_report)
+            )
+        first, rest = await hu.first_and_rest(tm.generate(obj), request)
+    except hu.ClientDisconnected:
+        return Response(status_code=499)
+    except InvalidRequestError as e:
+        return hu.error_response(common.openai_error(e))
+    except RadixGenError as e:
+        return hu.error_response(e)
+    stream = _stream(plan, first, rest, tm.served_model_name, state.args.http.enable_cache_report)
+    return StreamingResponse(stream, media_type="text/event-stream", headers=hu.SSE_HEADERS)
+
+
+def _response(
+    plan: ChatPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
+) -> dict[str, Any]:
+    choices = []
+    for i, r in enumerate(results):
+        meta = r["meta_info"]
+        reason, matched = common.finish_reason(meta)
+        msg, has_calls = plan.message(r["text"])
+        logprobs = None
+        if plan.req.logprobs:
+            logprobs = {
+                "content": common.chat_logprobs(
+                    meta.get("output_token_logprobs", []),
+                    meta.get("output_top_logprobs"),
+                    plan.req.top_logprobs or 0,
+                ),
+                "refusal": None,
+            }
+        choices.append(
+            {
+                "index": i,
+                "message": msg,
+                "logprobs": logprobs,
+                "finish_reason": "tool_calls" if has_calls else reason,
+                "matched_stop": matched,
+            }
+        )
+    return {
+        "id": common.new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": common.now(),
+        "model": tm.served_model_name,
+        "choices": choices,
+        "usage": common.usage(results, plan.req.n, cache_report),
+        "system_fingerprint": None,
+    }
+
+
+async def _stream(
+    plan: ChatPlan, first: Any, rest: AsyncIterator[Any], model: str, cache_report: bool
+) -> AsyncIterator[bytes]:
+    req = plan.req
+    rid, created = common.new_id("chatcmpl"), common.now()
+    sent: dict[int, int] = {}
+    filters: dict[int, tc.ToolCallStreamFilter] = {}
+    prompt, completion, cached = {}, {}, {}
+
+    def event(index: int, delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": reason,
+            **extra,
+        }
+        return hu.sse_event(
+            {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [choice]}
+        )  # fmt: skip
+
+    try:
+        chunk = first
+        while True:
+            err = hu.stream_error(chunk)
+            if err is not None:
+                yield hu.sse_event(err)
+                break
+            i = chunk.get("index", 0)
+            meta, text = chunk["meta_info"], chunk["text"]
+            if i not in sent:
+                sent[i] = 0
+                filters[i] = tc.ToolCallStreamFilter()
+                yield event(i, {"role": "assistant", "content": ""})
+            prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
+            cached[i] = meta.get("cached_tokens", 0)
+            delta_text = text[sent[i] :]
+            sent[i] = len(text)
+            if plan.mode == "auto":
+                delta_text = filters[i].content_delta(text)
+            elif plan.forced:
+                delta_text = ""
+            extra: dict[str, Any] = {}
+            if req.logprobs and meta.get("output_token_logprobs"):
+                extra["logprobs"] = {
+                    "content": common.chat_logprobs(
+                        meta["output_token_logprobs"], meta.get("output_top_logprobs"),
+                        req.top_logprobs or 0,
+                    ),
+                    "refusal": None,
+                }  # fmt: skip
+            if delta_text or extra:
+                yield event(i, {"content": delta_text}, **extra)
+            reason, matched = common.finish_reason(meta)
+            if reason is not None:
+                msg, has_calls = plan.message(text)
+                if has_calls:
+                    calls = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
+                    yield event(i, {"tool_calls": calls})
+                    reason = "tool_calls"
+                elif plan.mode is not None:
+                    left = filters[i].rest(text) if plan.mode == "auto" else text
+                    if left:
+                        yield event(i, {"content": left})
+                yield event(i, {}, reason, matched_stop=matched)
+            try:
+                chunk = await rest.__anext__()
+            except StopAsyncIteration:
+                break
+        if req.stream_options and req.stream_options.include_usage and sent:
+            usage = common.chunk_usage(prompt, completion, cached, req.n, cache_report)
+            yield hu.sse_event(
+                {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [], "usage": usage}
+            )  # fmt: skip
+    except RadixGenError as e:
+        yield hu.sse_event(hu.error_body(e))
+    finally:
+        await rest.aclose()
+    yield hu.SSE_DONE

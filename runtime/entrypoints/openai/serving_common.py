@@ -1,0 +1,174 @@
+"""Pieces shared by the OpenAI completions and chat handlers: sampling params, usage, errors.
+
+Both handlers turn a validated request into one `GenerateReqInput` and read SGLang-shaped dicts
+back from the TokenizerManager; these helpers do the mapping both ways.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from radixgen.errors import InvalidRequestError
+from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+# SGLang sampling-param names -> the OpenAI field a user wrote, for error messages
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "seed": "seed"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest, max_new_tokens: int | None
+) -> dict[str, Any]:
+    """OpenAI fields + SGLang extras -> SGLang `sampling_params` (None means "the default")."""
+    sp: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": req.min_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "no_stop_trim": req.no_stop_trim,
+        "n": req.n,
+        "seed": req.seed,
+        "logit_bias": req.logit_bias,
+        "regex": req.regex,
+        "ebnf": req.ebnf,
+        "json_schema": req.json_schema,
+    }
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if req.regex or req.ebnf or req.json_schema:
+            raise InvalidRequestError(
+                "give either response_format or regex / ebnf / json_schema, not both",
+                "response_format",
+            )
+        if fmt.type == "json_object":
+            sp["json_object"] = True
+        else:
+            spec = fmt.json_schema
+            if spec is None or spec.schema_ is None:
+                raise InvalidRequestError(
+                    "response_format json_schema needs json_schema.schema",
+                    "response_format.json_schema",
+                )
+            sp["json_schema"] = spec.schema_
+    return {k: v for k, v in sp.items() if v is not None}
+
+
+def openai_error(e: InvalidRequestError) -> InvalidRequestError:
+    """Rename SGLang's parameter names in an error to the OpenAI names the user sent."""
+    param = e.param
+    if param in _OPENAI_NAMES:
+        msg = e.message.replace(param, _OPENAI_NAMES[param])
+        err = type(e)(msg, _OPENAI_NAMES[param])
+        return err
+    return e
+
+
+def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
+    """SGLang's finish dict -> OpenAI's finish_reason string and SGLang's `matched_stop`."""
+    fr = meta.get("finish_reason")
+    if not fr:
+        return None, None
+    kind = fr.get("type")
+    if kind == "stop":
+        return "stop", fr.get("matched")
+    if kind == "length":
+        return "length", None
+    return "abort", None
+
+
+def usage(results: list[dict[str, Any]], n: int, cache_report: bool) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (not per sample); completions add up."""
+    prompt = sum(r["meta_info"]["prompt_tokens"] for r in results[::n])
+    cached = sum(r["meta_info"].get("cached_tokens", 0) for r in results[::n])
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cache_report:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def chunk_usage(
+    prompt_tokens: dict[int, int], completion: dict[int, int], cached: dict[int, int], n: int,
+    cache_report: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Usage for the final streamed chunk from per-index counters."""
+    prompt = sum(v for i, v in prompt_tokens.items() if i % n == 0)
+    comp = sum(completion.values())
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": comp,
+        "total_tokens": prompt + comp,
+    }
+    if cache_report:
+        out["prompt_tokens_details"] = {
+            "cached_tokens": sum(v for i, v in cached.items() if i % n == 0)
+        }
+    return out
+
+
+def token_logprob(entry: list[Any]) -> dict[str, Any]:
+    """One `[logprob, id, text]` entry -> OpenAI chat's {token, logprob, bytes}."""
+    lp, _tid, text = entry
+    text = text or ""
+    return {
+        "token": text,
+        "logprob": -9999.0 if lp is None else lp,
+        "bytes": list(text.encode("utf-8")),
+    }
+
+
+def chat_logprobs(
+    tokens: list[list[Any]], tops: list[list[list[Any]]] | None, top_n: int
+) -> list[dict[str, Any]]:
+    out = []
+    for i, entry in enumerate(tokens):
+        item = token_logprob(entry)
+        row = tops[i] if tops is not None and i < len(tops) and tops[i] else []
+        item["top_logprobs"] = [token_logprob(t) for t in row[:top_n]]
+        out.append(item)
+    return out
+
+
+def completion_logprobs(
+    tokens: list[list[Any]], tops: list[Any] | None, offset0: int
+) -> dict[str, Any]:
+    """The legacy completions logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
+    text_tokens, lps, top_rows, offsets = [], [], [], []
+    pos = offset0
+    for i, (lp, _tid, text) in enumerate(tokens):
+        text = text or ""
+        text_tokens.append(text)
+        lps.append(lp)
+        offsets.append(pos)
+        pos += len(text)
+        row = tops[i] if tops is not None and i < len(tops) else None
+        top_rows.append(None if row is None else {t[2] or "": t[0] for t in row})
+    return {
+        "tokens": text_tokens,
+        "token_logprobs": lps,
+        "top_logprobs": top_rows if tops is not None else None,
+        "text_offset": offsets,
+    }

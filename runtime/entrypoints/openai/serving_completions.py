@@ -1,0 +1,186 @@
+"""POST /v1/completions: prompt text or token ids (single or batch), echo, logprobs, n, streaming.
+
+Choices are ordered prompt-major: choice `i * n + k` is sample k of prompt i, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.openai import serving_common as common
+from radixgen.runtime.entrypoints.openai.protocol import CompletionRequest, parse_request
+from radixgen.runtime.tokenizer_manager import TokenizerManager
+
+
+class CompletionPlan:
+    def __init__(self, req: CompletionRequest, tm: TokenizerManager) -> None:
+        if req.suffix:
+            raise InvalidRequestError("suffix (fill-in-the-middle) is not supported", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise InvalidRequestError("best_of is not supported (only best_of == n)", "best_of")
+        self.req = req
+        prompt = req.prompt
+        if isinstance(prompt, list) and not prompt:
+            raise InvalidRequestError("prompt must not be empty", "prompt")
+        self.texts: list[str] | None = None
+        self.ids: list[list[int]] | None = None
+        if isinstance(prompt, str):
+            self.texts, self.batch = [prompt], False
+        elif isinstance(prompt[0], str):
+            self.texts, self.batch = list(prompt), True  # type: ignore[arg-type]
+        elif isinstance(prompt[0], int):
+            self.ids, self.batch = [prompt], False  # type: ignore[list-item]
+        else:
+            self.ids, self.batch = list(prompt), True  # type: ignore[arg-type]
+        self.sampling_params = common.sampling_params(req, req.max_tokens)
+        self.tm = tm
+
+    def generate_input(self) -> GenerateReqInput:
+        req = self.req
+        want_lp = req.logprobs is not None
+        text: Any = self.texts if self.batch else (self.texts[0] if self.texts else None)
+        ids: Any = self.ids if self.batch else (self.ids[0] if self.ids else None)
+        return GenerateReqInput(
+            text=text,
+            input_ids=ids,
+            sampling_params=self.sampling_params,
+            return_logprob=want_lp,
+            logprob_start_len=0 if (want_lp and req.echo) else None,
+            top_logprobs_num=req.logprobs or 0,
+            return_text_in_logprobs=True,
+            rid=req.rid,
+            stream=req.stream,
+        )
+
+    def prompt_text(self, choice: int) -> str:
+        i = choice // self.req.n
+        if self.texts is not None:
+            return self.texts[i]
+        assert self.ids is not None
+        return self.tm.tokenizer.decode(self.ids[i], skip_special_tokens=False)
+
+    def logprobs(self, meta: dict[str, Any], choice: int, first_chunk: bool) -> dict[str, Any]:
+        tokens = list(meta.get("output_token_logprobs", []))
+        tops = meta.get("output_top_logprobs") if self.req.logprobs else None
+        offset = 0
+        if self.req.echo and first_chunk:
+            tokens = list(meta.get("input_token_logprobs", [])) + tokens
+            if tops is not None:
+                tops = list(meta.get("input_top_logprobs", [])) + list(tops)
+        elif self.req.echo:
+            offset = len(self.prompt_text(choice))
+        return common.completion_logprobs(tokens, tops, offset)
+
+
+async def create_completion(request: Request) -> Response:
+    state = request.app.state.server
+    try:
+        tm = state.manager()
+        req = parse_request(CompletionRequest, await hu.read_json(request))
+        plan = CompletionPlan(req, tm)
+        obj = plan.generate_input()
+        if not req.stream:
+            result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
+            results = result if isinstance(result, list) else [result]
+            hu.raise_if_failed(results)
+            return hu.json_response(
+                _response(plan, results, tm, state.args.http.enable_cache_report)
+            )
+        first, rest = await hu.first_and_rest(tm.generate(obj), request)
+    except hu.ClientDisconnected:
+        return Response(status_code=499)
+    except InvalidRequestError as e:
+        return hu.error_response(common.openai_error(e))
+    except RadixGenError as e:
+        return hu.error_response(e)
+    stream = _stream(plan, first, rest, tm.served_model_name, state.args.http.enable_cache_report)
+    return StreamingResponse(stream, media_type="text/event-stream", headers=hu.SSE_HEADERS)
+
+
+def _response(
+    plan: CompletionPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
+) -> dict[str, Any]:
+    choices = []
+    for i, r in enumerate(results):
+        meta = r["meta_info"]
+        reason, matched = common.finish_reason(meta)
+        text = plan.prompt_text(i) + r["text"] if plan.req.echo else r["text"]
+        choices.append(
+            {
+                "index": i,
+                "text": text,
+                "logprobs": plan.logprobs(meta, i, True) if plan.req.logprobs is not None else None,
+                "finish_reason": reason,
+                "matched_stop": matched,
+            }
+        )
+    return {
+        "id": common.new_id("cmpl"),
+        "object": "text_completion",
+        "created": common.now(),
+        "model": tm.served_model_name,
+        "choices": choices,
+        "usage": common.usage(results, plan.req.n, cache_report),
+        "system_fingerprint": None,
+    }
+
+
+async def _stream(
+    plan: CompletionPlan, first: Any, rest: AsyncIterator[Any], model: str, cache_report: bool
+) -> AsyncIterator[bytes]:
+    req = plan.req
+    rid, created = common.new_id("cmpl"), common.now()
+    sent: dict[int, int] = {}
+    prompt, completion, cached = {}, {}, {}
+
+    def event(choice: dict[str, Any]) -> bytes:
+        return hu.sse_event(
+            {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "choices": [choice]}
+        )  # fmt: skip
+
+    try:
+        chunk = first
+        while True:
+            err = hu.stream_error(chunk)
+            if err is not None:
+                yield hu.sse_event(err)
+                break
+            i = chunk.get("index", 0)
+            meta, text = chunk["meta_info"], chunk["text"]
+            first_for_choice = i not in sent
+            delta = text[sent.get(i, 0) :]
+            sent[i] = len(text)
+            if first_for_choice and req.echo:
+                delta = plan.prompt_text(i) + delta
+            prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
+            cached[i] = meta.get("cached_tokens", 0)
+            reason, matched = common.finish_reason(meta)
+            lp = plan.logprobs(meta, i, first_for_choice) if req.logprobs is not None else None
+            if delta or reason is not None or (lp and lp["tokens"]):
+                yield event(
+                    {"index": i, "text": delta, "logprobs": lp, "finish_reason": reason,
+                     "matched_stop": matched}
+                )  # fmt: skip
+            try:
+                chunk = await rest.__anext__()
+            except StopAsyncIteration:
+                break
+        if req.stream_options and req.stream_options.include_usage and sent:
+            usage = common.chunk_usage(prompt, completion, cached, req.n, cache_report)
+            yield hu.sse_event(
+                {"id": rid, "object": "text_completion", "created": created, "model": model,
+                 "choices": [], "usage": usage}
+            )  # fmt: skip
+    except RadixGenError as e:
+        yield hu.sse_event(hu.error_body(e))
+    finally:
+        await rest.aclose()
+    yield hu.SSE_DONE

@@ -1,0 +1,147 @@
+"""Prometheus metrics of the API process (`--enable-metrics`, served at `/metrics`).
+
+Request-level figures (counts, tokens, TTFT / inter-token / end-to-end latency) are recorded by
+the TokenizerManager's hooks as outputs arrive: O(1) work per output batch, nothing per token.
+Engine-level figures (running / queued requests, KV usage, radix hit rate, grammar stats) are read
+from the scheduler's `internal_state()` when Prometheus scrapes, so they cost nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "radixgen_"
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+# internal_state() keys with a dedicated, documented metric; the rest are exported generically.
+_NAMED_STATE = {
+    "running_requests": ("num_running_reqs", "Requests in the running (decoding) batch."),
+    "waiting_requests": (
+        "num_queue_reqs",
+        "Requests waiting for admission (incl. grammar compile).",
+    ),
+    "kv_usage": ("token_usage", "Share of the KV pool in use (0..1)."),
+    "kv_used_tokens": ("kv_used_tokens", "KV pool slots in use."),
+    "max_total_num_tokens": ("max_total_num_tokens", "KV pool size in tokens."),
+    "cache_hit_rate": (
+        "cache_hit_rate",
+        "Prompt tokens served from the radix cache / all prompt tokens.",
+    ),
+}
+
+
+class _EngineStateCollector(Collector):
+    """Turns the latest scheduler snapshot into gauges at scrape time."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for key, value in self.snapshot.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            name, doc = _NAMED_STATE.get(key, (_metric_name(key), f"Scheduler state '{key}'."))
+            family = GaugeMetricFamily(PREFIX + name, doc)
+            family.add_metric([], float(value))
+            yield family
+
+
+def _metric_name(key: str) -> str:
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    return name if name.startswith("grammar") else f"scheduler_{name}"
+
+
+class ServerMetrics:
+    """Owns a private registry; the TokenizerManager calls `on_submit` / `on_output`."""
+
+    def __init__(self, served_model_name: str = "") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            PREFIX + "requests",
+            "Finished requests by finish reason.",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.received = Counter(PREFIX + "requests_received", "Requests submitted.", registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens.", registry=r)
+        self.cached_tokens = Counter(
+            PREFIX + "cached_tokens", "Prompt tokens served from the prefix cache.", registry=r
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Generated tokens.", registry=r
+        )
+        self.in_flight = Gauge(
+            PREFIX + "api_requests_in_flight", "Requests the API process is waiting on.", registry=r
+        )  # set at scrape time: aborted requests never report a finish here
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time to first token (streamed requests; non-streamed ones get one output at the end).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Time between streamed outputs, per token.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Submit-to-finish latency.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_state = _EngineStateCollector()
+        r.register(self.engine_state)
+        self._last_output: dict[str, float] = {}
+
+    # --- hooks called by the TokenizerManager ----------------------------------------------------
+
+    def on_submit(self, st: Any) -> None:
+        self.received.inc()
+        self.prompt_tokens.inc(st.prompt_tokens)
+
+    def on_output(self, st: Any, new_tokens: int, now: float) -> None:
+        last = self._last_output.get(st.rid)
+        if new_tokens:
+            if last is None:
+                # one output holding all tokens at the finish = a non-streamed request: no TTFT
+                if not (st.finished and new_tokens > 1):
+                    self.ttft.observe(now - st.created)
+            else:
+                self.itl.observe((now - last) / new_tokens)
+            self._last_output[st.rid] = now
+            self.generation_tokens.inc(new_tokens)
+        if st.finished:
+            self._last_output.pop(st.rid, None)
+            self.e2e.observe(now - st.created)
+            reason = (st.finish_reason or {}).get("type", "unknown")
+            self.requests.labels(finish_reason=reason).inc()
+            if st.meta is not None:
+                self.cached_tokens.inc(st.meta.cached_tokens)
+
+    # --- scrape ---------------------------------------------------------------------------------
+
+    def render(self, engine_state: dict[str, Any] | None, live_rids: set[str]) -> bytes:
+        """Prometheus text format; `engine_state` is a fresh `internal_state()` (or None)."""
+        self.in_flight.set(len(live_rids))
+        # requests aborted by their client never report a finish: forget their timestamps
+        self._last_output = {k: v for k, v in self._last_output.items() if k in live_rids}
+        if engine_state is not None:
+            self.engine_state.snapshot = {**engine_state, "snapshot_time": time.time()}
+        return generate_latest(self.registry)

@@ -1,0 +1,41 @@
+"""One real server process for all of test/server (started once, shared, stopped at the end)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .server_process import ServerProcess, default_grammar_args, grammar_available
+
+needs_grammar = pytest.mark.skipif(
+    not grammar_available(),
+    reason="constrained decoding is off until runtime/constrained/grammar_manager.py lands",
+)
+
+
+@pytest.fixture(scope="session")
+def server():
+    proc = ServerProcess("--enable-metrics", "--log-level", "warning", *default_grammar_args())
+    try:
+        proc.wait_healthy()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(server) -> str:
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def http(base_url):
+    with httpx.Client(base_url=base_url, timeout=120.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def oai(base_url):
+    import openai
+
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
