@@ -268,7 +268,8 @@ class TokenizerManager:
                 await self._cache_prompt(ids)
                 for k in range(sp.n):
                     child = dataclasses.replace(it, rid=f"{it.rid or uuid.uuid4().hex}-{k}")
-                    expanded.append((child, ids, dataclasses.replace(sp, n=1)))
+                    seed = None if sp.seed is None else sp.seed + k  # n distinct samples
+                    expanded.append((child, ids, dataclasses.replace(sp, n=1, seed=seed)))
             else:
                 expanded.append((it, ids, sp))
         self._check_capacity(len(expanded))
