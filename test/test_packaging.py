@@ -1,0 +1,81 @@
+"""The wheel holds every subpackage of the four mapped folders, and the C kernel sources.
+
+setup.py discovers packages instead of listing them; this builds the wheel from a copy of the
+source (so the working tree gets no build/ litter) and checks nothing was left behind.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# source folder -> its path inside the wheel (the setup.py mapping)
+MAPPING = {
+    "python/radixgen": "radixgen",
+    "frontend_lang": "radixgen/lang",
+    "runtime": "radixgen/runtime",
+    "kernels": "radixgen/kernels",
+}
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info")
+
+
+def _package_dirs(folder: Path) -> list[Path]:
+    return sorted(p.parent for p in folder.rglob("__init__.py") if "__pycache__" not in p.parts)
+
+
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    for folder in MAPPING:
+        if (ROOT / folder).exists():
+            shutil.copytree(ROOT / folder, src / folder, ignore=_SKIP)
+    out = tmp_path_factory.mktemp("dist")
+    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check"]
+    proc = subprocess.run([*cmd, "--outdir", str(out), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:  # `build` missing: pip builds the same wheel
+        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+        proc = subprocess.run([*pip, "-w", str(out), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (wheel,) = out.glob("radixgen-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        return set(zf.namelist())
+
+
+@pytest.mark.parametrize("folder", sorted(MAPPING))
+def test_every_subpackage_is_in_the_wheel(wheel_names: set[str], folder: str) -> None:
+    base = ROOT / folder
+    missing = []
+    for pkg in _package_dirs(base) if base.exists() else []:
+        inner = MAPPING[folder] + ("/" + pkg.relative_to(base).as_posix() if pkg != base else "")
+        for module in pkg.glob("*.py"):
+            if f"{inner}/{module.name}" not in wheel_names:
+                missing.append(f"{inner}/{module.name}")
+    assert not missing, f"not in the wheel: {missing}"
+
+
+def test_c_kernel_sources_are_in_the_wheel(wheel_names: set[str]) -> None:
+    sources = sorted((ROOT / "kernels" / "cpu").glob("*.c"))
+    assert sources, "kernels/cpu has no C sources"
+    for c in sources:
+        assert f"radixgen/kernels/cpu/{c.name}" in wheel_names
+
+
+def test_wheel_holds_only_radixgen(wheel_names: set[str]) -> None:
+    """No test/, benchmark/ or stray top-level package; entry point and version are right."""
+    tops = {n.split("/")[0] for n in wheel_names}
+    (dist_info,) = [t for t in tops if t.endswith(".dist-info")]
+    assert tops == {"radixgen", dist_info}
+    version = re.search(
+        r'__version__\s*=\s*"([^"]+)"', (ROOT / "python/radixgen/version.py").read_text()
+    )
+    assert version and dist_info == f"radixgen-{version.group(1)}.dist-info"
