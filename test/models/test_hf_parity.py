@@ -97,9 +97,9 @@ def test_bf16_close_to_hf(saved: Any, variant: str) -> None:
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 def test_long_decode_splits_keys(saved: Any, native: bool) -> None:
-    """Past 256 keys with fewer (request, kv-head) pairs than 2x the threads the native kernel
-    splits keys into blocks merged by log-sum-exp (MQA: one pair per request, whatever the
-    thread count); a sliding window must also hold over a long cached prefix."""
+    """Past 256 keys the native kernel splits a request's keys into blocks merged by
+    log-sum-exp (MQA keeps one (request, kv-head) pair, so this holds whatever the thread
+    count); a sliding window must also hold over a long cached prefix."""
     long = [[(0, 150)], [(0, 140)], [(0, 1)], [(0, 1), (1, 300)], [(0, 1), (1, 1)]]
     for variant in ("llama_mqa", "mistral_window"):
         model, folder = saved(variant)
