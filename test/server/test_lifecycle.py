@@ -1,0 +1,86 @@
+"""Server processes start in order, stop without orphans, and exit cleanly when a child dies.
+
+Each test starts its own `python -m radixgen.launch_server` (they signal or break it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from .server_process import ServerProcess, default_grammar_args, wait_gone
+
+
+def _role_pid(pids: list[int], role: str) -> int:
+    for pid in pids:
+        if role in " ".join(psutil.Process(pid).cmdline()):
+            return pid
+    raise AssertionError(f"no {role} child among {pids}")
+
+
+def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
+    srv = ServerProcess("--api-key", "sekret", "--log-level", "warning", *default_grammar_args())
+    try:
+        seen = srv.wait_healthy()
+        assert 503 in seen, f"/health should answer 503 while loading, saw {seen}"
+        pids = srv.child_pids()
+        assert len(pids) >= 2
+        body = {"text": "Hi", "sampling_params": {"max_new_tokens": 1}}
+        assert httpx.post(srv.url + "/generate", json=body).status_code == 401
+        wrong = httpx.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer no"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        ok = httpx.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 200  # probes need no key
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="no", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data
+    finally:
+        code = srv.stop(signal.SIGTERM)
+    assert code in (0, -signal.SIGTERM), srv.log()
+    assert not wait_gone(pids), "engine children outlived the server"
+
+
+def test_sigint_while_loading_stops_children():
+    srv = ServerProcess("--log-level", "warning", *default_grammar_args())
+    deadline = time.monotonic() + 60
+    while srv.health_status() != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = srv.child_pids()
+    assert pids, "children start right after the port is bound"
+    code = srv.stop(signal.SIGINT)
+    assert code is not None and srv.proc.poll() is not None
+    assert not wait_gone(pids), "engine children outlived the server"
+
+
+def test_dead_child_fails_requests_with_503_and_server_exits():
+    srv = ServerProcess("--log-level", "warning", *default_grammar_args())
+    try:
+        srv.wait_healthy()
+        pids = srv.child_pids()
+        result: dict = {}
+
+        def long_request() -> None:
+            body = {"text": "Story:", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+            result["r"] = httpx.post(srv.url + "/generate", json=body, timeout=60)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(1.0)
+        os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
+        t.join(30)
+        assert result["r"].status_code == 503
+        assert result["r"].json()["error"]["type"] == "engine_dead"
+        srv.proc.wait(30)
+        assert srv.proc.returncode == 1, srv.log()
+        assert not wait_gone(pids), "engine children outlived the server"
+    finally:
+        srv.stop()

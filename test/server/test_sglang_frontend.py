@@ -1,0 +1,102 @@
+"""Programs written with the REAL SGLang frontend (`pip install --no-deps sglang==0.5.23`) run
+against our server through `sgl.RuntimeEndpoint`: gen, select, regex, fork, batch, streaming."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import needs_grammar
+
+sgl = pytest.importorskip("sglang", reason="the SGLang frontend is not installed")
+
+
+@pytest.fixture(scope="module")
+def backend(base_url):
+    endpoint = sgl.RuntimeEndpoint(base_url, chat_template_name="chatml")
+    sgl.set_default_backend(endpoint)
+    return endpoint
+
+
+@sgl.function
+def chat_answer(s, question):
+    s += sgl.system("You are a helpful assistant.")
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=12, temperature=0))
+
+
+@sgl.function
+def hot_or_cold(s):
+    s += "Q: Is fire hot or cold?\nA: Fire is"
+    s += sgl.select("choice", choices=[" hot", " cold"])
+
+
+@sgl.function
+def two_branches(s):
+    s += "List two fruits.\n"
+    forks = s.fork(2)
+    for i, f in enumerate(forks):
+        f += f"Fruit {i + 1}:" + sgl.gen("fruit", max_tokens=4, temperature=0, stop="\n")
+    forks.join()
+
+
+@sgl.function
+def moon_year(s):
+    s += "Q: In which year did people first land on the moon?\nA: In the year "
+    s += sgl.gen("year", max_tokens=6, regex=r"(19|20)[0-9]{2}", temperature=0)
+
+
+@sgl.function
+def counter(s):
+    s += "Count to five: one, two,"
+    s += sgl.gen("rest", max_tokens=8, temperature=0, return_logprob=True, ignore_eos=True)
+
+
+def test_gen_in_chat_roles(backend):
+    state = chat_answer.run(question="What is the capital of France?")
+    assert state.error() is None
+    answer = state["answer"]
+    assert isinstance(answer, str) and answer
+    assert state.messages()[-1] == {"role": "assistant", "content": answer}
+    meta = state.get_meta_info("answer")
+    assert meta["completion_tokens"] <= 12 and meta["prompt_tokens"] > 10
+
+
+def test_select_scores_choices(backend):
+    state = hot_or_cold.run()
+    assert state["choice"] == " hot"
+    meta = state.get_meta_info("choice")
+    assert len(meta["normalized_prompt_logprobs"]) == 2
+    assert meta["input_token_logprobs"][0][0][0] is None
+
+
+def test_fork_join_and_batch(backend):
+    state = two_branches.run()
+    assert len(state["fruit"]) == 2 and all(isinstance(f, str) for f in state["fruit"])
+    states = chat_answer.run_batch(
+        [{"question": "Name a colour."}, {"question": "Name an animal."}], progress_bar=False
+    )
+    assert all(st.error() is None and st["answer"] for st in states)
+
+
+def test_streaming_text_and_logprobs(backend):
+    state = counter.run(stream=True)
+    pieces = list(state.text_iter("rest"))
+    assert len(pieces) >= 2, "streamed in several chunks"
+    full = counter.run()
+    assert "".join(pieces) == full["rest"]
+    meta = full.get_meta_info("rest")
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] == 8
+
+
+def test_flush_cache_and_server_info(backend):
+    assert sgl.flush_cache() is None or True
+    info = sgl.get_server_info()
+    assert info["version"] and info["internal_states"]
+
+
+@needs_grammar
+def test_regex_constrained_gen(backend):
+    state = moon_year.run()
+    assert re.fullmatch(r"(19|20)[0-9]{2}", state["year"]), state["year"]
