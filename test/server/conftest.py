@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .server_process import ServerProcess, default_grammar_args, grammar_available
+from .server_process import ServerProcess, grammar_available, server_flags
 
 needs_grammar = pytest.mark.skipif(
     not grammar_available(),
@@ -15,7 +15,7 @@ needs_grammar = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def server():
-    proc = ServerProcess("--enable-metrics", "--log-level", "warning", *default_grammar_args())
+    proc = ServerProcess("--enable-metrics", *server_flags())
     try:
         proc.wait_healthy()
         yield proc

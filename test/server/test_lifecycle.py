@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from .server_process import ServerProcess, default_grammar_args, wait_gone
+from .server_process import ServerProcess, server_flags, wait_gone
 
 
 def _role_pid(pids: list[int], role: str) -> int:
@@ -26,7 +26,7 @@ def _role_pid(pids: list[int], role: str) -> int:
 
 
 def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
-    srv = ServerProcess("--api-key", "sekret", "--log-level", "warning", *default_grammar_args())
+    srv = ServerProcess("--api-key", "sekret", *server_flags())
     try:
         seen = srv.wait_healthy()
         assert 503 in seen, f"/health should answer 503 while loading, saw {seen}"
@@ -36,7 +36,9 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
         assert httpx.post(srv.url + "/generate", json=body).status_code == 401
         wrong = httpx.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer no"})
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
-        ok = httpx.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer sekret"})
+        ok = httpx.post(
+            srv.url + "/generate", json=body, headers={"Authorization": "Bearer sekret"}
+        )
         assert ok.status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200  # probes need no key
         with pytest.raises(openai.AuthenticationError):
@@ -50,26 +52,31 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
 
 
 def test_sigint_while_loading_stops_children():
-    srv = ServerProcess("--log-level", "warning", *default_grammar_args())
+    srv = ServerProcess(*server_flags())
     deadline = time.monotonic() + 60
     while srv.health_status() != 503 and time.monotonic() < deadline:
         time.sleep(0.05)
+    while len(srv.child_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the port is up first; the children follow
     pids = srv.child_pids()
-    assert pids, "children start right after the port is bound"
+    assert len(pids) >= 2 and srv.health_status() == 503, "still loading"
     code = srv.stop(signal.SIGINT)
     assert code is not None and srv.proc.poll() is not None
     assert not wait_gone(pids), "engine children outlived the server"
 
 
 def test_dead_child_fails_requests_with_503_and_server_exits():
-    srv = ServerProcess("--log-level", "warning", *default_grammar_args())
+    srv = ServerProcess(*server_flags())
     try:
         srv.wait_healthy()
         pids = srv.child_pids()
         result: dict = {}
 
         def long_request() -> None:
-            body = {"text": "Story:", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+            body = {
+                "text": "Story:",
+                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+            }
             result["r"] = httpx.post(srv.url + "/generate", json=body, timeout=60)
 
         t = threading.Thread(target=long_request)

@@ -196,9 +196,12 @@ def parse_request(model: type[BaseModel], body: Any) -> Any:
 
 
 def _is_union_tag(part: Any) -> bool:
-    """pydantic puts the tried union member (e.g. 'str', 'list[int]') into error locations."""
-    return isinstance(part, str) and (
-        part in ("str", "int", "float", "bool", "function-after[_valid_name(), str]")
-        or part.startswith(("list[", "dict[", "function-"))
-        or part in ("NamedToolChoice", "ChatMessage", "StreamOptions", "ResponseFormat")
+    """pydantic puts the union member it tried ('str', 'list[int]', "literal['a']", a class name)
+    into error locations; field names are snake_case identifiers and list indexes are ints."""
+    if not isinstance(part, str):
+        return False
+    return (
+        part in ("str", "int", "float", "bool", "dict", "list", "none")
+        or any(ch in part for ch in "[(,'")
+        or part[:1].isupper()
     )

@@ -30,6 +30,7 @@ class ChatPlan:
         self.mode = tc.tool_mode(req.tools, req.tool_choice)
         self.forced = self.mode not in (None, "auto")  # constrained to one call's JSON
         tok = tm.tokenizer
+        self.token_bytes = tok.token_bytes if req.logprobs else []
         if tok.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template; start the server with --chat-template",
@@ -172,6 +173,7 @@ def _response(
                     meta.get("output_token_logprobs", []),
                     meta.get("output_top_logprobs"),
                     plan.req.top_logprobs or 0,
+                    tm.tokenizer.token_bytes,
                 ),
                 "refusal": None,
             }
@@ -243,7 +245,7 @@ async def _stream(
                 extra["logprobs"] = {
                     "content": common.chat_logprobs(
                         meta["output_token_logprobs"], meta.get("output_top_logprobs"),
-                        req.top_logprobs or 0,
+                        req.top_logprobs or 0, plan.token_bytes,
                     ),
                     "refusal": None,
                 }  # fmt: skip

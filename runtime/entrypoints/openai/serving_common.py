@@ -129,25 +129,33 @@ def chunk_usage(
     return out
 
 
-def token_logprob(entry: list[Any]) -> dict[str, Any]:
-    """One `[logprob, id, text]` entry -> OpenAI chat's {token, logprob, bytes}."""
-    lp, _tid, text = entry
+def token_logprob(entry: list[Any], token_bytes: list[bytes]) -> dict[str, Any]:
+    """One `[logprob, id, text]` entry -> OpenAI chat's {token, logprob, bytes}.
+
+    `bytes` are the token's raw bytes, so a character split over several tokens (an emoji)
+    can be put back together by the client even though each token's text alone is not valid.
+    """
+    lp, tid, text = entry
     text = text or ""
+    raw = token_bytes[tid] if 0 <= tid < len(token_bytes) else b""
     return {
         "token": text,
         "logprob": -9999.0 if lp is None else lp,
-        "bytes": list(text.encode("utf-8")),
+        "bytes": list(raw or text.encode("utf-8")),
     }
 
 
 def chat_logprobs(
-    tokens: list[list[Any]], tops: list[list[list[Any]]] | None, top_n: int
+    tokens: list[list[Any]],
+    tops: list[list[list[Any]]] | None,
+    top_n: int,
+    token_bytes: list[bytes],
 ) -> list[dict[str, Any]]:
     out = []
     for i, entry in enumerate(tokens):
-        item = token_logprob(entry)
+        item = token_logprob(entry, token_bytes)
         row = tops[i] if tops is not None and i < len(tops) and tops[i] else []
-        item["top_logprobs"] = [token_logprob(t) for t in row[:top_n]]
+        item["top_logprobs"] = [token_logprob(t, token_bytes) for t in row[:top_n]]
         out.append(item)
     return out
 

@@ -1,0 +1,127 @@
+"""Request parsing and tool-call parsing as plain functions (no server needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixgen.errors import InvalidRequestError
+from radixgen.runtime.entrypoints.generate_request import parse_generate_request
+from radixgen.runtime.entrypoints.openai import tool_calls as tc
+from radixgen.runtime.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Tool,
+    parse_request,
+)
+
+TOOLS = [
+    Tool.model_validate({"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}),
+    Tool.model_validate({"type": "function", "function": {"name": "now"}}),
+]  # fmt: skip
+
+
+def test_generate_body_batch_and_per_item_fields():
+    obj = parse_generate_request(
+        {"text": ["a", "b"], "sampling_params": [{}, {"max_new_tokens": 2}], "rid": ["x", "y"],
+         "return_logprob": [True, False], "image_data": None, "lora_path": None, "priority": 3}
+    )  # fmt: skip
+    assert obj.is_batch and obj.batch_size() == 2
+    assert obj.item(1).sampling_params == {"max_new_tokens": 2} and obj.item(1).rid == "y"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"text": 3}, "text"),
+        ({"text": []}, "text"),
+        ({"input_ids": [[1], "x"]}, "input_ids"),
+        ({"input_ids": [1.5]}, "input_ids"),
+        ({"text": "a", "rid": ["x"]}, "rid"),
+        ({"text": "a", "stream": "yes"}, "stream"),
+        ({"text": "a", "lora_path": "adapter"}, "lora_path"),
+        ({"text": "a", "whatever": 1}, "whatever"),
+    ],
+)
+def test_generate_body_errors_name_the_field(body, param):
+    with pytest.raises(InvalidRequestError) as info:
+        parse_generate_request(body)
+    assert info.value.param == param
+
+
+def test_openai_models_accept_client_fields_and_refuse_unknown():
+    req = parse_request(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "assistant", "content": None, "refusal": None,
+                                    "tool_calls": [{"id": "c", "type": "function",
+                                                    "function": {"name": "add", "arguments": "{}"}}]}],
+        "user": "u", "metadata": {"k": "v"}, "store": False, "parallel_tool_calls": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    })  # fmt: skip
+    assert req.response_format.json_schema.schema_ == {"type": "object"}
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(CompletionRequest, {"prompt": "x", "n": 0})
+    assert info.value.param == "n"
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(
+            ChatCompletionRequest, {"messages": [{"role": "user", "content": "x", "x": 1}]}
+        )
+    assert info.value.param == "messages.0.x"
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(
+            ChatCompletionRequest, {"messages": [{"role": "user"}], "tool_choice": "always"}
+        )
+    assert info.value.param == "tool_choice"
+
+
+def test_parse_tool_calls_auto():
+    text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>{"name": "now", "arguments": {}}'
+    content, calls = tc.parse_tool_calls(text, TOOLS)
+    assert content == "Let me add."
+    assert [c["function"]["name"] for c in calls] == ["add", "now"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert calls[0]["id"].startswith("call_") and calls[0]["id"] != calls[1]["id"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no call here",
+        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
+        "<tool_call>{broken",
+    ],
+)
+def test_unparsable_calls_stay_text(text):
+    assert tc.parse_tool_calls(text, TOOLS) == (text, [])
+
+
+def test_forced_call_and_schema():
+    calls = tc.parse_forced_call(
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', TOOLS
+    )
+    assert calls[0]["function"]["name"] == "add"
+    assert tc.parse_forced_call('{"name": "add", "argu', TOOLS) == []
+    schema = tc.call_schema(TOOLS, "required")
+    assert [o["properties"]["name"]["enum"] for o in schema["anyOf"]] == [["add"], ["now"]]
+    assert tc.call_schema(TOOLS, "now")["properties"]["arguments"] == {"type": "object"}
+
+
+def test_stream_filter_holds_back_a_possible_tag():
+    f = tc.ToolCallStreamFilter()
+    assert f.content_delta("Hello <tool") == "Hello "
+    assert f.content_delta("Hello <tool_call>{") == ""
+    assert f.in_call
+    g = tc.ToolCallStreamFilter()
+    assert g.content_delta("a <to") == "a "
+    assert g.content_delta("a <tomato>") == "<tomato>"
+    assert g.rest("a <tomato> end") == " end"
+
+
+def test_tool_mode():
+    assert tc.tool_mode(None, None) is None
+    assert tc.tool_mode(TOOLS, None) == "auto"
+    assert tc.tool_mode(TOOLS, "none") is None
+    with pytest.raises(InvalidRequestError):
+        tc.tool_mode(None, "required")
