@@ -43,39 +43,51 @@ def sample_from_probs(
     """probs: [B, V] (rows sum to 1); returns [B] token ids.
 
     Filters apply in SGLang's order (top-k, then top-p, then min-p) over probabilities sorted in
-    descending order, then one inverse-CDF draw per row. When every row's candidate set is known
-    to fit in the top `_PARTIAL_SORT_K` entries, only those are sorted.
+    descending order (ties by token id), then one inverse-CDF draw per row. NOTE: every choice is
+    made per row from that row alone (whether its candidates fit in the top `_PARTIAL_SORT_K`, the
+    tie order), so a row samples the same token whatever other rows share the batch.
     """
     vocab = probs.shape[-1]
     if top_k is None and top_p is None and min_p is None:
         return _inverse_cdf(probs, uniforms)
-    k_needed = vocab
+    partial = min(_PARTIAL_SORT_K, vocab)
+    head_vals, head_idx = probs.topk(partial, dim=-1)
     if top_k is not None:
-        k_needed = int(top_k.max().clamp(max=vocab))
-    if k_needed > _PARTIAL_SORT_K:
-        k_needed = vocab
-        if top_p is not None and top_k is None:
-            # the nucleus often fits in the head of the distribution: check before a full sort
-            head, _ = probs.topk(_PARTIAL_SORT_K, dim=-1, sorted=False)
-            if bool((head.sum(dim=-1) >= top_p).all()):
-                k_needed = _PARTIAL_SORT_K
-    if k_needed < vocab:
-        sorted_probs, sorted_idx = probs.topk(k_needed, dim=-1, sorted=True)
+        fits = top_k <= partial
     else:
-        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
-    ranks = torch.arange(sorted_probs.shape[-1], device=probs.device)
-    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-    if top_k is not None:
-        keep &= ranks[None, :] < top_k[:, None]
+        fits = torch.zeros(probs.shape[0], dtype=torch.bool)
     if top_p is not None:
-        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each entry
-        keep &= before < top_p[:, None]
-    if min_p is not None:
-        keep &= sorted_probs >= (min_p * sorted_probs[:, 0])[:, None]
-    keep[:, 0] = True  # the most likely token always survives
-    filtered = sorted_probs * keep
-    choice = _inverse_cdf(filtered, uniforms)
-    return sorted_idx.gather(1, choice[:, None]).squeeze(1)
+        fits |= head_vals.sum(dim=-1) >= top_p  # the nucleus lies inside the head
+    out = torch.empty(probs.shape[0], dtype=torch.long)
+    for rows, use_head in ((fits.nonzero().flatten(), True), ((~fits).nonzero().flatten(), False)):
+        if rows.numel() == 0:
+            continue
+        if use_head:
+            sorted_probs, sorted_idx = _stable_descending(head_vals[rows], head_idx[rows])
+        else:
+            sorted_probs, order = probs[rows].sort(dim=-1, descending=True, stable=True)
+            sorted_idx = order
+        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        ranks = torch.arange(sorted_probs.shape[-1])
+        if top_k is not None:
+            keep &= ranks[None, :] < top_k[rows, None]
+        if top_p is not None:
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each entry
+            keep &= before < top_p[rows, None]
+        if min_p is not None:
+            keep &= sorted_probs >= (min_p[rows] * sorted_probs[:, 0])[:, None]
+        keep[:, 0] = True  # the most likely token always survives
+        choice = _inverse_cdf(sorted_probs * keep, uniforms[rows])
+        out[rows] = sorted_idx.gather(1, choice[:, None]).squeeze(1)
+    return out
+
+
+def _stable_descending(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Order top-k candidates by probability, ties by token id (topk leaves tie order open)."""
+    idx_sorted, perm = idx.sort(dim=-1)
+    vals = vals.gather(1, perm)
+    vals_sorted, order = vals.sort(dim=-1, descending=True, stable=True)
+    return vals_sorted, idx_sorted.gather(1, order)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ class AttentionLayerInfo:
     num_kv_heads: int
     head_dim: int
     scaling: float
+    # keys within the last `sliding_window` positions only (p - W < k <= p); None = full
+    sliding_window: int | None = None
 
 
 class AttentionBackend(ABC):

@@ -1,9 +1,11 @@
 """Pure-torch attention over the paged KV pool (CPU path, and the oracle for every other backend).
 
-Decode rows (one new token) run batched: their KV slots are gathered into a padded tensor and
-attended in one masked matmul pair, or by the native CPU kernel when it is available. Extend rows
-(a prompt chunk on top of a cached prefix) run one request at a time through SDPA with a
-bottom-right causal mask: prefill is compute-bound, so the loop costs little.
+With the native CPU kernel (the default), every row of the batch, decode or prefill chunk, goes
+through one ragged call that computes each row the same way whatever the batch, chunking or
+cache state (so seeded sampling is reproducible). Without it (no C compiler, or as the test
+oracle): decode rows are gathered into a padded tensor and attended in one masked matmul pair;
+extend rows (a chunk on top of a cached prefix) run one request at a time through SDPA with a
+bottom-right causal mask.
 
 A layer whose info carries `sliding_window` W (Mistral, some Qwen2 layers) lets a query at
 position p see only keys at p - W < k <= p: decode rows then read only their last W slots, extend
@@ -34,6 +36,8 @@ class TorchAttentionMetadata:
     # decode rows' (request slot, sequence length), and their layout per sliding window
     decode_rows: list[tuple[int, int]] = field(default_factory=list)
     windowed: dict[int, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)
+    # native path: every row of the batch in one ragged call
+    ragged: tuple[torch.Tensor, ...] | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -51,6 +55,9 @@ class TorchAttentionBackend(AttentionBackend):
         extend_lens: list[int] = batch.extend_lens
         prefix_lens: list[int] = batch.prefix_lens
         req_rows = batch.req_pool_indices_cpu
+        if self.native is not None:
+            self.meta = self._ragged_metadata(req_rows, prefix_lens, extend_lens)
+            return
         decode_rows = [i for i, e in enumerate(extend_lens) if e == 1]
         extend_rows: list[tuple[int, int, int, torch.Tensor]] = []
         starts = batch.extend_start_loc
@@ -74,6 +81,27 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.decode_mask,
             ) = layout
         self.meta = meta
+
+    def _ragged_metadata(
+        self, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]
+    ) -> TorchAttentionMetadata:
+        """CSR of every request's keys and query rows for the native ragged kernel."""
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        kv_indices = torch.cat(
+            [self.req_to_token[r, :n] for r, n in zip(req_rows, seq_lens, strict=True)]
+        )
+        kv_indptr = [0]
+        q_indptr = [0]
+        for n, e in zip(seq_lens, extend_lens, strict=True):
+            kv_indptr.append(kv_indptr[-1] + n)
+            q_indptr.append(q_indptr[-1] + e)
+        ragged = (
+            kv_indices,
+            torch.tensor(kv_indptr, dtype=torch.long),
+            torch.tensor(q_indptr, dtype=torch.long),
+            torch.tensor(prefix_lens, dtype=torch.long),
+        )
+        return TorchAttentionMetadata(None, None, None, None, None, [], ragged=ragged)
 
     def _decode_layout(
         self, rows: list[tuple[int, int]], window: int | None
@@ -127,7 +155,11 @@ class TorchAttentionBackend(AttentionBackend):
         v = v.view(n, hkv, d)
         self.kv_pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
         q = q.view(n, h, d)
-        window: int | None = getattr(layer, "sliding_window", None)
+        window = layer.sliding_window
+        if meta.ragged is not None:
+            out = torch.empty((n, h, d), dtype=q.dtype)
+            self.native.ragged_attention(q, k_buf, v_buf, *meta.ragged, out, layer.scaling, window)
+            return out.view(n, h * d)
         if meta.decode_token_idx is not None:
             meta = self._decode_meta(meta, window)
         if meta.decode_token_idx is not None and len(meta.extend_rows) == 0:

@@ -21,7 +21,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["decode_attention.c"]
+_SOURCES = ["ragged_attention.c"]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast"]
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -31,25 +31,58 @@ class NativeKernels:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._lib = lib
-        fn = lib.decode_attention
+        fn = lib.ragged_attention
         fn.restype = ctypes.c_int
-        fn.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_float,
-            ctypes.c_int,
-            ctypes.c_int64,
-        ]
-        self._decode = fn
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        fn.argtypes = [p, i64, p, p, p, p, p, p, i32, p, i32, i32, i32, ctypes.c_float, i32, i64]
+        self._ragged = fn
+
+    def ragged_attention(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        q_indptr: torch.Tensor,
+        q_pos0: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+    ) -> None:
+        """Causal attention of a ragged batch (see ragged_attention.c for the layout).
+
+        q: [N, H, D] (rows may be strided), k/v_buf: [S, Hkv, D], out: [N, H, D] contiguous;
+        request r's query rows are q_indptr[r]:q_indptr[r+1], the first at position q_pos0[r],
+        and its keys' slots are kv_indices[kv_indptr[r]:kv_indptr[r+1]] by position.
+        """
+        n, h, d = q.shape
+        assert q.stride(2) == 1 and q.stride(1) == d and out.is_contiguous()
+        assert k_buf.is_contiguous() and v_buf.is_contiguous() and q.dtype == k_buf.dtype
+        for t in (kv_indices, kv_indptr, q_indptr, q_pos0):
+            assert t.dtype == torch.long and t.is_contiguous()
+        rc = self._ragged(
+            q.data_ptr(),
+            q.stride(0),
+            k_buf.data_ptr(),
+            v_buf.data_ptr(),
+            kv_indices.data_ptr(),
+            kv_indptr.data_ptr(),
+            q_indptr.data_ptr(),
+            q_pos0.data_ptr(),
+            q_indptr.numel() - 1,
+            out.data_ptr(),
+            h,
+            k_buf.shape[1],
+            d,
+            float(scale),
+            _DTYPE_CODES[q.dtype],
+            window or 0,
+        )
+        if rc != 0:
+            raise RuntimeError(
+                f"native ragged_attention failed with code {rc} (shape {tuple(q.shape)})"
+            )
 
     def decode_attention(
         self,
@@ -62,34 +95,20 @@ class NativeKernels:
         scale: float,
         max_len: int | None = None,
     ) -> None:
-        """q: [B, H, D] (rows may be strided), k/v_buf: [S, Hkv, D], out: [B, H, D] contiguous."""
-        b, h, d = q.shape
-        hkv = k_buf.shape[1]
-        assert q.stride(2) == 1 and q.stride(1) == d and out.is_contiguous()
-        assert k_buf.is_contiguous() and v_buf.is_contiguous() and q.dtype == k_buf.dtype
-        assert kv_indices.dtype == torch.long and kv_indptr.dtype == torch.long
-        if max_len is None:
-            max_len = int((kv_indptr[1:] - kv_indptr[:-1]).max()) if b else 0
-        rc = self._decode(
-            q.data_ptr(),
-            q.stride(0),
-            k_buf.data_ptr(),
-            v_buf.data_ptr(),
-            kv_indices.data_ptr(),
-            kv_indptr.data_ptr(),
-            out.data_ptr(),
-            b,
-            h,
-            hkv,
-            d,
-            float(scale),
-            _DTYPE_CODES[q.dtype],
-            max_len,
+        """One query per request, at the last of its listed keys."""
+        b = q.shape[0]
+        lens = kv_indptr[1:] - kv_indptr[:-1]
+        self.ragged_attention(
+            q,
+            k_buf,
+            v_buf,
+            kv_indices,
+            kv_indptr,
+            torch.arange(b + 1, dtype=torch.long),
+            lens - 1,
+            out,
+            scale,
         )
-        if rc != 0:
-            raise RuntimeError(
-                f"native decode_attention failed with code {rc} (shape {tuple(q.shape)})"
-            )
 
 
 def _cache_dir() -> Path:

@@ -14,7 +14,7 @@ from radixgen.kernels.attention import create_attention_backend
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-from radixgen.runtime.models.llama import LlamaForCausalLM
+from radixgen.runtime.model_loader.weights import load_model
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -55,18 +55,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def iter_safetensors(folder: str, dtype: torch.dtype):
-    from safetensors import safe_open
-
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise InvalidRequestError(f"no *.safetensors weights in {folder}", "model_path")
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, st.get_tensor(name).to(dtype)
-
-
 class ModelRunner:
     """Owns the weights, the KV pools and the attention backend; `forward` returns fp32 logits."""
 
@@ -82,15 +70,9 @@ class ModelRunner:
         self.dtype = resolve_dtype(args.model.dtype, self.device)
         self.cfg = ModelArchConfig.from_folder(model_folder)
         self.context_length = context_length
-        with torch.device("meta"):
-            model = LlamaForCausalLM(self.cfg, max_positions=1)
-        model = model.to_empty(device=self.device).to(self.dtype)
-        from radixgen.runtime.models.llama import RotaryEmbedding
-
-        model.rotary = RotaryEmbedding(self.cfg, max_positions=context_length + 1)
-        model.load_weights(iter_safetensors(model_folder, self.dtype))
-        model.eval()
-        self.model = model
+        # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
+        # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
+        self.model = load_model(model_folder, self.cfg, self.dtype, self.device, context_length + 1)
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache

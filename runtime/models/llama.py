@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -19,17 +18,7 @@ from torch import nn
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.runtime.model_config import ModelArchConfig
-
-
-@dataclass(frozen=True)
-class LlamaAttentionInfo(AttentionLayerInfo):
-    """Layer facts for the attention backend, plus the layer's sliding window (None = full).
-
-    NOTE: a query at position p attends to keys at positions p - sliding_window < k <= p, as in
-    transformers' `sliding_window_overlay`.
-    """
-
-    sliding_window: int | None = None
+from radixgen.runtime.models.linear import Linear
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -43,11 +32,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Norm of x (+ residual); with a residual returns (normed, new residual) like a fused add-norm."""
+        """Norm of x (+ residual); with a residual returns (normed, new residual) like a fused add-norm.
+
+        NOTE: the residual stream is kept in float32 whatever the model dtype: over 30 layers bf16
+        rounding of the running sum moves greedy choices at near-ties; the adds are cheap.
+        """
         if residual is not None:
-            x = x + residual
+            x = residual + x.float()
             residual = x
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(self.weight.dtype)
+        normed = normed * self.weight
         return normed if residual is None else (normed, residual)
 
 
@@ -110,12 +104,10 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
-        self.qkv_proj = nn.Linear(
-            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         window = cfg.layer_sliding_windows[layer_id] if cfg.layer_sliding_windows else None
-        self.info = LlamaAttentionInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5, window)
+        self.info = AttentionLayerInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5, window)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any
@@ -134,8 +126,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -152,7 +144,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, positions, rotary, batch):
         if residual is None:
-            residual = x
+            residual = x.float()
             h = self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)

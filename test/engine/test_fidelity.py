@@ -69,7 +69,9 @@ def hf_reference(default_model_folder, chat_prompt):
 
 @pytest.fixture(scope="module")
 def fp32_engine():
-    with radixgen.Engine(dtype="float32", chunked_prefill_size=CHUNK, grammar_backend="none") as eng:
+    with radixgen.Engine(
+        dtype="float32", chunked_prefill_size=CHUNK, grammar_backend="none"
+    ) as eng:
         yield eng
 
 
@@ -111,7 +113,9 @@ def hf_bf16_first_tokens(default_model_folder, hf_reference):
     for ref in hf_reference:
         ids = torch.tensor([ref["input_ids"]])
         with torch.no_grad():
-            seq = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=2)
+            seq = model.generate(
+                ids, max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=2
+            )
         out.append(seq[0, ids.shape[1] :].tolist())
     return out
 
@@ -119,7 +123,9 @@ def hf_bf16_first_tokens(default_model_folder, hf_reference):
 def test_bf16_agrees_on_first_tokens(hf_bf16_first_tokens, chat_prompt):
     """bf16 vs HF in bf16 (same dtype, same weights): the first 8 greedy tokens agree."""
     prompts = _prompts(chat_prompt)
-    with radixgen.Engine(dtype="bfloat16", chunked_prefill_size=CHUNK, grammar_backend="none") as eng:
+    with radixgen.Engine(
+        dtype="bfloat16", chunked_prefill_size=CHUNK, grammar_backend="none"
+    ) as eng:
         outs = eng.generate(prompts, {"temperature": 0, "max_new_tokens": 8})
     for prompt, out, ref in zip(prompts, outs, hf_bf16_first_tokens, strict=True):
         n = min(8, len(ref))

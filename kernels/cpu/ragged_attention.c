@@ -1,9 +1,9 @@
-/* Decode attention over a paged KV pool, for CPUs (compiled at first use by kernels/cpu/__init__.py).
+/* Attention over a paged KV pool for CPUs (compiled at first use by kernels/cpu/__init__.py).
  *
- * Each request attends with its one new query token to the KV slots listed for it in a CSR
- * (indices, indptr). Keys and values are read in place from the pool (no gather copy). Work is
- * split over (request, kv-head) pairs, and over key blocks when there are fewer pairs than
- * threads, so a single long request still uses every core; partial results merge by log-sum-exp.
+ * One code path serves every query row, decode or prefill: each row attends to the pool slots
+ * of its own request's visible keys, read in place (no gather copy). Work is split over
+ * (row, kv head, fixed-size key block) tasks; partial results merge by log-sum-exp in block
+ * order, so a row's output is bitwise the same however the batch was formed.
  * Accumulation is float32 whatever the storage dtype (float32 or bfloat16).
  */
 #include <math.h>
@@ -154,99 +154,159 @@ DEFINE_BLOCK_AVX512(block_f32_avx512, float, load16_f32)
 DEFINE_BLOCK_AVX512(block_bf16_avx512, uint16_t, load16_bf16)
 #endif
 
-/* q: [B, H, D] with row stride q_row_stride (elements); k/v: pool [S, Hkv, D] contiguous;
- * out: [B, H, D] contiguous. dtype: 0 = float32, 1 = bfloat16. Returns 0 on success. */
-int decode_attention(const void* q, int64_t q_row_stride, const void* k, const void* v,
-                     const int64_t* indices, const int64_t* indptr, void* out, int B, int H,
-                     int Hkv, int D, float scale, int dtype, int64_t max_len) {
+/* Keys are processed in blocks of this many tokens, counted from the first visible key, whatever
+ * the batch: a query row's result then depends only on its own keys (never on batch size, chunk
+ * boundaries or what was cached), which seeded sampling relies on; blocks also keep every core
+ * busy for a single long request. */
+#define KEY_BLOCK 256
+
+typedef struct {
+    int64_t row;    /* query row in q/out */
+    int64_t first;  /* offset of the block's first key in `indices` */
+    int64_t n;      /* keys in the block */
+    int64_t slot;   /* partial-result slot (-1: single block, write the output directly) */
+} Task;
+
+static void write_out(void* out, int dtype, int64_t off, const float* o, float inv, int D) {
+    if (dtype == 0) {
+        float* op = (float*)out + off;
+        for (int d = 0; d < D; ++d) op[d] = o[d] * inv;
+    } else {
+        uint16_t* op = (uint16_t*)out + off;
+        for (int d = 0; d < D; ++d) op[d] = f32_to_bf16(o[d] * inv);
+    }
+}
+
+static void run_block(const void* q, int64_t qoff, const void* k, const void* v, int h, int D,
+                      const int64_t* idx, int64_t n, int64_t tok_stride, int G, float scale,
+                      int dtype, float* acc, float* m, float* l, float* scores) {
+#ifdef __AVX512F__
+    if (D % 16 == 0) {
+        if (dtype == 0)
+            block_f32_avx512((const float*)q + qoff, D, (const float*)k + h * D,
+                             (const float*)v + h * D, idx, n, tok_stride, G, D, scale, acc, m, l,
+                             scores);
+        else
+            block_bf16_avx512((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
+                              (const uint16_t*)v + h * D, idx, n, tok_stride, G, D, scale, acc, m,
+                              l, scores);
+        return;
+    }
+#endif
+    if (dtype == 0)
+        block_f32((const float*)q + qoff, D, (const float*)k + h * D, (const float*)v + h * D, idx,
+                  n, tok_stride, G, D, scale, acc, m, l, scores);
+    else
+        block_bf16((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
+                   (const uint16_t*)v + h * D, idx, n, tok_stride, G, D, scale, acc, m, l, scores);
+}
+
+/* Causal attention for a ragged batch over the paged KV pool.
+ *
+ * Request r owns query rows [q_indptr[r], q_indptr[r+1]) of q/out, the first at position
+ * q_pos0[r]; its keys' pool slots are indices[kv_indptr[r] + k] for positions k. The query at
+ * position p sees keys (p - window, p] (window <= 0: all of [0, p]). Decode is a request with one
+ * query row at position seq_len - 1. q: [N, H, D] with row stride q_row_stride; k/v: [S, Hkv, D];
+ * out: [N, H, D] contiguous; dtype 0 = float32, 1 = bfloat16. Returns 0 on success. */
+int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const void* v,
+                     const int64_t* indices, const int64_t* kv_indptr, const int64_t* q_indptr,
+                     const int64_t* q_pos0, int R, void* out, int H, int Hkv, int D, float scale,
+                     int dtype, int64_t window) {
     int G = H / Hkv;
     if (G > MAX_GROUP || D > MAX_DIM || H % Hkv != 0) return -1;
-    int threads = omp_get_max_threads();
-    int pairs = B * Hkv;
-    /* Split keys into blocks when there are too few (request, head) pairs to feed every thread. */
-    int64_t block = max_len;
-    if (pairs < 2 * threads && max_len > 256) {
-        int64_t want = (int64_t)(2 * threads + pairs - 1) / pairs;
-        block = (max_len + want - 1) / want;
-        if (block < 128) block = 128;
+    int64_t N = q_indptr[R];
+    /* plan: one task per (row, key block); rows with several blocks get partial slots */
+    int64_t ntasks = 0, nslots = 0;
+    for (int r = 0; r < R; ++r)
+        for (int64_t i = q_indptr[r]; i < q_indptr[r + 1]; ++i) {
+            int64_t p = q_pos0[r] + (i - q_indptr[r]);
+            int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
+            int64_t nb = (p + 1 - lo + KEY_BLOCK - 1) / KEY_BLOCK;
+            ntasks += nb;
+            if (nb > 1) nslots += nb;
+        }
+    Task* tasks = (Task*)malloc(sizeof(Task) * (ntasks > 0 ? ntasks : 1));
+    int64_t* row_slot0 = (int64_t*)malloc(sizeof(int64_t) * (N > 0 ? N : 1));
+    int64_t* row_nb = (int64_t*)malloc(sizeof(int64_t) * (N > 0 ? N : 1));
+    int64_t per_slot = (int64_t)Hkv * G * (D + 2);
+    float* partial = (float*)malloc(sizeof(float) * (nslots > 0 ? nslots * per_slot : 1));
+    if (!tasks || !row_slot0 || !row_nb || !partial) {
+        free(tasks); free(row_slot0); free(row_nb); free(partial);
+        return -2;
     }
-    int64_t nblocks_max = (max_len + block - 1) / block;
-    int64_t tasks = (int64_t)pairs * nblocks_max;
-    float* acc = (float*)malloc(sizeof(float) * tasks * G * D);
-    float* ms = (float*)malloc(sizeof(float) * tasks * G);
-    float* ls = (float*)malloc(sizeof(float) * tasks * G);
-    if (!acc || !ms || !ls) { free(acc); free(ms); free(ls); return -2; }
+    int64_t t = 0, slot = 0;
+    for (int r = 0; r < R; ++r)
+        for (int64_t i = q_indptr[r]; i < q_indptr[r + 1]; ++i) {
+            int64_t p = q_pos0[r] + (i - q_indptr[r]);
+            int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
+            int64_t nb = (p + 1 - lo + KEY_BLOCK - 1) / KEY_BLOCK;
+            row_nb[i] = nb;
+            row_slot0[i] = nb > 1 ? slot : -1;
+            for (int64_t b = 0; b < nb; ++b, ++t) {
+                int64_t first = lo + b * KEY_BLOCK;
+                int64_t last = first + KEY_BLOCK < p + 1 ? first + KEY_BLOCK : p + 1;
+                tasks[t].row = i;
+                tasks[t].first = kv_indptr[r] + first;
+                tasks[t].n = last - first;
+                tasks[t].slot = nb > 1 ? slot + b : -1;
+            }
+            if (nb > 1) slot += nb;
+        }
     int64_t tok_stride = (int64_t)Hkv * D;
+    int64_t jobs = ntasks * Hkv;
 #pragma omp parallel
     {
-        float* scores = (float*)malloc(sizeof(float) * G * block);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) {
-            int64_t pair = t / nblocks_max, blk = t % nblocks_max;
-            int b = (int)(pair / Hkv), h = (int)(pair % Hkv);
-            int64_t start = indptr[b] + blk * block, end = indptr[b + 1];
-            float* m_t = ms + t * G;
-            if (start >= end) { for (int g = 0; g < G; ++g) m_t[g] = -INFINITY; continue; }
-            int64_t n = end - start < block ? end - start : block;
-            int64_t qoff = (int64_t)b * q_row_stride + (int64_t)h * G * D;
-#ifdef __AVX512F__
-            if (D % 16 == 0) {
-                if (dtype == 0)
-                    block_f32_avx512((const float*)q + qoff, D, (const float*)k + h * D,
-                                     (const float*)v + h * D, indices + start, n, tok_stride, G, D,
-                                     scale, acc + t * G * D, m_t, ls + t * G, scores);
-                else
-                    block_bf16_avx512((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
-                                      (const uint16_t*)v + h * D, indices + start, n, tok_stride, G,
-                                      D, scale, acc + t * G * D, m_t, ls + t * G, scores);
-                continue;
+        float* scores = (float*)malloc(sizeof(float) * G * KEY_BLOCK);
+        float acc[MAX_GROUP * MAX_DIM], m[MAX_GROUP], l[MAX_GROUP];
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t j = 0; j < jobs; ++j) {
+            const Task* tk = &tasks[j / Hkv];
+            int h = (int)(j % Hkv);
+            int64_t qoff = tk->row * q_row_stride + (int64_t)h * G * D;
+            if (tk->slot < 0) {
+                run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G, scale,
+                          dtype, acc, m, l, scores);
+                for (int g = 0; g < G; ++g) {
+                    float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+                    write_out(out, dtype, (tk->row * H + (int64_t)h * G + g) * D, acc + g * D, inv, D);
+                }
+            } else {
+                float* base = partial + tk->slot * per_slot + (int64_t)h * G * (D + 2);
+                run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G, scale,
+                          dtype, base, base + G * D, base + G * D + G, scores);
             }
-#endif
-            if (dtype == 0)
-                block_f32((const float*)q + qoff, D, (const float*)k + h * D, (const float*)v + h * D,
-                          indices + start, n, tok_stride, G, D, scale, acc + t * G * D, m_t,
-                          ls + t * G, scores);
-            else
-                block_bf16((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
-                           (const uint16_t*)v + h * D, indices + start, n, tok_stride, G, D, scale,
-                           acc + t * G * D, m_t, ls + t * G, scores);
         }
         free(scores);
-#pragma omp for
-        for (int64_t pair = 0; pair < pairs; ++pair) {
-            int b = (int)(pair / Hkv), h = (int)(pair % Hkv);
+#pragma omp for schedule(dynamic, 8)
+        for (int64_t j = 0; j < N * Hkv; ++j) {
+            int64_t i = j / Hkv;
+            int h = (int)(j % Hkv);
+            if (row_nb[i] <= 1) continue;
             for (int g = 0; g < G; ++g) {
-                float m = -INFINITY;
-                for (int64_t blk = 0; blk < nblocks_max; ++blk) {
-                    float mb = ms[(pair * nblocks_max + blk) * G + g];
-                    if (mb > m) m = mb;
+                float mx = -INFINITY;
+                for (int64_t b = 0; b < row_nb[i]; ++b) {
+                    const float* base = partial + (row_slot0[i] + b) * per_slot + (int64_t)h * G * (D + 2);
+                    float mb = base[G * D + g];
+                    if (mb > mx) mx = mb;
                 }
                 float o[MAX_DIM];
-                float l = 0.f;
+                float lsum = 0.f;
                 for (int d = 0; d < D; ++d) o[d] = 0.f;
-                for (int64_t blk = 0; blk < nblocks_max; ++blk) {
-                    int64_t t = pair * nblocks_max + blk;
-                    float mb = ms[t * G + g];
-                    if (mb == -INFINITY) continue;
-                    float w = expf(mb - m);
-                    l += w * ls[t * G + g];
-                    const float* a = acc + (t * G + g) * D;
+                for (int64_t b = 0; b < row_nb[i]; ++b) {
+                    const float* base = partial + (row_slot0[i] + b) * per_slot + (int64_t)h * G * (D + 2);
+                    float w = expf(base[G * D + g] - mx);
+                    lsum += w * base[G * D + G + g];
+                    const float* a = base + g * D;
                     for (int d = 0; d < D; ++d) o[d] += w * a[d];
                 }
-                float inv = l > 0.f ? 1.f / l : 0.f;
-                int64_t ooff = ((int64_t)b * H + (int64_t)h * G + g) * D;
-                if (dtype == 0) {
-                    float* op = (float*)out + ooff;
-                    for (int d = 0; d < D; ++d) op[d] = o[d] * inv;
-                } else {
-                    uint16_t* op = (uint16_t*)out + ooff;
-                    for (int d = 0; d < D; ++d) op[d] = f32_to_bf16(o[d] * inv);
-                }
+                float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+                write_out(out, dtype, (i * H + (int64_t)h * G + g) * D, o, inv, D);
             }
         }
     }
-    free(acc);
-    free(ms);
-    free(ls);
+    free(tasks);
+    free(row_slot0);
+    free(row_nb);
+    free(partial);
     return 0;
 }
