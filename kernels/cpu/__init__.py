@@ -56,7 +56,7 @@ class NativeKernels:
         request r's query rows are q_indptr[r]:q_indptr[r+1], the first at position q_pos0[r],
         and its keys' slots are kv_indices[kv_indptr[r]:kv_indptr[r+1]] by position.
         """
-        n, h, d = q.shape
+        _, h, d = q.shape
         assert q.stride(2) == 1 and q.stride(1) == d and out.is_contiguous()
         assert k_buf.is_contiguous() and v_buf.is_contiguous() and q.dtype == k_buf.dtype
         for t in (kv_indices, kv_indptr, q_indptr, q_pos0):

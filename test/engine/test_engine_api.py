@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -163,7 +164,7 @@ def test_streaming_chunks_grow_and_match_final(engine, chat_prompt):
     chunks = list(engine.generate(prompt, {"temperature": 0, "max_new_tokens": 24}, stream=True))
     assert len(chunks) > 3  # one per decode step, not a single burst
     texts = [c["text"] for c in chunks]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
     assert texts[-1] == final["text"]
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
