@@ -59,8 +59,11 @@ class GrammarManager:
         self._executor = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="radixgen-grammar")
         self.cache = CompileCache(self.backend.compile, self._executor, CACHE_MAX_ENTRIES)
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
+        # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
-            _ = self.vocab.extendable  # build now (~0.1 s), not inside the first decode step
+            _ = self.vocab.extendable
+        self._probe_mask = torch.empty((1, self.bitmask_words), dtype=torch.int32)
+        self._longer_probes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
             "grammar_compile_timeouts": 0,
@@ -72,6 +75,7 @@ class GrammarManager:
             "jump_forward_calls": 0,
             "jump_forward_tokens": 0,
             "jump_forward_retokenized_tokens": 0,
+            "jump_forward_tail_tokens_left": 0,
             "jump_forward_seconds_total": 0.0,
         }
 
@@ -218,8 +222,16 @@ class GrammarManager:
             return
         replaced = out[plan.keep :]
         grammar.rollback(len(replaced))
-        accepted = grammar.accept_tokens(plan.tokens)
-        if accepted < len(plan.tokens):  # never append tokens the grammar would reject
+        tokens = plan.tokens[:-1] if plan.last_may_grow else plan.tokens
+        accepted = grammar.accept_tokens(tokens)
+        ok = accepted == len(tokens)  # never append tokens the grammar would reject
+        if ok and plan.last_may_grow:
+            last = plan.tokens[-1]
+            if not self._longer_token_allowed(grammar, last) and grammar.accept_token(last):
+                tokens, accepted = plan.tokens, accepted + 1
+            else:  # the model may merge it with what follows: let the model produce it
+                self.counters["jump_forward_tail_tokens_left"] += 1
+        if not ok or len(self.vocab.join(tokens)) <= plan.replaced_bytes:
             grammar.rollback(accepted)
             if grammar.accept_tokens(replaced) != len(replaced):
                 logger.error("grammar of %s could not restore its state after a jump", req.rid)
@@ -231,15 +243,27 @@ class GrammarManager:
                     }
                 )
             return
-        scheduler.replace_output_tail(req, plan.keep, plan.tokens)
+        scheduler.replace_output_tail(req, plan.keep, tokens)
         # tokens gained without a model step (a merge can also shrink the tail: count 0 then)
-        added = max(0, len(plan.tokens) - len(replaced))
+        added = max(0, len(tokens) - len(replaced))
         req.jump_forward_tokens += added
         scheduler.stats["jump_forward_tokens"] += added
         c = self.counters
         c["jump_forward_calls"] += 1
         c["jump_forward_tokens"] += added
         c["jump_forward_retokenized_tokens"] += len(replaced)
+
+    def _longer_token_allowed(self, grammar: Any, token_id: int) -> bool:
+        """Whether the grammar, here, allows a token that strictly extends `token_id`'s bytes."""
+        probe = self._longer_probes.get(token_id)
+        if probe is None:
+            ids = torch.tensor(self.vocab.longer_tokens(token_id), dtype=torch.long)
+            probe = self._longer_probes[token_id] = (ids >> 5, (ids & 31).to(torch.int32))
+        words, bits = probe
+        if words.numel() == 0:
+            return False
+        grammar.fill_next_token_bitmask(self._probe_mask, 0)
+        return bool(((self._probe_mask[0, words] >> bits) & 1).any())
 
     def _adds_stop_string(
         self, out: list[int], keep: int, new: list[int], stops: list[str]

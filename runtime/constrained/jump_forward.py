@@ -25,10 +25,17 @@ assert JUMP_FORWARD_WINDOW < MAX_ROLLBACK_TOKENS
 
 @dataclass(frozen=True)
 class JumpPlan:
-    """Replace output_ids[keep:] by `tokens` (which cover the replaced text plus forced text)."""
+    """Replace output_ids[keep:] by `tokens`: the replaced text plus forced text.
+
+    `last_may_grow`: the last token is a strict prefix of longer tokens. If the grammar allows
+    one of those next, the tokenizer could have merged it with the text that follows, so the
+    last token must be left to the model; `replaced_bytes` is what the tail must still exceed.
+    """
 
     keep: int
     tokens: list[int]
+    last_may_grow: bool
+    replaced_bytes: int
 
 
 def plan_jump_forward(
@@ -60,14 +67,10 @@ def plan_jump_forward(
     keep = start + common
     tail = new_ids[common:]
     del tail[max(0, max_len - keep) :]
-    # NOTE: a tail ending in a token that a longer token could extend would fix a split the
-    # tokenizer might not make once more text follows; let the model produce that token
-    if tail and vocab.extendable[tail[-1]]:
-        tail.pop()
     replaced_bytes = len(old_bytes) - len(vocab.join(old[:common]))
     if not tail or len(vocab.join(tail)) <= replaced_bytes:
         return None  # no forced text left (and never drop text the model already produced)
-    return JumpPlan(keep, tail)
+    return JumpPlan(keep, tail, vocab.extendable[tail[-1]], replaced_bytes)
 
 
 def _window_start(output_ids: list[int], vocab: GrammarVocab, start: int) -> int | None:

@@ -7,6 +7,7 @@ every backend the raw bytes ourselves (b"" for added/special tokens, which no gr
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -57,6 +58,31 @@ class GrammarVocab:
             for k in range(1, len(b)):
                 prefixes.add(b[:k])
         return [bool(b) and b in prefixes for b in self.token_bytes]
+
+    @cached_property
+    def _sorted_token_bytes(self) -> tuple[list[bytes], list[int]]:
+        pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
+        return [b for b, _ in pairs], [i for _, i in pairs]
+
+    @cached_property
+    def _longer_memo(self) -> dict[int, tuple[int, ...]]:
+        return {}
+
+    def longer_tokens(self, token_id: int) -> tuple[int, ...]:
+        """Ids of the tokens whose bytes strictly extend token `token_id`'s (memoised)."""
+        memo = self._longer_memo
+        found = memo.get(token_id)
+        if found is None:
+            prefix = self.token_bytes[token_id]
+            keys, ids = self._sorted_token_bytes
+            j = bisect_left(keys, prefix)
+            out: list[int] = []
+            while j < len(keys) and keys[j].startswith(prefix):
+                if len(keys[j]) > len(prefix):
+                    out.append(ids[j])
+                j += 1
+            found = memo[token_id] = tuple(out)
+        return found
 
     def join(self, ids: list[int]) -> bytes:
         """The exact bytes of a token sequence (special tokens contribute nothing)."""

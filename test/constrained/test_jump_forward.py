@@ -146,17 +146,33 @@ def test_no_jump_into_a_stop_string(manager, encode):
     assert not sched.calls and b"age" not in manager.vocab.join(req.output_ids)
 
 
-def test_plan_drops_a_tail_token_that_could_grow(vocab, encode):
-    # `":` is a prefix of longer tokens (`":"`, `":[`...): it must not end the forced tail
-    out = encode('{"name":"Bob","')
-    assert vocab.extendable[encode('":')[0]]
-    plan = plan_jump_forward(out, 'age":', vocab, 0, 100)
-    assert plan is not None
-    assert vocab.join(out[: plan.keep] + plan.tokens) == b'{"name":"Bob","age'
-    # a tail ending in a token nothing extends is kept whole
-    assert not vocab.extendable[encode('":"')[0]]
+def test_plan_flags_a_tail_token_that_could_grow(vocab, encode):
+    # `":` is a prefix of a longer token (`":"`): whether it may end the tail depends on the grammar
+    assert vocab.longer_tokens(encode('":')[0]) == (encode('":"')[0],)
+    plan = plan_jump_forward(encode('{"name":"Bob","'), 'age":', vocab, 0, 100)
+    assert plan is not None and plan.last_may_grow
+    assert vocab.join(plan.tokens).endswith(b'age":')
     plan = plan_jump_forward(encode('{"'), 'name":"', vocab, 0, 100)
-    assert plan is not None and vocab.join(plan.tokens).endswith(b'name":"')
+    assert plan is not None and not plan.last_may_grow  # nothing extends `":"`
+
+
+def test_tail_token_kept_only_when_the_grammar_forbids_longer_ones(manager, tokenizer, encode):
+    # after `"age` an integer follows: `":"` is impossible, so `":` may end the jump
+    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    _at(manager, req, '{"name":"Bob', encode)
+    sample(manager, req, sched, encode('","')[0])
+    assert tokenizer.decode(req.output_ids) == '{"name":"Bob","age":'
+    # an array of strings may start with `["`: the forced `[` is left to the model
+    tags = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+    }
+    tags["required"] = ["tags"]
+    before = manager.stats()["jump_forward_tail_tokens_left"]
+    req, sched = ready_req(manager, json_schema=tags), FakeScheduler()
+    sample(manager, req, sched, encode("{")[0])
+    assert tokenizer.decode(req.output_ids) == '{"tags":'
+    assert manager.stats()["jump_forward_tail_tokens_left"] == before + 1
 
 
 def test_plan_never_drops_sampled_text_or_adds_nothing(vocab, encode):
