@@ -153,6 +153,13 @@ def run_mode(
             1e6 * gm["jump_forward_seconds_total"] / max(gm["jump_forward_calls"], 1), 1
         ),
         "grammar_compile_s": round(gm["grammar_compile_seconds_total"], 4),
+        # mask fill + mask apply + jump-forward, as a share of the run's wall time: the grammar's
+        # own cost, independent of how the batch shrinks
+        "grammar_time_share": round(
+            (gm["mask_fill_seconds_total"] + timer.seconds + gm["jump_forward_seconds_total"])
+            / wall,
+            4,
+        ),
         "valid": valid,
         "valid_share": round(valid / len(prompts), 3),
         "lengths": [len(tokens[f"{mode}-{i}"]) for i in range(len(prompts))],
