@@ -24,56 +24,10 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-
-# Common English words: each is about one token for BPE vocabularies, so N words ~ N tokens.
-WORDS = (  # noqa: SIM905
-    "time year people way day man thing woman life child world school state family student group "
-    "country problem hand part place case week company system program question work government "
-    "number night point home water room mother area money story fact month lot right study book "
-    "eye job word business issue side kind head house service friend father power hour game line "
-    "end member law car city community name president team minute idea kid body information back "
-    "parent face others level office door health person art war history party result change "
-    "morning reason research girl guy moment air teacher force education"
-).split()
-
-
-@dataclass
-class Sample:
-    prompt: str
-    output_len: int
-
-
-@dataclass
-class Result:
-    ok: bool = False
-    ttft: float = 0.0
-    e2e: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    error: str = ""
-
-
-def random_text(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def build_dataset(args: argparse.Namespace, n: int) -> list[Sample]:
-    rng = random.Random(args.seed)
-    if args.dataset == "random":
-        return [Sample(random_text(rng, args.input_len), args.output_len) for _ in range(n)]
-    prefixes = [random_text(rng, args.prefix_len) for _ in range(args.num_groups)]
-    return [
-        Sample(
-            prefixes[i % args.num_groups] + "\n" + random_text(rng, args.input_len), args.output_len
-        )
-        for i in range(n)
-    ]
-
+from serving_workload import Result, Sample, build_dataset, summarize
 
 # --- HTTP client ---------------------------------------------------------------------------------
 
@@ -118,6 +72,8 @@ async def http_request(
                 if data.get("usage"):
                     res.prompt_tokens = data["usage"]["prompt_tokens"]
                     res.output_tokens = data["usage"]["completion_tokens"]
+                    details = data["usage"].get("prompt_tokens_details") or {}
+                    res.cached_tokens = details.get("cached_tokens") or 0
                 choices = data.get("choices") or []
                 if not choices:
                     continue
@@ -165,6 +121,7 @@ async def engine_request(engine: Any, args: argparse.Namespace, s: Sample) -> Re
                     res.itls.append(now - last)
                 last, seen = now, n
             res.prompt_tokens = meta["prompt_tokens"]
+            res.cached_tokens = meta.get("cached_tokens", 0)
     except Exception as e:
         res.error = repr(e)
         return res
@@ -195,40 +152,6 @@ async def run_load(
             await asyncio.sleep(rng.expovariate(rate))
     results = await asyncio.gather(*tasks)
     return list(results), time.perf_counter() - start
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[k] * 1000
-
-
-def summarize(results: list[Result], duration: float, extra: dict[str, Any]) -> dict[str, Any]:
-    ok = [r for r in results if r.ok]
-    itls = [x for r in ok for x in r.itls]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens for r in ok)
-    line = {
-        **extra,
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "duration_s": round(duration, 3),
-        "input_tokens": in_tokens,
-        "output_tokens": out_tokens,
-        "request_throughput": round(len(ok) / duration, 3),
-        "output_throughput": round(out_tokens / duration, 2),
-        "total_token_throughput": round((in_tokens + out_tokens) / duration, 2),
-    }
-    for name, vals in (("ttft", [r.ttft for r in ok]), ("itl", itls), ("e2e", [r.e2e for r in ok])):
-        line[f"{name}_ms_mean"] = round(statistics.fmean(vals) * 1000, 2) if vals else 0.0
-        line[f"{name}_ms_p50"] = round(pct(vals, 50), 2)
-        line[f"{name}_ms_p99"] = round(pct(vals, 99), 2)
-    errors = [r.error for r in results if not r.ok]
-    if errors:
-        line["first_error"] = errors[0]
-    return line
 
 
 # --- server launch and CPU accounting ------------------------------------------------------------
@@ -289,56 +212,70 @@ async def resolve_model(session: aiohttp.ClientSession, args: argparse.Namespace
         return (await r.json())["data"][0]["id"]
 
 
-async def bench_http(args: argparse.Namespace, pid: int | None) -> list[dict[str, Any]]:
-    lines = []
+async def one_run(
+    backend: str, send: Any, args: argparse.Namespace, conc: int, rep: int, pid: int | None
+) -> dict[str, Any]:
+    """Warm up with two requests, then run the workload once at `conc` and summarize it.
+
+    Prompts depend on (seed, concurrency, repeat): a repeat never hits the prefix cache that an
+    earlier run filled, and the HTTP and Engine runs of one repeat send the same prompts.
+    """
+    n = args.num_prompts or max(8, 4 * conc)
+    samples = build_dataset(args, n, seed=args.seed + 1000 * rep + conc)
+    await run_load(send, build_dataset(args, 2, seed=-1 - 1000 * rep - conc), 2, float("inf"))
+    before = cpu_times(pid) if pid else None
+    client_cpu = time.process_time()
+    results, dur = await run_load(send, samples, conc, args.request_rate)
+    client_cpu = time.process_time() - client_cpu
+    extra = {"backend": backend, "endpoint": args.endpoint, "dataset": args.dataset,
+             "concurrency": conc, "request_rate": args.request_rate, "num_prompts": n}  # fmt: skip
+    line = summarize(results, dur, extra)
+    line["client_cpu_s"] = round(client_cpu, 2)  # this process (with --compare-engine: + Engine's)
+    if before is not None:
+        after = cpu_times(pid)
+        for role in after:
+            line[f"{role}_cpu_s"] = round(after[role] - before.get(role, 0.0), 2)
+    print(json.dumps(line), flush=True)
+    return line
+
+
+async def bench(args: argparse.Namespace, pid: int | None) -> None:
+    """HTTP runs, and with --compare-engine the same workload through the Engine right after
+    each one (interleaved, so both see the same machine load)."""
+    engine = None
+    if args.compare_engine:
+        from radixgen.runtime.engine import Engine
+
+        kwargs = json.loads(args.engine_kwargs) if args.engine_kwargs else {}
+        engine = Engine(log_level="warning", **kwargs)
     timeout = aiohttp.ClientTimeout(total=3600)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        model = await resolve_model(session, args)
-        for conc in args.concurrency:
-            n = args.num_prompts or max(16, 4 * conc)
-            samples = build_dataset(args, n)
-            await run_load(
-                lambda s: http_request(session, args, model, s), samples[:2], 2, float("inf")
-            )
-            before = cpu_times(pid) if pid else None
-            results, dur = await run_load(
-                lambda s: http_request(session, args, model, s), samples, conc, args.request_rate
-            )  # fmt: skip
-            extra = {"backend": "http", "endpoint": args.endpoint, "dataset": args.dataset,
-                     "concurrency": conc, "request_rate": args.request_rate, "num_prompts": n}  # fmt: skip
-            line = summarize(results, dur, extra)
-            if before is not None:
-                after = cpu_times(pid)
-                for role in after:
-                    line[f"{role}_cpu_s"] = round(after[role] - before.get(role, 0.0), 2)
-            print(json.dumps(line), flush=True)
-            lines.append(line)
-    return lines
-
-
-async def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from radixgen.runtime.engine import Engine
-
-    kwargs = json.loads(args.engine_kwargs) if args.engine_kwargs else {}
-    engine = Engine(log_level="warning", **kwargs)
-    lines = []
     try:
-        for conc in args.concurrency:
-            n = args.num_prompts or max(16, 4 * conc)
-            samples = build_dataset(args, n)
-            await run_load(lambda s: engine_request(engine, args, s), samples[:2], 2, float("inf"))
-            results, dur = await run_load(
-                lambda s: engine_request(engine, args, s), samples, conc, args.request_rate
-            )  # fmt: skip
-            extra = {"backend": "engine", "dataset": args.dataset, "concurrency": conc,
-                     "request_rate": args.request_rate, "num_prompts": n}  # fmt: skip
-            line = summarize(results, dur, extra)
-            print(json.dumps(line), flush=True)
-            lines.append(line)
+        async with aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+        ) as session:
+            model = await resolve_model(session, args)
+            for conc in args.concurrency:
+                ratios = []
+                for rep in range(args.repeats):
+                    line = await one_run(
+                        "http", lambda s: http_request(session, args, model, s), args, conc, rep,
+                        pid,
+                    )  # fmt: skip
+                    http_tp = line["output_throughput"]
+                    if engine is not None:
+                        line = await one_run(
+                            "engine", lambda s: engine_request(engine, args, s), args, conc, rep,
+                            None,
+                        )  # fmt: skip
+                        e = line["output_throughput"]
+                        ratios.append(http_tp / e if e else 0.0)
+                if ratios:  # back-to-back pairs share the machine's load; take the median pair
+                    print(json.dumps({"comparison": "http_vs_engine", "dataset": args.dataset,
+                                      "concurrency": conc, "ratios": [round(r, 3) for r in ratios],
+                                      "ratio": round(statistics.median(ratios), 3)}), flush=True)  # fmt: skip
     finally:
-        engine.shutdown()
-    return lines
+        if engine is not None:
+            engine.shutdown()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -360,7 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num-prompts",
         type=int,
         default=0,
-        help="Requests per run (default: max(16, 4 x concurrency)).",
+        help="Requests per run (default: max(8, 4 x concurrency)).",
     )
     p.add_argument(
         "--input-len",
@@ -411,6 +348,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Also run the offline Engine and print HTTP/Engine ratios.",
     )
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="HTTP/Engine run pairs per concurrency (median ratio).",
+    )
+    p.add_argument(
         "--engine-kwargs",
         default="",
         help='Engine(**kwargs) as JSON, e.g. \'{"grammar_backend": "none"}\'.',
@@ -422,24 +365,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
     proc = None
     if args.launch_server:
         proc, args.base_url = launch_server(args.server_args.split())
     try:
-        http_lines = asyncio.run(bench_http(args, proc.pid if proc else None))
+        asyncio.run(bench(args, proc.pid if proc else None))
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
-    if not args.compare_engine:
-        return
-    engine_lines = asyncio.run(bench_engine(args))
-    for h, e in zip(http_lines, engine_lines, strict=True):
-        ratio = h["output_throughput"] / e["output_throughput"] if e["output_throughput"] else 0.0
-        print(json.dumps({"comparison": "http_vs_engine", "dataset": args.dataset, "concurrency": h["concurrency"],
-                          "http_output_throughput": h["output_throughput"],
-                          "engine_output_throughput": e["output_throughput"],
-                          "ratio": round(ratio, 3)}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

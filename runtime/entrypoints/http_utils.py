@@ -148,6 +148,20 @@ async def first_and_rest(agen: AsyncIterator[T], request: Request) -> tuple[T, A
     return first, agen
 
 
+async def first_chunk_or_refusal(
+    agen: AsyncIterator[Any], request: Request
+) -> tuple[Any, AsyncIterator[Any]]:
+    """Like `first_and_rest`, but a request the engine refused at once (e.g. a grammar that does
+    not compile) raises, so it gets a 4xx status instead of a 200 stream holding an error."""
+    first, rest = await first_and_rest(agen, request)
+    try:
+        raise_if_failed(first)
+    except RadixGenError:
+        await rest.aclose()
+        raise
+    return first, rest
+
+
 class ApiKeyMiddleware:
     """Pure-ASGI Bearer-key check (no per-request task overhead like BaseHTTPMiddleware)."""
 

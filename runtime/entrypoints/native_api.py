@@ -26,7 +26,7 @@ from radixgen.runtime.entrypoints.http_utils import (
     collect,
     error_body,
     error_response,
-    first_and_rest,
+    first_chunk_or_refusal,
     json_response,
     raise_if_failed,
     read_json,
@@ -60,7 +60,7 @@ async def generate(request: Request) -> Response:
             result = await until_disconnect(request, collect(tm.generate(obj)))
             raise_if_failed(result)
             return json_response(result)
-        first, rest = await first_and_rest(tm.generate(obj), request)
+        first, rest = await first_chunk_or_refusal(tm.generate(obj), request)
     except ClientDisconnected:
         return Response(status_code=499)
     except RadixGenError as e:

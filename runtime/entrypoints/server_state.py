@@ -46,6 +46,7 @@ class ServerState:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch_task: asyncio.Task | None = None
+        self._starting_tm: TokenizerManager | None = None  # during the warm-up
 
     # --- what routes call ---------------------------------------------------------------------
 
@@ -92,6 +93,7 @@ class ServerState:
 
     async def _attach(self, tm: TokenizerManager) -> None:
         tm.start()
+        self._starting_tm = tm
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         try:  # one real token before /health says 200
             warmup = GenerateReqInput(text="Hi", sampling_params={"max_new_tokens": 1})
@@ -128,11 +130,7 @@ class ServerState:
             return
         self.dead_reason = reason
         logger.error("engine is dead (%s): the server exits", reason)
-        if self.procs is not None:
-            for role, p in self.procs.procs.items():
-                if p.poll() is None:
-                    logger.info("stopping the %s process", role)
-        tm = self.tm
+        tm = self.tm or self._starting_tm
         if tm is not None:
             tm.mark_dead(reason)
         self._request_exit(1)

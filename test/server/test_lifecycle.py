@@ -25,8 +25,29 @@ def _role_pid(pids: list[int], role: str) -> int:
     raise AssertionError(f"no {role} child among {pids}")
 
 
+def _queue_full_503(url: str, headers: dict) -> None:
+    """max_running_requests=1 + max_queued_requests=1: a third request in flight is refused."""
+    body = {"text": "Story:", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    threads = [
+        threading.Thread(target=httpx.post, args=(url + "/generate",),
+                         kwargs={"json": {**body, "rid": f"fill-{i}"}, "headers": headers, "timeout": 60})
+        for i in range(2)
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    r = httpx.post(url + "/generate", json=body, headers=headers, timeout=60)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded", r.text
+    httpx.post(url + "/abort_request", json={"abort_all": True}, headers=headers)
+    for t in threads:
+        t.join(30)
+
+
 def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
-    srv = ServerProcess("--api-key", "sekret", *server_flags())
+    srv = ServerProcess(
+        "--api-key", "sekret", "--max-running-requests", "1", "--max-queued-requests", "1",
+        *server_flags(),
+    )  # fmt: skip
     try:
         seen = srv.wait_healthy()
         assert 503 in seen, f"/health should answer 503 while loading, saw {seen}"
@@ -45,6 +66,7 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
             openai.OpenAI(base_url=srv.url + "/v1", api_key="no", max_retries=0).models.list()
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
         assert good.models.list().data
+        _queue_full_503(srv.url, {"Authorization": "Bearer sekret"})
     finally:
         code = srv.stop(signal.SIGTERM)
     assert code in (0, -signal.SIGTERM), srv.log()
@@ -53,14 +75,16 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
 
 def test_sigint_while_loading_stops_children():
     srv = ServerProcess(*server_flags())
-    deadline = time.monotonic() + 60
-    while srv.health_status() != 503 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    while len(srv.child_pids()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the port is up first; the children follow
-    pids = srv.child_pids()
-    assert len(pids) >= 2 and srv.health_status() == 503, "still loading"
-    code = srv.stop(signal.SIGINT)
+    try:
+        deadline = time.monotonic() + 60
+        while srv.health_status() != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while len(srv.child_pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the port is up first; the children follow
+        pids = srv.child_pids()
+        assert len(pids) >= 2 and srv.health_status() == 503, "still loading"
+    finally:
+        code = srv.stop(signal.SIGINT)
     assert code is not None and srv.proc.poll() is not None
     assert not wait_gone(pids), "engine children outlived the server"
 

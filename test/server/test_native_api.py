@@ -11,6 +11,9 @@ import time
 import httpx
 import pytest
 
+from .conftest import needs_grammar
+from .server_process import grammar_available
+
 GREEDY = {"temperature": 0, "max_new_tokens": 6}
 
 
@@ -374,3 +377,35 @@ def test_metrics(http):
         "radixgen_num_queue_reqs", "radixgen_token_usage", "radixgen_cache_hit_rate",
     ):  # fmt: skip
         assert name in body, name
+    if grammar_available():
+        assert "radixgen_grammar_compile_seconds_total" in body
+
+
+@needs_grammar
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_grammar_is_a_400_before_any_stream(http, stream):
+    body = {
+        "text": "x",
+        "stream": stream,
+        "sampling_params": {"regex": "(unclosed", "max_new_tokens": 4},
+    }
+    r = http.post("/generate", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"]
+
+
+@needs_grammar
+def test_regex_and_json_schema_through_generate(http):
+    out = generate(
+        http,
+        text="The answer is ",
+        sampling_params={"regex": "(yes|no)", "max_new_tokens": 4, "temperature": 0},
+    ).json()
+    assert out["text"] in ("yes", "no")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    out = generate(
+        http,
+        text="JSON: ",
+        sampling_params={"json_schema": json.dumps(schema), "max_new_tokens": 16, "temperature": 0},
+    ).json()
+    assert isinstance(json.loads(out["text"])["n"], int)

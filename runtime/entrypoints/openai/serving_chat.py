@@ -46,6 +46,11 @@ class ChatPlan:
             if self.mode is not None:
                 messages = _with_system(messages, tc.tools_system_prompt(req.tools, self.mode))
         kwargs = dict(req.chat_template_kwargs or {})
+        clash = sorted(set(kwargs) & {"messages", "tools", "add_generation_prompt"})
+        if clash:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(clash)}", "chat_template_kwargs"
+            )
         if req.continue_final_message:
             if messages[-1]["role"] != "assistant":
                 raise InvalidRequestError(
@@ -147,11 +152,11 @@ async def create_chat_completion(request: Request) -> Response:
             return hu.json_response(
                 _response(plan, results, tm, state.args.http.enable_cache_report)
             )
-        first, rest = await hu.first_and_rest(tm.generate(obj), request)
+        first, rest = await hu.first_chunk_or_refusal(tm.generate(obj), request)
     except hu.ClientDisconnected:
         return Response(status_code=499)
     except InvalidRequestError as e:
-        return hu.error_response(common.openai_error(e))
+        return hu.error_response(common.openai_error(e, "messages"))
     except RadixGenError as e:
         return hu.error_response(e)
     stream = _stream(plan, first, rest, tm.served_model_name, state.args.http.enable_cache_report)

@@ -72,13 +72,16 @@ def sampling_params(
     return {k: v for k, v in sp.items() if v is not None}
 
 
-def openai_error(e: InvalidRequestError) -> InvalidRequestError:
-    """Rename SGLang's parameter names in an error to the OpenAI names the user sent."""
+def openai_error(e: InvalidRequestError, prompt_field: str) -> InvalidRequestError:
+    """Rename SGLang's parameter names in an error to the OpenAI names the user sent.
+
+    `prompt_field` is what the prompt is called on this endpoint ("messages" or "prompt").
+    """
     param = e.param
-    if param in _OPENAI_NAMES:
-        msg = e.message.replace(param, _OPENAI_NAMES[param])
-        err = type(e)(msg, _OPENAI_NAMES[param])
-        return err
+    names = {**_OPENAI_NAMES, "input_ids": prompt_field, "text": prompt_field}
+    if param in names:
+        msg = e.message.replace(param, names[param]) if param in _OPENAI_NAMES else e.message
+        return type(e)(msg, names[param])
     return e
 
 

@@ -18,6 +18,8 @@ from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai.protocol import CompletionRequest, parse_request
 from radixgen.runtime.tokenizer_manager import TokenizerManager
 
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default, also for an explicit null
+
 
 class CompletionPlan:
     def __init__(self, req: CompletionRequest, tm: TokenizerManager) -> None:
@@ -39,7 +41,8 @@ class CompletionPlan:
             self.ids, self.batch = [prompt], False  # type: ignore[list-item]
         else:
             self.ids, self.batch = list(prompt), True  # type: ignore[arg-type]
-        self.sampling_params = common.sampling_params(req, req.max_tokens)
+        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        self.sampling_params = common.sampling_params(req, max_tokens)
         self.tm = tm
 
     def generate_input(self) -> GenerateReqInput:
@@ -93,11 +96,11 @@ async def create_completion(request: Request) -> Response:
             return hu.json_response(
                 _response(plan, results, tm, state.args.http.enable_cache_report)
             )
-        first, rest = await hu.first_and_rest(tm.generate(obj), request)
+        first, rest = await hu.first_chunk_or_refusal(tm.generate(obj), request)
     except hu.ClientDisconnected:
         return Response(status_code=499)
     except InvalidRequestError as e:
-        return hu.error_response(common.openai_error(e))
+        return hu.error_response(common.openai_error(e, "prompt"))
     except RadixGenError as e:
         return hu.error_response(e)
     stream = _stream(plan, first, rest, tm.served_model_name, state.args.http.enable_cache_report)
