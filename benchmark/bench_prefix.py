@@ -166,7 +166,7 @@ def match_prefix_timing() -> dict[str, Any]:
         pool.free(slots[: cache.insert(key, slots)])  # the shared stem is already held
         keys.append(key)
     held = cache.evictable_size()
-    probes = [k[:1990] + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] for k in rng.sample(keys, 50)]
+    probes = [[*k[:1990], 1, 2, 3, 4, 5, 6, 7, 8, 9, 10] for k in rng.sample(keys, 50)]
     t = time.perf_counter()
     for p in probes:
         cache.match_prefix(p)
