@@ -15,6 +15,16 @@ _LAZY = {
     "ServerArgs": "radixgen.server_args",
     "SamplingParams": "radixgen.sampling_params",
 }
+# the frontend language (SGLang's names): `import radixgen as sgl` ports an SGLang program
+_LANG_NAMES = (
+    "function", "gen", "gen_int", "gen_string", "select", "image", "video",
+    "system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
+    "assistant_begin", "assistant_end", "set_default_backend", "flush_cache", "get_server_info",
+    "global_config", "greedy_token_selection", "token_length_normalized",
+    "unconditional_likelihood_normalized", "RuntimeEndpoint", "OpenAI", "EngineBackend",
+    "ProgramState", "ProgramError", "BackendError", "SglFunction",
+)  # fmt: skip
+_LAZY.update(dict.fromkeys(_LANG_NAMES, "radixgen.lang"))
 
 
 def __getattr__(name: str) -> Any:

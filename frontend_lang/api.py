@@ -1,0 +1,210 @@
+"""The public DSL: `@function`, `gen`, `select`, roles and backend helpers (SGLang's names)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from radixgen.lang import constraints
+from radixgen.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixgen.lang.function import SglFunction
+from radixgen.lang.global_config import global_config
+from radixgen.lang.ir import (
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+)
+
+
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator: `@function` or `@function(...)` turns `def prog(s, ...)` into a program."""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+    return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+
+
+def set_default_backend(backend: Any) -> None:
+    """The backend programs use when run() gets none (a radixgen.Engine is wrapped)."""
+    from radixgen.lang.interpreter import resolve_backend
+
+    global_config.default_backend = resolve_backend(backend) if backend is not None else None
+
+
+def flush_cache(backend: Any = None) -> Any:
+    """Empty the server's prefix cache (returns False when there is no backend)."""
+    from radixgen.lang.interpreter import resolve_backend
+
+    if backend is None and global_config.default_backend is None:
+        return False
+    return resolve_backend(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> Any:
+    from radixgen.lang.interpreter import resolve_backend
+
+    if backend is None and global_config.default_backend is None:
+        return None
+    return resolve_backend(backend).get_server_info()
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+) -> SglExpr:
+    """Generate text into variable `name`; None inherits the run()-level default.
+
+    `choices` with a `choices_method` is a `select` (scored by logprobs, as in SGLang); without
+    one the model picks a choice under grammar-constrained decoding. `dtype` (int/float/str/bool)
+    and `regex` constrain decoding; `json_schema` (dict, JSON text or pydantic model class)
+    constrains to the schema. `s[name]` is always the text; `s.parsed(name)` the typed value.
+    """
+    if choices is not None and not choices:
+        raise ValueError(f"gen({name!r}): choices must not be empty")
+    if choices and choices_method is not None:
+        return SglSelect(name, list(choices), 0.0 if temperature is None else temperature,
+                         choices_method)  # fmt: skip
+    if regex is not None:
+        constraints.check_regex(regex)
+    if dtype is not None:
+        constraints.dtype_name(dtype)
+    model = None
+    if json_schema is not None:
+        json_schema, model = constraints.normalize_json_schema(json_schema)
+    if choices and temperature is None:
+        temperature = 0.0  # like select: the most likely choice unless asked to sample
+    params = SglSamplingParams.overrides(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        n=n,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+        dtype=dtype,
+        regex=regex,
+        json_schema=json_schema,
+        choices=list(choices) if choices else None,
+    )
+    node = SglGen(name, params)
+    if dtype is not None or json_schema is not None:
+        node.parser = constraints.parser_for(dtype, model, is_json=json_schema is not None)
+    return node
+
+
+def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> SglExpr:
+    """gen(dtype=int): digits only, ends at the first space or newline."""
+    _no_constraint_kwargs("gen_int", kwargs)
+    return gen(name, max_tokens, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> SglExpr:
+    """gen(dtype=str): a double-quoted string of word characters and spaces."""
+    _no_constraint_kwargs("gen_string", kwargs)
+    return gen(name, max_tokens, dtype=str, **kwargs)
+
+
+def _no_constraint_kwargs(who: str, kwargs: dict[str, Any]) -> None:
+    bad = sorted({"min_tokens", "dtype", "regex", "json_schema", "choices"} & set(kwargs))
+    if bad:
+        raise TypeError(f"{who}() does not take {', '.join(bad)}")
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> SglExpr:
+    """Append the most likely of `choices` (scored by prompt logprobs) and store it in `name`."""
+    if not choices:
+        raise ValueError(f"select({name!r}) needs a non-empty list of choices")
+    if not all(isinstance(c, str) for c in choices):
+        raise TypeError(f"select({name!r}): every choice must be a string")
+    return SglSelect(name, list(choices), temperature, choices_method)
+
+
+def _role(role: str, expr: Any = None) -> SglExprList:
+    if expr is None:
+        return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
+    from radixgen.lang.ir import as_expr
+
+    return SglExprList([SglRoleBegin(role), as_expr(expr), SglRoleEnd(role)])
+
+
+def system(expr: Any = None) -> SglExprList:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> SglExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> SglExprList:
+    return _role("assistant", expr)
+
+
+def system_begin() -> SglRoleBegin:
+    return SglRoleBegin("system")
+
+
+def system_end() -> SglRoleEnd:
+    return SglRoleEnd("system")
+
+
+def user_begin() -> SglRoleBegin:
+    return SglRoleBegin("user")
+
+
+def user_end() -> SglRoleEnd:
+    return SglRoleEnd("user")
+
+
+def assistant_begin() -> SglRoleBegin:
+    return SglRoleBegin("assistant")
+
+
+def assistant_end() -> SglRoleEnd:
+    return SglRoleEnd("assistant")
+
+
+def image(path_or_bytes: Any) -> SglExpr:
+    raise NotImplementedError("image(): RadixGen serves text-only models")
+
+
+def video(path: str, num_frames: int) -> SglExpr:
+    raise NotImplementedError("video(): RadixGen serves text-only models")

@@ -1,0 +1,217 @@
+"""Role markers for `system/user/assistant`: read off the served model's own Jinja template when a
+backend can provide it, else picked by model name from a small registry (SGLang's approach).
+
+A `ChatTemplate` is "plain": each role has a fixed (prefix, suffix), the first non-system role
+inserts `default_system_prompt` when there is one, and `stop_str` ends every gen (the template's
+end-of-turn marker, as SGLang's stop_str).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+    name: str
+    default_system_prompt: str | None
+    role_prefix_and_suffix: dict[str, tuple[str, str]]
+    stop_str: tuple[str, ...] = ()
+    image_token: str = "<image>"
+
+    def get_prefix_and_suffix(
+        self, role: str, hist_messages: list[dict[str, Any]]
+    ) -> tuple[str, str]:
+        return self.role_prefix_and_suffix.get(role, ("", ""))
+
+    def get_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """Render OpenAI-style messages the way the interpreter would have appended them."""
+        prompt = ""
+        if messages and messages[0]["role"] != "system" and self.default_system_prompt:
+            messages = [{"role": "system", "content": self.default_system_prompt}, *messages]
+        for i, message in enumerate(messages):
+            prefix, suffix = self.get_prefix_and_suffix(message["role"], messages[:i])
+            prompt += f"{prefix}{message['content']}{suffix}"
+        return prompt
+
+
+def _chatml(name: str, default_system_prompt: str | None) -> ChatTemplate:
+    roles = ("system", "user", "assistant")
+    return ChatTemplate(
+        name=name,
+        default_system_prompt=default_system_prompt,
+        role_prefix_and_suffix={r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in roles},
+        stop_str=("<|im_end|>",),
+    )
+
+
+_REGISTRY: dict[str, ChatTemplate] = {
+    t.name: t
+    for t in (
+        ChatTemplate(
+            name="default",
+            default_system_prompt=None,
+            role_prefix_and_suffix={
+                "system": ("SYSTEM:", "\n"),
+                "user": ("USER:", "\n"),
+                "assistant": ("ASSISTANT:", "\n"),
+            },
+        ),
+        _chatml("chatml", None),
+        _chatml("qwen", "You are a helpful assistant."),
+        _chatml("smollm", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+        ChatTemplate(
+            name="llama-3-instruct",
+            default_system_prompt=None,
+            role_prefix_and_suffix={
+                r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
+                for r in ("system", "user", "assistant")
+            },
+            stop_str=("<|eot_id|>",),
+        ),
+        ChatTemplate(
+            name="gemma-it",
+            default_system_prompt=None,
+            role_prefix_and_suffix={
+                "system": ("", ""),
+                "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
+                "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n"),
+            },
+            stop_str=("<end_of_turn>",),
+        ),
+    )
+}
+
+# (pattern on the lower-cased model path, template name), first match wins
+_NAME_RULES = (
+    (r"smollm", "smollm"),
+    (r"qwen.*(chat|instruct)", "qwen"),
+    (r"llama-3.*instruct", "llama-3-instruct"),
+    (r"gemma.*-it", "gemma-it"),
+    (r"tinyllama|chatml|hermes", "chatml"),
+)
+
+
+def get_chat_template(name: str) -> ChatTemplate:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown chat template {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def register_chat_template(template: ChatTemplate) -> None:
+    _REGISTRY[template.name] = template
+
+
+def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
+    lowered = model_path.lower()
+    for pattern, name in _NAME_RULES:
+        if re.search(pattern, lowered):
+            return _REGISTRY[name]
+    return _REGISTRY["default"]
+
+
+# --- reading the role markers off a Jinja chat template --------------------------------------
+
+_MARK = {"system": "\x02SYS\x03", "user": "\x02USR\x03", "assistant": "\x02AST\x03"}
+
+
+class TemplateShapeError(ValueError):
+    """The Jinja template is not expressible as fixed per-role prefixes and suffixes."""
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def chat_template_from_jinja(source: str, eos_token: str = "", name: str = "model") -> ChatTemplate:
+    """Role prefixes/suffixes, default system prompt and end-of-turn stop of a Jinja template.
+
+    Renders conversations whose contents are unique markers and reads what surrounds them. The
+    BOS token is rendered empty: the server's tokenizer adds it when the model wants one.
+    """
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent)
+    template = env.from_string(source)
+
+    def render(roles: list[str], add_generation_prompt: bool = False) -> str:
+        msgs = [{"role": r, "content": _MARK[r]} for r in roles]
+        return template.render(
+            messages=msgs,
+            add_generation_prompt=add_generation_prompt,
+            bos_token="",
+            eos_token=eos_token,
+            tools=None,
+        )
+
+    try:
+        full = render(["system", "user", "assistant"])
+        turn = render(["system", "user"])
+        prompt = render(["system", "user"], add_generation_prompt=True)
+        without_system = render(["user"])
+        try:
+            system_only: str | None = render(["system"])
+        except TemplateError:
+            system_only = None
+    except TemplateError as e:
+        raise TemplateShapeError(f"the template refused a plain conversation: {e}") from e
+    s, u, a = _MARK["system"], _MARK["user"], _MARK["assistant"]
+    if not (s in full and u in full and a in full and prompt.startswith(turn)):
+        raise TemplateShapeError("the template drops or reorders message contents")
+    system_prefix = full[: full.index(s)]
+    user_suffix = turn[turn.index(u) + len(u) :]
+    assistant_prefix = prompt[len(turn) :]
+    assistant_suffix = full[full.index(a) + len(a) :]
+    between = full[full.index(s) + len(s) : full.index(u)]
+    if system_only is not None and s in system_only:
+        system_suffix = system_only[system_only.index(s) + len(s) :]
+    else:
+        system_suffix = user_suffix
+    if not between.startswith(system_suffix):
+        raise TemplateShapeError("cannot split the system suffix from the user prefix")
+    user_prefix = between[len(system_suffix) :]
+    roles = {
+        "system": (system_prefix, system_suffix),
+        "user": (user_prefix, user_suffix),
+        "assistant": (assistant_prefix, assistant_suffix),
+    }
+    expected = "".join(p + _MARK[r] + q for r, (p, q) in roles.items())
+    if full != expected:
+        raise TemplateShapeError("role markers differ between positions in the conversation")
+    user_turn = user_prefix + u + user_suffix
+    default_system = None
+    if without_system != user_turn:
+        head = without_system[: -len(user_turn)] if without_system.endswith(user_turn) else None
+        if head is None or not (head.startswith(system_prefix) and head.endswith(system_suffix)):
+            raise TemplateShapeError("the template adds text that is not a system message")
+        default_system = head[len(system_prefix) : len(head) - len(system_suffix)]
+    stop = assistant_suffix.strip() or eos_token
+    return ChatTemplate(
+        name=name,
+        default_system_prompt=default_system,
+        role_prefix_and_suffix=roles,
+        stop_str=(stop,) if stop else (),
+    )
+
+
+def chat_template_from_folder(folder: str | Path) -> ChatTemplate | None:
+    """The template of a local model/tokenizer folder, or None if it has none or is unreadable."""
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    jinja = folder / "chat_template.jinja"
+    source = jinja.read_text() if jinja.is_file() else config.get("chat_template")
+    if not isinstance(source, str):
+        return None
+    eos = config.get("eos_token") or ""
+    eos = eos.get("content", "") if isinstance(eos, dict) else eos
+    return chat_template_from_jinja(source, eos_token=eos, name=folder.name)

@@ -1,0 +1,378 @@
+"""StreamExecutor: runs one program state's expressions in order on its own worker thread.
+
+`s += expr` only queues; the worker calls the backend, appends text and sets variables, so a
+program (and each fork) overlaps its model calls with the caller's Python. A failure stops the
+worker, wakes every waiter and is re-raised, naming the program line that queued the expression,
+by the next `s += ...`, `s["var"]`, `sync()` or `run()`: nothing waits forever on a dead worker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import linecache
+import logging
+import os
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from radixgen.lang import constraints
+from radixgen.lang.errors import ProgramError
+from radixgen.lang.global_config import global_config
+from radixgen.lang.ir import (
+    SglCommitLazy,
+    SglConcateAndAppend,
+    SglConstantText,
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    SglVariable,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+    as_expr,
+)
+
+logger = logging.getLogger(__name__)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def program_site() -> str | None:
+    """'File "f.py", line 12, in prog: s += gen(...)' for the first frame outside this package."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    code = frame.f_code
+    line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+    site = f'File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
+    return f"{site}: {line}" if line else site
+
+
+class StreamExecutor:
+    """The state behind a `ProgramState`: text, chat messages, variables and the worker thread."""
+
+    def __init__(
+        self,
+        backend: Any,
+        arguments: dict[str, Any],
+        default_sampling_para: SglSamplingParams,
+        chat_template: Any,
+        stream: bool,
+        use_thread: bool = True,
+    ) -> None:
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.arguments = arguments
+        self.default_sampling_para = default_sampling_para
+        self.stream = stream
+        self.variables: dict[str, Any] = {}
+        self.variable_event: dict[str, threading.Event] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.parsers: dict[str, Callable[[str], Any]] = {}
+        self.text_ = ""
+        self.messages_: list[dict[str, Any]] = []
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.cur_role: str | None = None
+        self.cur_role_begin_pos: int | None = None
+        self.fork_start_text_pos: int | None = None
+        self.error_: BaseException | None = None
+        self.is_finished = False
+        # bumped and notified on every text/variable change; streaming readers wait on it
+        self.changed = threading.Condition()
+        self.version = 0
+        self._submit_lock = threading.Lock()
+        self._dead = False
+        self.use_thread = use_thread
+        if use_thread:
+            self.queue: queue.Queue = queue.Queue()
+            ctx = contextvars.copy_context()
+            self.worker = threading.Thread(
+                target=ctx.run, args=(self._worker_loop,), daemon=True, name="radixgen-program"
+            )
+            self.worker.start()
+
+    # --- called from the program's thread ---------------------------------------------------
+
+    def submit(self, expr: Any, site: str | None = None) -> None:
+        expr = as_expr(expr)
+        with self._submit_lock:
+            if self.error_ is not None:
+                raise self.error_
+            self._init_var_event(expr)
+            if self.use_thread and not self._dead:
+                self.queue.put((expr, site))
+                return
+        self.sync()  # after end() (a joined fork, say): run inline once the worker has drained
+        self._execute_guarded(expr, site)
+        if self.error_ is not None:
+            raise self.error_
+
+    def sync(self) -> None:
+        if self.use_thread:
+            self.queue.join()
+
+    def end(self) -> None:
+        """No more expressions will come: let the worker exit once the queue is done."""
+        if self.use_thread:
+            with self._submit_lock:
+                if not self._dead:
+                    self._dead = True
+                    self.queue.put(None)
+        self.backend.end_program(self)
+
+    def get_var(self, name: str) -> Any:
+        if name in self.variable_event:
+            self.variable_event[name].wait()
+        if name not in self.variables:
+            if self.error_ is not None:
+                raise self.error_
+            raise KeyError(f"program variable {name!r} was never set")
+        return self.variables[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+        self._notify()
+
+    def get_meta_info(self, name: str, timeout: float | None = None) -> Any:
+        if name in self.variable_event and not self.variable_event[name].wait(timeout):
+            raise TimeoutError(f"timed out waiting for variable {name!r}")
+        return self.meta_info.get(name)
+
+    def fork(self, size: int = 1) -> list[StreamExecutor]:
+        size = int(size)
+        if size < 1:
+            raise ValueError(f"fork needs at least one branch, got {size}")
+        if size > 1 and global_config.enable_fork_precache:
+            self.submit(SglCommitLazy(), program_site())  # the worker may not have the text yet
+        self.sync()
+        if self.error_ is not None:
+            raise self.error_
+        children = []
+        for _ in range(size):
+            child = StreamExecutor(
+                self.backend, self.arguments, self.default_sampling_para, self.chat_template,
+                self.stream, self.use_thread,
+            )  # fmt: skip
+            child.variables = dict(self.variables)
+            child.parsers = dict(self.parsers)
+            child.text_ = self.text_
+            child.messages_ = list(self.messages_)
+            child.cur_role = self.cur_role
+            child.cur_role_begin_pos = self.cur_role_begin_pos
+            child.fork_start_text_pos = len(self.text_)
+            children.append(child)
+        return children
+
+    # --- the worker ------------------------------------------------------------------------
+
+    def _worker_loop(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                self.queue.task_done()
+                break
+            expr, site = item
+            failed = not self._execute_guarded(expr, site)
+            self.queue.task_done()
+            if failed:
+                with self._submit_lock:
+                    self._dead = True
+                    while True:  # nothing can be queued now: release every waiter of sync()
+                        try:
+                            self.queue.get_nowait()
+                        except queue.Empty:
+                            break
+                        self.queue.task_done()
+                break
+        self._finish()
+
+    def _execute_guarded(self, expr: SglExpr, site: str | None) -> bool:
+        try:
+            self._execute(expr)
+            return True
+        except Exception as e:
+            what = f"{type(e).__name__}: {e}"
+            error = ProgramError(f"{_describe(expr)} failed: {what}", site)
+            error.__cause__ = e
+            logger.debug("program statement failed", exc_info=error)
+            self.error_ = error
+            for event in self.variable_event.values():
+                event.set()
+            if not self.use_thread:
+                self._finish()
+            return False
+
+    def _finish(self) -> None:
+        self.is_finished = True
+        self._notify()
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def _init_var_event(self, expr: SglExpr) -> None:
+        if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)) and expr.name is not None:
+            self.variable_event.setdefault(expr.name, threading.Event()).clear()
+        elif isinstance(expr, SglExprList):
+            for e in expr.expr_list:
+                self._init_var_event(e)
+
+    def _set_result(self, name: str | None, value: Any, meta: Any) -> None:
+        if name is None:
+            return
+        self.variables[name] = value
+        self.meta_info[name] = meta
+        if name in self.variable_event:
+            self.variable_event[name].set()
+        self._notify()
+
+    # --- expressions -----------------------------------------------------------------------
+
+    def _execute(self, expr: SglExpr) -> None:
+        if isinstance(expr, SglConstantText):
+            self._fill(expr.value)
+        elif isinstance(expr, SglExprList):
+            for e in expr.expr_list:
+                self._execute(e)
+        elif isinstance(expr, SglGen):
+            self._execute_gen(expr)
+        elif isinstance(expr, SglSelect):
+            decision = self.backend.select(
+                self, expr.choices, expr.temperature, expr.choices_method
+            )
+            self._fill(decision.decision)
+            self._set_result(expr.name, decision.decision, decision.meta_info)
+        elif isinstance(expr, SglRoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, SglRoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, SglVarScopeBegin):
+            self.variables[expr.name] = len(self.text_)
+        elif isinstance(expr, SglVarScopeEnd):
+            self._set_result(expr.name, self.text_[self.variables[expr.name] :], None)
+        elif isinstance(expr, SglVariable):
+            self._fill(str(self.get_var(expr.name)))
+        elif isinstance(expr, SglCommitLazy):
+            if self.text_:
+                self.backend.commit_lazy_operations(self)
+        elif isinstance(expr, SglConcateAndAppend):
+            for state in expr.states:
+                child = state.stream_executor
+                child.sync()
+                if child.error_ is not None:
+                    raise child.error_
+                self._fill(child.text_[child.fork_start_text_pos :])
+        else:
+            raise TypeError(f"cannot execute {expr!r}")
+
+    def _fill(self, text: str) -> None:
+        self.text_ += text
+        self._notify()
+
+    def _role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"roles cannot nest: {role!r} begins inside {self.cur_role!r}")
+        if not self.messages_ and role != "system" and self.chat_template.default_system_prompt:
+            self._role_begin("system")
+            self._fill(self.chat_template.default_system_prompt)
+            self._role_end("system")
+        self.cur_role = role
+        prefix, _ = self.chat_template.get_prefix_and_suffix(role, self.messages_)
+        self._fill(prefix)
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        content = self.text_[self.cur_role_begin_pos :].lstrip()
+        self.cur_role = None
+        _, suffix = self.chat_template.get_prefix_and_suffix(role, self.messages_)
+        self._fill(suffix)
+        self.messages_.append({"role": role, "content": content})
+
+    def resolve_sampling_params(self, expr: SglGen) -> SglSamplingParams:
+        """Run-level defaults overridden by the gen's own values, plus the template's stop."""
+        params = self.default_sampling_para.merged(expr.sampling_params)
+        params.stop = params.stop_list() + list(self.chat_template.stop_str)
+        if params.dtype is not None:
+            regex, stops = constraints.dtype_regex(params.dtype)
+            if params.regex is not None:
+                logger.warning("gen(%r): both dtype and regex are set; dtype wins", expr.name)
+            params.regex = regex
+            params.stop = params.stop + stops
+        return params
+
+    def _execute_gen(self, expr: SglGen) -> None:
+        params = self.resolve_sampling_params(expr)
+        if expr.name is not None and expr.parser is not None:
+            self.parsers[expr.name] = expr.parser
+        constrained = global_config.enable_constrained_decoding
+        if params.choices is not None and not constrained:
+            # without a grammar, a choice is picked by scoring, as SGLang's gen(choices=) does
+            from radixgen.lang.choices import token_length_normalized
+
+            decision = self.backend.select(self, params.choices, 0.0, token_length_normalized)
+            self._fill(decision.decision)
+            self._set_result(expr.name, decision.decision, decision.meta_info)
+            return
+        if params.dtype is not None and not constrained:
+            self._gen_with_retries(expr.name, params)
+            return
+        if not self.stream:
+            comp, meta = self.backend.generate(self, params)
+            self._fill(comp[0] if isinstance(comp, list) else comp)
+            self._set_result(expr.name, comp, meta)
+            return
+        name = expr.name
+        if name is not None:
+            self.variables[name] = ""
+        logprobs: list[Any] = []
+        for delta, meta in self.backend.generate_stream(self, params):
+            if meta and meta.get("output_token_logprobs"):
+                logprobs.extend(meta["output_token_logprobs"])
+                meta = {**meta, "output_token_logprobs": list(logprobs)}
+            self.text_ += delta
+            if name is not None:
+                self.variables[name] += delta
+                self.meta_info[name] = meta
+            self._notify()
+        if name is not None:
+            self._set_result(name, self.variables[name], self.meta_info.get(name))
+
+    def _gen_with_retries(self, name: str | None, params: SglSamplingParams) -> None:
+        """Constrained decoding off: generate free text until it parses as the dtype."""
+        regex, params.regex = params.regex, None
+        seen: list[str] = []
+        for attempt in range(global_config.max_parse_retries):
+            comp, meta = self.backend.generate(self, params)
+            text = comp[0] if isinstance(comp, list) else comp
+            if constraints.matches(regex, text):
+                self._fill(text)
+                self._set_result(name, comp, {**(meta or {}), "attempts": attempt + 1})
+                return
+            seen.append(text)
+            params.temperature = max(params.temperature or 0.0, 0.7)  # greedy would repeat
+        raise ValueError(
+            f"no output matched dtype {constraints.dtype_name(params.dtype)} after "
+            f"{len(seen)} tries (constrained decoding is off): {seen!r}"
+        )
+
+
+def _describe(expr: SglExpr) -> str:
+    if isinstance(expr, SglExprList):
+        inner = [e for e in expr.expr_list if isinstance(e, (SglGen, SglSelect))]
+        return _describe(inner[0]) if inner else "appending text"
+    if isinstance(expr, SglGen):
+        return f"gen({expr.name!r})"
+    if isinstance(expr, SglSelect):
+        return f"select({expr.name!r})"
+    if isinstance(expr, SglCommitLazy):
+        return "fork's prefix prefill"
+    return type(expr).__name__

@@ -1,0 +1,196 @@
+"""SglFunction: what `@function` returns; run / run_batch / bind / trace / cache a program."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from radixgen.lang.ir import SglSamplingParams
+
+
+def _run_defaults(
+    max_new_tokens: int,
+    n: int,
+    stop: Any,
+    stop_token_ids: Any,
+    stop_regex: Any,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    frequency_penalty: float,
+    presence_penalty: float,
+    ignore_eos: bool,
+    return_logprob: bool | None,
+    logprob_start_len: int | None,
+    top_logprobs_num: int | None,
+    return_text_in_logprobs: bool | None,
+) -> SglSamplingParams:
+    return SglSamplingParams(
+        max_new_tokens=max_new_tokens,
+        n=n,
+        stop=[] if stop is None else stop,
+        stop_token_ids=[] if stop_token_ids is None else stop_token_ids,
+        stop_regex=[] if stop_regex is None else stop_regex,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
+
+
+class SglFunction:
+    """A program: a Python function whose first parameter `s` is the program state."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = bind_arguments or {}
+        spec = inspect.getfullargspec(func)
+        if not spec.args or spec.args[0] != "s":
+            raise TypeError(
+                f"the first parameter of program {func.__name__!r} must be named 's' "
+                f"(the program state), got {spec.args[:1] or 'none'}"
+            )
+        self.arg_names = spec.args[1:]
+        self.arg_defaults = spec.defaults or ()
+        self.__name__ = func.__name__
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """A copy with some arguments fixed (they also become part of the traced prefix)."""
+        unknown = sorted(set(kwargs) - set(self.arg_names))
+        if unknown:
+            raise TypeError(f"{self.__name__}() has no parameter(s) {', '.join(unknown)}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Any = None,
+        use_thread: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """Run once; the sampling keywords are defaults each gen() may override."""
+        from radixgen.lang.interpreter import run_program
+
+        defaults = _run_defaults(
+            max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
+            min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        )  # fmt: skip
+        return run_program(self, backend, args, kwargs, defaults, stream, use_thread)
+
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]] | list[tuple] | list[list],
+        *,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        backend: Any = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+    ) -> list[Any] | Iterator[Any]:
+        """Run once per argument set (dicts, or positional tuples) on a thread pool."""
+        from radixgen.lang.interpreter import run_program_batch
+
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of argument dicts (or tuples)")
+        if not batch_kwargs:
+            return []
+        batch = [self._as_kwargs(item) for item in batch_kwargs]
+        defaults = _run_defaults(
+            max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
+            min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        )  # fmt: skip
+        return run_program_batch(
+            self, backend, batch, defaults, num_threads, progress_bar, generator_style
+        )
+
+    def _as_kwargs(self, item: Any) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return item
+        if isinstance(item, (list, tuple)):
+            required = len(self.arg_names) - len(self.arg_defaults)
+            if required <= len(item) <= len(self.arg_names):
+                return dict(zip(self.arg_names, item, strict=False))
+        raise TypeError(
+            f"{self.__name__}: batch item {item!r} does not match parameters {self.arg_names}"
+        )
+
+    def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
+        """The program's IR (a TracerProgramState; `print(f.trace())` lists the nodes)."""
+        from radixgen.lang.tracer import trace_program
+
+        return trace_program(self, kwargs, _backend_or_none(backend))
+
+    def cache(self, backend: Any = None) -> str:
+        """Prefill the program's constant prefix now; returns that prefix."""
+        from radixgen.lang.interpreter import cache_program
+
+        return cache_program(self, backend)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from radixgen.lang.tracer import StopTracing, current_tracer
+
+        if current_tracer() is not None:
+            raise StopTracing()  # a nested program call: its text is not known while tracing
+        return self.run(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SglFunction({self.__name__})"
+
+
+def _backend_or_none(backend: Any) -> Any:
+    from radixgen.lang.global_config import global_config
+    from radixgen.lang.interpreter import resolve_backend
+
+    if backend is None and global_config.default_backend is None:
+        return None
+    return resolve_backend(backend)

@@ -1,0 +1,406 @@
+"""Running programs: `ProgramState` (the `s` a program receives), fork groups, run and run_batch.
+
+`run` calls the program function in the caller's thread while each state's StreamExecutor talks
+to the backend on its own worker; `run_batch` runs many programs on a thread pool after sending
+the program's traced constant prefix once, so every program of the batch hits the radix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import tqdm
+
+from radixgen.lang.executor import StreamExecutor, program_site
+from radixgen.lang.global_config import global_config
+from radixgen.lang.ir import (
+    SglConcateAndAppend,
+    SglExpr,
+    SglExprList,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+)
+
+logger = logging.getLogger(__name__)
+MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SGLang's rule)
+
+
+def resolve_backend(backend: Any) -> Any:
+    """The backend to use: the given one or the default; a runtime Engine is wrapped."""
+    backend = backend if backend is not None else global_config.default_backend
+    if backend is None:
+        raise ValueError("no backend: call set_default_backend(...) or pass backend=...")
+    if hasattr(backend, "endpoint"):  # SGLang's Runtime wrapper shape
+        backend = backend.endpoint
+    if hasattr(backend, "tokenizer_manager") and not hasattr(backend, "get_chat_template"):
+        from radixgen.lang.backend.engine import EngineBackend
+
+        backend = EngineBackend.wrap(backend)
+    return backend
+
+
+class ProgramState:
+    """What a program function receives as `s`: append with `+=`, read with `s["name"]`."""
+
+    def __init__(self, stream_executor: StreamExecutor) -> None:
+        self.stream_executor = stream_executor
+        self.ret_value: Any = None
+
+    def __iadd__(self, other: Any) -> ProgramState:
+        if other is None:
+            raise ValueError("tried to append None to a program state")
+        self.stream_executor.submit(other, program_site())
+        return self
+
+    def _role(self, name: str, expr: Any = None) -> Any:
+        if expr is not None:
+            role_expr = SglExprList([SglRoleBegin(name), _as_node(expr), SglRoleEnd(name)])
+            self.stream_executor.submit(role_expr, program_site())
+            return role_expr
+
+        @contextmanager
+        def scope() -> Iterator[None]:
+            self.stream_executor.submit(SglRoleBegin(name), program_site())
+            yield
+            self.stream_executor.submit(SglRoleEnd(name), program_site())
+
+        return scope()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Everything appended inside the block becomes variable `name`."""
+        self.stream_executor.submit(SglVarScopeBegin(name), program_site())
+        yield
+        self.stream_executor.submit(SglVarScopeEnd(name), program_site())
+
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
+        children = self.stream_executor.fork(size)
+        return ProgramStateGroup([ProgramState(c) for c in children], self)
+
+    @contextmanager
+    def copy(self, position_ids_offset: Any = None) -> Iterator[ProgramState]:
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    def text(self) -> str:
+        self.stream_executor.sync()
+        return self.stream_executor.text_
+
+    def messages(self) -> list[dict[str, Any]]:
+        self.stream_executor.sync()
+        return self.stream_executor.messages_
+
+    def sync(self) -> None:
+        self.stream_executor.sync()
+
+    def error(self) -> BaseException | None:
+        self.stream_executor.sync()
+        return self.stream_executor.error_
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.set_var(name, value)
+
+    def get_meta_info(self, name: str) -> Any:
+        return self.stream_executor.get_meta_info(name)
+
+    def parsed(self, name: str) -> Any:
+        """The variable as a Python value: int/float/bool for dtype gens, the pydantic instance
+        (or dict) for json_schema gens, the text otherwise; lists stay lists."""
+        value = self.get_var(name)
+        parse = self.stream_executor.parsers.get(name, lambda text: text)
+        try:
+            return [parse(v) for v in value] if isinstance(value, list) else parse(value)
+        except ValueError as e:
+            raise ValueError(f"variable {name!r} does not parse: {e}; text: {value!r}") from e
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.stream_executor.variables
+
+    def __del__(self) -> None:
+        executor = getattr(self, "stream_executor", None)
+        if executor is not None:
+            executor.end()
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+    # --- streaming --------------------------------------------------------------------------
+
+    def _wait_change(self, seen: int) -> int:
+        exe = self.stream_executor
+        with exe.changed:
+            exe.changed.wait_for(lambda: exe.version != seen or exe.is_finished, timeout=1.0)
+            return exe.version
+
+    def _stream_deltas(self, var_name: str | None) -> Iterator[tuple[str, Any, bool]]:
+        """(new text, meta_info, done) each time the text (or the variable) grows."""
+        exe, seen, pos = self.stream_executor, -1, 0
+        while True:
+            seen = self._wait_change(seen)
+            finished = exe.is_finished
+            if var_name is None:
+                current, done = exe.text_, finished
+            else:
+                event = exe.variable_event.get(var_name)
+                done = finished or (event is not None and event.is_set())
+                current = exe.variables.get(var_name, "")
+                current = current if isinstance(current, str) else ""
+            yield current[pos:], exe.meta_info.get(var_name) if var_name else None, done
+            pos = len(current)
+            if done:
+                if exe.error_ is not None:
+                    raise exe.error_
+                return
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text deltas while streaming (the whole text or one variable); one item otherwise."""
+        if not self.stream_executor.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        for delta, _, _ in self._stream_deltas(var_name):
+            if delta:
+                yield delta
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """Async text_iter; with return_meta_data, (delta, meta_info) whose logprobs are the
+        tokens since the previous item."""
+        if not self.stream_executor.stream:
+            value = self.text() if var_name is None else self.get_var(var_name)
+            yield (value, self.get_meta_info(var_name)) if return_meta_data and var_name else value
+            return
+        deltas = self._stream_deltas(var_name)
+        sent_logprobs = 0
+        while True:
+            item = await asyncio.to_thread(next, deltas, None)
+            if item is None:
+                return
+            delta, meta, _ = item
+            if not delta:
+                continue
+            if return_meta_data:
+                meta = dict(meta or {})
+                logprobs = meta.get("output_token_logprobs") or []
+                meta["output_token_logprobs"] = logprobs[sent_logprobs:]
+                sent_logprobs = len(logprobs)
+                yield delta, meta
+            else:
+                yield delta
+
+
+def _as_node(expr: Any) -> SglExpr:
+    from radixgen.lang.ir import as_expr
+
+    return as_expr(expr)
+
+
+class ProgramStateGroup:
+    """The branches of `s.fork(n)`: append to all with `+=`, then `join()` back into `s`."""
+
+    def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
+        self.states = states
+        self.src_state = src_state
+        self._base_vars = set(src_state.stream_executor.variables)
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """gather_variable: each new child variable becomes a list in the parent (branch order);
+        concate_and_append: each child's new text is appended to the parent's text."""
+        if mode == "gather_variable":
+            src = self.src_state.stream_executor
+            for child in self.states:
+                exe = child.stream_executor
+                exe.sync()
+                if exe.error_ is not None:
+                    raise exe.error_
+                for name in exe.variables.keys() - self._base_vars:
+                    src.variables.setdefault(name, []).append(exe.variables[name])
+                    if name in exe.parsers:
+                        src.parsers[name] = exe.parsers[name]
+        elif mode == "concate_and_append":
+            self.src_state += SglConcateAndAppend(self.states)
+            self.src_state.stream_executor.sync()
+            if self.src_state.stream_executor.error_ is not None:
+                raise self.src_state.stream_executor.error_
+        else:
+            raise ValueError(f"unknown join mode {mode!r}: gather_variable or concate_and_append")
+        for child in self.states:
+            child.stream_executor.end()
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        if self.states[i] is not value:  # `forks[i] += x` assigns the same state back
+            raise TypeError("fork branches cannot be replaced")
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        if callable(other) and not isinstance(other, SglExpr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} expressions for {len(self.states)} branches")
+            for state, expr in zip(self.states, other, strict=True):
+                state += expr
+        else:
+            for state in self.states:
+                state += other
+        return self
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def _run_body(state: ProgramState, program: Any, args: tuple, kwargs: dict, stream: bool) -> None:
+    exe = state.stream_executor
+    try:
+        state.ret_value = program.func(state, *args, **kwargs)
+    except BaseException as e:
+        if exe.error_ is None:
+            exe.error_ = e
+        if not stream:
+            raise
+    finally:
+        exe.end()
+    if global_config.verbosity >= 2:
+        print(state.text())
+
+
+def run_program(
+    program: Any,
+    backend: Any,
+    args: tuple,
+    kwargs: dict[str, Any],
+    default_sampling_para: SglSamplingParams,
+    stream: bool,
+    use_thread: bool = True,
+    raise_errors: bool = True,
+) -> ProgramState:
+    """Run one program. Without streaming it returns once all its statements are done and
+    raises the first failure (`state.error()` keeps it when `raise_errors` is False)."""
+    backend = resolve_backend(backend)
+    kwargs = {**kwargs, **program.bind_arguments}
+    exe = StreamExecutor(backend, kwargs, default_sampling_para, None, stream, use_thread)
+    state = ProgramState(exe)
+    if stream:
+        threading.Thread(
+            target=_run_body, args=(state, program, args, kwargs, True), daemon=True
+        ).start()
+        return state
+    try:
+        _run_body(state, program, args, kwargs, False)
+    except BaseException:
+        if raise_errors:
+            raise
+    exe.sync()
+    if raise_errors and exe.error_ is not None:
+        raise exe.error_
+    return state
+
+
+def cache_program(program: Any, backend: Any) -> str:
+    """Prefill the program's constant prefix (found by tracing) once; returns the prefix."""
+    from radixgen.lang.tracer import extract_prefix_by_tracing
+
+    backend = resolve_backend(backend)
+    prefix = extract_prefix_by_tracing(program, backend)
+    if len(prefix) > MIN_PRECACHE_CHARS:
+        backend.cache_prefix(prefix)
+    return prefix
+
+
+def _worker_count(num_threads: int | str, batch: int) -> int:
+    if num_threads == "auto":
+        num_threads = max(96, (os.cpu_count() or 1) * 16)
+    return max(1, min(int(num_threads), batch))
+
+
+def run_program_batch(
+    program: Any,
+    backend: Any,
+    batch_arguments: list[dict[str, Any]],
+    default_sampling_para: SglSamplingParams,
+    num_threads: int | str,
+    progress_bar: bool,
+    generator_style: bool = False,
+) -> list[ProgramState] | Iterator[ProgramState]:
+    """Run the program once per argument dict; a failing program keeps its error in
+    `state.error()` (logged) instead of failing the batch, as SGLang's run_batch does."""
+    backend = resolve_backend(backend)
+    if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
+        cache_program(program, backend)
+    workers = _worker_count(num_threads, len(batch_arguments))
+
+    def run_one(arguments: dict[str, Any]) -> ProgramState:
+        state = run_program(
+            program, backend, (), arguments, default_sampling_para, False, raise_errors=False
+        )
+        if state.stream_executor.error_ is not None:
+            logger.warning("a program of the batch failed: %s", state.stream_executor.error_)
+        return state
+
+    iterator = _run_in_pool(run_one, batch_arguments, workers, progress_bar)
+    return iterator if generator_style else list(iterator)
+
+
+def _run_in_pool(
+    fn: Callable[[dict[str, Any]], ProgramState],
+    items: list[dict[str, Any]],
+    workers: int,
+    progress_bar: bool,
+    chunk: int = 200,
+) -> Iterator[ProgramState]:
+    """Results in input order; submitted in chunks so a generator yields before the end."""
+    bar = tqdm.tqdm(total=len(items)) if progress_bar else None
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for start in range(0, len(items), chunk):
+                futures: list[Future] = []
+                for arguments in items[start : start + chunk]:
+                    future = pool.submit(fn, arguments)
+                    if bar is not None:
+                        future.add_done_callback(lambda _: bar.update())
+                    futures.append(future)
+                for future in futures:
+                    yield future.result()
+    finally:
+        if bar is not None:
+            bar.close()
