@@ -1,0 +1,58 @@
+"""Tree of thought (branch, solve, merge): fork ideas level by level, pick the best, answer.
+
+Each level forks every branch `width` ways; `join()` gathers the branches' variables into
+lists, so `s["thought_1"]` holds the first level's ideas and `s["thought_2"]` a list per idea.
+    python examples/tree_of_thought.py --url http://127.0.0.1:30000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import add_backend_args, connect
+
+import radixgen as rg
+
+
+def expand(state, level: int, depth: int, width: int) -> None:
+    """Fork `width` continuations of `state`, and recurse until `depth` levels exist."""
+    if level > depth:
+        return
+    branches = state.fork(width)
+    branches += lambda i: (
+        f"Idea {level}.{i + 1}:"
+        + rg.gen(f"thought_{level}", max_tokens=16, stop="\n", temperature=0.8)
+        + "\n"
+    )
+    for branch in branches:
+        expand(branch, level + 1, depth, width)
+    branches.join()
+
+
+@rg.function
+def tree_of_thought(s, question, depth=2, width=3):
+    s += rg.user("Propose short ideas, one per line, then pick the best.\nProblem: " + question)
+    s += rg.assistant_begin()
+    expand(s, 1, depth, width)
+    ideas = s["thought_1"]
+    s += "Ideas:\n" + "".join(f"{i + 1}. {idea.strip()}\n" for i, idea in enumerate(ideas))
+    s += "The most useful idea is number "
+    s += rg.select("best", choices=[str(i + 1) for i in range(len(ideas))])
+    s += ".\nFinal answer:" + rg.gen("answer", max_tokens=24, stop="\n", temperature=0)
+    s += rg.assistant_end()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--question", default="How can a small town reduce traffic jams?")
+    add_backend_args(parser)
+    args = parser.parse_args()
+    connect(args)
+    state = tree_of_thought.run(question=args.question)
+    for i, idea in enumerate(state["thought_1"], 1):
+        print(f"idea {i}: {idea.strip()}")
+    print(f"best: {state['best']}; answer: {state['answer'].strip()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Failures surface to the caller with the program's own line, never as a hung thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import pytest
+
+import radixgen as rg
+
+
+def test_exception_in_program_code_propagates_with_its_line(endpoint):
+    @rg.function
+    def broken(s):
+        s += "Hello" + rg.gen("x", max_tokens=2, temperature=0)
+        raise LookupError("no such tool")  # the line the traceback must show
+
+    with pytest.raises(LookupError, match="no such tool") as info:
+        broken.run(backend=endpoint)
+    frames = traceback.extract_tb(info.tb)
+    assert any(f.name == "broken" and "LookupError" in (f.line or "") for f in frames)
+
+
+def test_invalid_regex_is_rejected_at_the_gen_call():
+    with pytest.raises(ValueError, match=r"invalid regex '\(\[': "):
+        rg.gen("x", regex="([")
+
+
+def test_server_rejected_regex_names_the_program_line(endpoint):
+    @rg.function
+    def lookahead(s):
+        s += "Answer: "
+        s += rg.gen("x", max_tokens=4, regex=r"(?=a)ab")  # valid in Python, not for the grammar
+        s += rg.gen("y", max_tokens=2)
+
+    with pytest.raises(rg.ProgramError) as info:
+        lookahead.run(backend=endpoint)
+    message = str(info.value)
+    assert "test_errors.py" in message and 'regex=r"(?=a)ab"' in message
+    assert "invalid regex" in message and "gen('x') failed" in message
+    assert isinstance(info.value.__cause__, rg.BackendError)
+    assert info.value.__cause__.status == 400
+
+
+def test_reading_a_failed_variable_raises_instead_of_hanging(engine_backend):
+    @rg.function
+    def reads_failed(s):
+        s += "Answer: " + rg.gen("x", max_tokens=4, regex=r"(?=a)ab")
+        return s["x"]
+
+    started = time.monotonic()
+    with pytest.raises(rg.ProgramError, match="invalid regex"):
+        reads_failed.run(backend=engine_backend)
+    assert time.monotonic() - started < 30
+
+
+def test_batch_keeps_each_programs_error(endpoint):
+    @rg.function
+    def maybe_fails(s, fail):
+        s += "Hi" + rg.gen("x", max_tokens=2, temperature=0)
+        if fail:
+            raise ValueError("item failed")
+
+    states = maybe_fails.run_batch([{"fail": False}, {"fail": True}], backend=endpoint)
+    assert states[0].error() is None and states[0]["x"] is not None
+    assert isinstance(states[1].error(), ValueError)
+
+
+def test_streaming_error_ends_the_iterator(endpoint):
+    @rg.function
+    def stream_fails(s):
+        s += "Go:" + rg.gen("x", max_tokens=4, regex=r"(?=a)ab")
+
+    state = stream_fails.run(stream=True, backend=endpoint)
+    with pytest.raises(rg.ProgramError, match="invalid regex"):
+        list(state.text_iter())
+    assert isinstance(state.error(), rg.ProgramError)
+
+
+def test_bad_arguments_fail_at_definition_or_call(endpoint):
+    with pytest.raises(TypeError, match="must be named 's'"):
+        rg.function(lambda state: None)
+    with pytest.raises(ValueError, match="dtype must be"):
+        rg.gen("x", dtype=list)
+    with pytest.raises(ValueError, match="json_schema is not valid JSON"):
+        rg.gen("x", json_schema="{not json")
+    with pytest.raises(ValueError, match="no backend"):
+        rg.function(lambda s: None).run()
+
+    @rg.function
+    def unset(s):
+        return s["never"]
+
+    with pytest.raises(KeyError, match="never"):
+        unset.run(backend=endpoint)
+
+
+def test_no_program_threads_are_left_behind(endpoint):
+    @rg.function
+    def small(s):
+        s += "Hi" + rg.gen("x", max_tokens=1)
+        forks = s.fork(2)
+        forks += rg.gen("y", max_tokens=1)
+        forks.join()
+
+    before = {t for t in threading.enumerate() if t.name == "radixgen-program"}
+    for _ in range(3):
+        small.run(backend=endpoint)
+    time.sleep(0.5)
+    after = {t for t in threading.enumerate() if t.name == "radixgen-program"}
+    assert not (after - before), "worker threads of finished programs must exit"
