@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from radixgen.errors import GrammarError
@@ -63,7 +64,8 @@ class GrammarManager:
         if not grammar_config.disable_jump_forward:
             _ = self.vocab.extendable
         self._probe_mask = torch.empty((1, self.bitmask_words), dtype=torch.int32)
-        self._longer_probes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._probe_words = self._probe_mask[0].numpy().view(np.uint32)  # same memory
+        self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
             "grammar_compile_timeouts": 0,
@@ -256,14 +258,14 @@ class GrammarManager:
     def _longer_token_allowed(self, grammar: Any, token_id: int) -> bool:
         """Whether the grammar, here, allows a token that strictly extends `token_id`'s bytes."""
         probe = self._longer_probes.get(token_id)
-        if probe is None:
-            ids = torch.tensor(self.vocab.longer_tokens(token_id), dtype=torch.long)
-            probe = self._longer_probes[token_id] = (ids >> 5, (ids & 31).to(torch.int32))
+        if probe is None:  # numpy, not torch: a handful of ids, where torch's per-op cost dominates
+            ids = np.array(self.vocab.longer_tokens(token_id), dtype=np.int64)
+            probe = self._longer_probes[token_id] = (ids >> 5, (ids & 31).astype(np.uint32))
         words, bits = probe
-        if words.numel() == 0:
+        if words.size == 0:
             return False
         grammar.fill_next_token_bitmask(self._probe_mask, 0)
-        return bool(((self._probe_mask[0, words] >> bits) & 1).any())
+        return bool(((self._probe_words[words] >> bits) & 1).any())
 
     def _adds_stop_string(
         self, out: list[int], keep: int, new: list[int], stops: list[str]
