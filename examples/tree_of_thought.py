@@ -14,26 +14,31 @@ from common import add_backend_args, connect
 import radixgen as rg
 
 
-def expand(state, level: int, depth: int, width: int) -> None:
-    """Fork `width` continuations of `state`, and recurse until `depth` levels exist."""
-    if level > depth:
-        return
-    branches = state.fork(width)
-    branches += lambda i: (
-        f"Idea {level}.{i + 1}:"
-        + rg.gen(f"thought_{level}", max_tokens=16, stop="\n", temperature=0.8)
-        + "\n"
-    )
-    for branch in branches:
-        expand(branch, level + 1, depth, width)
-    branches.join()
+def explore(s, depth: int, width: int) -> None:
+    """Breadth first: every node of a level forks before any join, so a level's gens run
+    together; joins go deepest first so each parent gathers its children's lists."""
+    frontier, groups = [s], []
+    for level in range(1, depth + 1):
+        next_frontier = []
+        for node in frontier:
+            branches = node.fork(width)
+            branches += lambda i, level=level: (
+                f"Idea {level}.{i + 1}:"
+                + rg.gen(f"thought_{level}", max_tokens=16, stop="\n", temperature=0.8)
+                + "\n"
+            )
+            groups.append(branches)
+            next_frontier.extend(branches)
+        frontier = next_frontier
+    for branches in reversed(groups):
+        branches.join()
 
 
 @rg.function
 def tree_of_thought(s, question, depth=2, width=3):
     s += rg.user("Propose short ideas, one per line, then pick the best.\nProblem: " + question)
     s += rg.assistant_begin()
-    expand(s, 1, depth, width)
+    explore(s, depth, width)
     ideas = s["thought_1"]
     s += "Ideas:\n" + "".join(f"{i + 1}. {idea.strip()}\n" for i, idea in enumerate(ideas))
     s += "The most useful idea is number "

@@ -2,6 +2,18 @@
 
 An SGLang program ports by changing its import: `import radixgen as sgl` (or `radixgen.lang`).
 Backends load lazily, so importing this package pulls in neither torch nor the runtime.
+
+Where we differ from SGLang 0.5.23, on purpose:
+- `f.run()` waits for the program and raises its first failure as `ProgramError` naming the
+  program line that queued the failing statement (SGLang returns a state whose `error()` is set
+  and leaves `s["x"]` to raise KeyError); `run_batch` keeps per-program errors in `error()`.
+- `gen(choices=[...])` without `choices_method` decodes under a `choices` grammar; with a
+  `choices_method` (and always for `select`) choices are scored by logprobs as in SGLang.
+- `json_schema` also takes a dict or a pydantic model class; `s["x"]` stays the text and
+  `s.parsed("x")` gives the typed value (model instance, dict, int/float/bool for dtype).
+- role markers come from the served model's own chat template (see chat_template.py), so
+  SmolLM2 gets ChatML plus its default system prompt without naming a template.
+- select's null logprob entries count as 0.0 where SGLang's greedy/unconditional rules crash.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class SglFunction:
         generator_style: bool = False,
     ) -> list[Any] | Iterator[Any]:
         """Run once per argument set (dicts, or positional tuples) on a thread pool."""
-        from radixgen.lang.interpreter import run_program_batch
+        from radixgen.lang.batch import run_program_batch
 
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or tuples)")
@@ -172,7 +172,7 @@ class SglFunction:
 
     def cache(self, backend: Any = None) -> str:
         """Prefill the program's constant prefix now; returns that prefix."""
-        from radixgen.lang.interpreter import cache_program
+        from radixgen.lang.batch import cache_program
 
         return cache_program(self, backend)
 

@@ -1,22 +1,16 @@
 """Running programs: `ProgramState` (the `s` a program receives), fork groups, run and run_batch.
 
 `run` calls the program function in the caller's thread while each state's StreamExecutor talks
-to the backend on its own worker; `run_batch` runs many programs on a thread pool after sending
-the program's traced constant prefix once, so every program of the batch hits the radix cache.
+to the backend on its own worker (batch.py runs many programs).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-import tqdm
 
 from radixgen.lang.executor import StreamExecutor, program_site
 from radixgen.lang.global_config import global_config
@@ -29,10 +23,8 @@ from radixgen.lang.ir import (
     SglSamplingParams,
     SglVarScopeBegin,
     SglVarScopeEnd,
+    as_expr,
 )
-
-logger = logging.getLogger(__name__)
-MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SGLang's rule)
 
 
 def resolve_backend(backend: Any) -> Any:
@@ -64,7 +56,7 @@ class ProgramState:
 
     def _role(self, name: str, expr: Any = None) -> Any:
         if expr is not None:
-            role_expr = SglExprList([SglRoleBegin(name), _as_node(expr), SglRoleEnd(name)])
+            role_expr = SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
             self.stream_executor.submit(role_expr, program_site())
             return role_expr
 
@@ -220,12 +212,6 @@ class ProgramState:
                 yield delta
 
 
-def _as_node(expr: Any) -> SglExpr:
-    from radixgen.lang.ir import as_expr
-
-    return as_expr(expr)
-
-
 class ProgramStateGroup:
     """The branches of `s.fork(n)`: append to all with `+=`, then `join()` back into `s`."""
 
@@ -334,73 +320,3 @@ def run_program(
     if raise_errors and exe.error_ is not None:
         raise exe.error_
     return state
-
-
-def cache_program(program: Any, backend: Any) -> str:
-    """Prefill the program's constant prefix (found by tracing) once; returns the prefix."""
-    from radixgen.lang.tracer import extract_prefix_by_tracing
-
-    backend = resolve_backend(backend)
-    prefix = extract_prefix_by_tracing(program, backend)
-    if len(prefix) > MIN_PRECACHE_CHARS:
-        backend.cache_prefix(prefix)
-    return prefix
-
-
-def _worker_count(num_threads: int | str, batch: int) -> int:
-    if num_threads == "auto":
-        num_threads = max(96, (os.cpu_count() or 1) * 16)
-    return max(1, min(int(num_threads), batch))
-
-
-def run_program_batch(
-    program: Any,
-    backend: Any,
-    batch_arguments: list[dict[str, Any]],
-    default_sampling_para: SglSamplingParams,
-    num_threads: int | str,
-    progress_bar: bool,
-    generator_style: bool = False,
-) -> list[ProgramState] | Iterator[ProgramState]:
-    """Run the program once per argument dict; a failing program keeps its error in
-    `state.error()` (logged) instead of failing the batch, as SGLang's run_batch does."""
-    backend = resolve_backend(backend)
-    if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
-        cache_program(program, backend)
-    workers = _worker_count(num_threads, len(batch_arguments))
-
-    def run_one(arguments: dict[str, Any]) -> ProgramState:
-        state = run_program(
-            program, backend, (), arguments, default_sampling_para, False, raise_errors=False
-        )
-        if state.stream_executor.error_ is not None:
-            logger.warning("a program of the batch failed: %s", state.stream_executor.error_)
-        return state
-
-    iterator = _run_in_pool(run_one, batch_arguments, workers, progress_bar)
-    return iterator if generator_style else list(iterator)
-
-
-def _run_in_pool(
-    fn: Callable[[dict[str, Any]], ProgramState],
-    items: list[dict[str, Any]],
-    workers: int,
-    progress_bar: bool,
-    chunk: int = 200,
-) -> Iterator[ProgramState]:
-    """Results in input order; submitted in chunks so a generator yields before the end."""
-    bar = tqdm.tqdm(total=len(items)) if progress_bar else None
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            for start in range(0, len(items), chunk):
-                futures: list[Future] = []
-                for arguments in items[start : start + chunk]:
-                    future = pool.submit(fn, arguments)
-                    if bar is not None:
-                        future.add_done_callback(lambda _: bar.update())
-                    futures.append(future)
-                for future in futures:
-                    yield future.result()
-    finally:
-        if bar is not None:
-            bar.close()

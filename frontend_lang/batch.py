@@ -1,0 +1,89 @@
+"""run_batch: many runs of one program on a thread pool, after sending the program's traced
+constant prefix once so every program of the batch hits the radix cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import tqdm
+
+from radixgen.lang.global_config import global_config
+from radixgen.lang.interpreter import ProgramState, resolve_backend, run_program
+from radixgen.lang.ir import SglSamplingParams
+
+logger = logging.getLogger(__name__)
+MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SGLang's rule)
+
+
+def cache_program(program: Any, backend: Any) -> str:
+    """Prefill the program's constant prefix (found by tracing) once; returns the prefix."""
+    from radixgen.lang.tracer import extract_prefix_by_tracing
+
+    backend = resolve_backend(backend)
+    prefix = extract_prefix_by_tracing(program, backend)
+    if len(prefix) > MIN_PRECACHE_CHARS:
+        backend.cache_prefix(prefix)
+    return prefix
+
+
+def _worker_count(num_threads: int | str, batch: int) -> int:
+    if num_threads == "auto":
+        num_threads = max(96, (os.cpu_count() or 1) * 16)
+    return max(1, min(int(num_threads), batch))
+
+
+def run_program_batch(
+    program: Any,
+    backend: Any,
+    batch_arguments: list[dict[str, Any]],
+    default_sampling_para: SglSamplingParams,
+    num_threads: int | str,
+    progress_bar: bool,
+    generator_style: bool = False,
+) -> list[ProgramState] | Iterator[ProgramState]:
+    """Run the program once per argument dict; a failing program keeps its error in
+    `state.error()` (logged) instead of failing the batch, as SGLang's run_batch does."""
+    backend = resolve_backend(backend)
+    if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
+        cache_program(program, backend)
+    workers = _worker_count(num_threads, len(batch_arguments))
+
+    def run_one(arguments: dict[str, Any]) -> ProgramState:
+        state = run_program(
+            program, backend, (), arguments, default_sampling_para, False, raise_errors=False
+        )
+        if state.stream_executor.error_ is not None:
+            logger.warning("a program of the batch failed: %s", state.stream_executor.error_)
+        return state
+
+    iterator = _run_in_pool(run_one, batch_arguments, workers, progress_bar)
+    return iterator if generator_style else list(iterator)
+
+
+def _run_in_pool(
+    fn: Callable[[dict[str, Any]], ProgramState],
+    items: list[dict[str, Any]],
+    workers: int,
+    progress_bar: bool,
+    chunk: int = 200,
+) -> Iterator[ProgramState]:
+    """Results in input order; submitted in chunks so a generator yields before the end."""
+    bar = tqdm.tqdm(total=len(items)) if progress_bar else None
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for start in range(0, len(items), chunk):
+                futures: list[Future] = []
+                for arguments in items[start : start + chunk]:
+                    future = pool.submit(fn, arguments)
+                    if bar is not None:
+                        future.add_done_callback(lambda _: bar.update())
+                    futures.append(future)
+                for future in futures:
+                    yield future.result()
+    finally:
+        if bar is not None:
+            bar.close()
