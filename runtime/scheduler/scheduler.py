@@ -28,7 +28,9 @@ from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.sampling.sampler import Sampler
+from radixgen.runtime.scheduler.accounting import check_kv_accounting
 from radixgen.runtime.scheduler.finish import check_finish
+from radixgen.runtime.scheduler.output_processor import collect_outputs, record_input_logprobs
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import (
     StepBatch,
@@ -444,81 +446,12 @@ class Scheduler:
             self.outbox.append(r)
 
     def _record_input_logprobs(self, batch: StepBatch, logits: torch.Tensor) -> None:
-        for r, lay in zip(batch.reqs, batch.layouts, strict=True):
-            if r.input_logprob_start < 0:
-                continue
-            if r.input_token_logprobs is None:
-                start = r.input_logprob_start
-                first = r.origin_input_ids[start] if start < len(r.origin_input_ids) else None
-                r.input_token_logprobs = [] if first is None else [(None, first)]
-                r.input_top_logprobs = [] if first is None else [None]
-            # after a retraction the prompt is recomputed: skip positions already recorded
-            next_pos = r.input_logprob_start + len(r.input_token_logprobs) - 1
-            skip = sum(1 for k in lay.lp_positions if k < next_pos)
-            positions = lay.lp_positions[skip:]
-            if not positions:
-                continue
-            n = len(positions)
-            row0 = lay.lp_start + skip
-            lp = torch.log_softmax(logits[row0 : row0 + n, : self.vocab_size], dim=-1)
-            targets = [r.origin_input_ids[k + 1] for k in positions]
-            vals = lp.gather(1, torch.tensor(targets)[:, None]).squeeze(1).tolist()
-            r.input_token_logprobs.extend(zip(vals, targets, strict=True))
-            if r.top_logprobs_num:
-                tv, ti = lp.topk(r.top_logprobs_num, dim=-1)
-                r.input_top_logprobs.extend(
-                    list(zip(v, i, strict=True))
-                    for v, i in zip(tv.tolist(), ti.tolist(), strict=True)
-                )
+        record_input_logprobs(batch, logits, self.vocab_size)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
-        if not self.outbox:
-            return []
-        interval = self.args.scheduler.stream_interval
-        seen: set[int] = set()
-        out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [], [])
-        for r in self.outbox:
-            if id(r) in seen:
-                continue
-            seen.add(id(r))
-            if not r.finished:
-                every = r.sampling_params.stream_interval or interval
-                if (
-                    not r.stream
-                    or r.steps_since_stream < every
-                    or len(r.output_ids) == r.sent_output_len
-                ):
-                    continue
-            r.steps_since_stream = 0
-            sp = r.sampling_params
-            new = r.output_ids[r.sent_output_len :]
-            out.rids.append(r.rid)
-            out.rollbacks.append(r.rollback_pending)
-            r.rollback_pending = 0
-            out.new_token_ids.append(new)
-            out.finished_reasons.append(r.finished_reason)
-            out.metas.append(r.meta())
-            out.skip_special_tokens.append(sp.skip_special_tokens)
-            out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
-            out.stop_strings.append(sp.stop)
-            out.no_stop_trim.append(sp.no_stop_trim)
-            if r.return_logprob:
-                out.output_token_logprobs.append(r.output_token_logprobs[r.sent_output_len :])
-                out.output_top_logprobs.append(
-                    r.output_top_logprobs[r.sent_output_len :] if r.top_logprobs_num else None
-                )
-                first = not r.sent_input_logprobs
-                out.input_token_logprobs.append(r.input_token_logprobs if first else None)
-                out.input_top_logprobs.append(r.input_top_logprobs if first else None)
-                r.sent_input_logprobs = True
-            else:
-                out.output_token_logprobs.append(None)
-                out.output_top_logprobs.append(None)
-                out.input_token_logprobs.append(None)
-                out.input_top_logprobs.append(None)
-            r.sent_output_len = len(r.output_ids)
+        out = collect_outputs(self.outbox, self.args.scheduler.stream_interval)
         self.outbox = []
-        return [out] if out.rids else []
+        return out
 
     # --- introspection ------------------------------------------------------------------------
 
@@ -542,27 +475,4 @@ class Scheduler:
         }
 
     def check_invariants(self) -> None:
-        """Free + cached + request-owned slots cover the pool exactly once (debug mode, tests)."""
-        free = self.kv_pool.free_slot_set()
-        owned: list[int] = []
-        for tensor in self.cache.cached_slots():
-            owned.extend(tensor.tolist())
-        for r in self.running:
-            assert r.req_pool_idx is not None
-            own = self.req_to_token_pool.req_to_token[
-                r.req_pool_idx, r.cache_protected_len : r.kv_len
-            ]
-            owned.extend(own.tolist())
-            if self.page_size > 1 and own.numel():  # a request owns its last page whole
-                last = int(own[-1])
-                page_start = last - last % self.page_size
-                owned.extend(s for s in range(page_start, page_start + self.page_size) if s > last)
-        owned_set = set(owned)
-        assert len(owned_set) == len(owned), "a KV slot is owned twice"
-        assert not (owned_set & free), "a KV slot is both free and in use"
-        total = len(free) + len(owned_set)
-        assert total == self.kv_pool.size, (
-            f"KV accounting: {len(free)} free + {len(owned_set)} used != {self.kv_pool.size}"
-        )
-        cache_total = self.cache.evictable_size() + self.cache.protected_size()
-        assert cache_total == sum(t.numel() for t in self.cache.cached_slots())
+        check_kv_accounting(self.kv_pool, self.cache, self.req_to_token_pool, self.running)
