@@ -1,7 +1,7 @@
 """Property-based tests of RadixCache: random insert / match / lock / evict sequences keep the invariants.
 
 Invariants checked after every step:
-- every token prefix maps to one KV slot: a match returns exactly the slots first inserted for it;
+- every (page-aligned) token prefix maps to one KV slot: a match returns the slots first inserted;
 - whatever was inserted and not evicted is matched in full (without eviction nothing is lost);
 - locked prefixes survive any eviction;
 - evictable + protected == slots held by the tree, and free + held == the pool (nothing leaks,
@@ -40,6 +40,10 @@ class RadixMachine(RuleBasedStateMachine):
     def _aligned(self, n: int) -> int:
         return n - n % self.page
 
+    def _page_key(self, key: list[int], i: int) -> tuple[tuple[int, ...], int]:
+        end = (i // self.page + 1) * self.page
+        return tuple(key[:end]), i
+
     @rule(key=keys)
     def insert(self, key: list[int]) -> None:
         n = self._aligned(len(key))
@@ -56,7 +60,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert already % self.page == 0 and already <= n
         self.pool.free(slots[:already])  # duplicates of what the tree holds
         for i in range(already, n):
-            self.slot_of[tuple(key[: i + 1])] = int(slots[i])
+            self.slot_of[self._page_key(key, i)] = int(slots[i])
         self.inserted.append(tuple(key[:n]))
 
     @rule(key=keys)
@@ -65,7 +69,7 @@ class RadixMachine(RuleBasedStateMachine):
         got = res.indices.tolist()
         assert len(got) % self.page == 0 and len(got) <= len(key)
         for i, slot in enumerate(got):
-            assert self.slot_of[tuple(key[: i + 1])] == slot, "prefix mapped to a different slot"
+            assert self.slot_of[self._page_key(key, i)] == slot, "prefix mapped to a different slot"
         if not self.evicted_any:
             best = max((common_prefix_len(list(k), key) for k in self.inserted), default=0)
             assert len(got) == self._aligned(best), "an inserted prefix was not matched"
