@@ -189,7 +189,7 @@ def test_tool_history_and_auto_parse(oai):
 def test_forced_tool_call_always_parses(oai, choice):
     r = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=40, temperature=0,
+        tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=60, temperature=0,
     )  # fmt: skip
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
@@ -198,7 +198,7 @@ def test_forced_tool_call_always_parses(oai, choice):
     assert isinstance(json.loads(call.function.arguments)["city"], str)
     stream = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Weather in Rome?"}],
-        tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=40, temperature=0, stream=True,
+        tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=60, temperature=0, stream=True,
     )  # fmt: skip
     deltas = [ch.choices[0].delta for ch in stream if ch.choices]
     calls = [tc for d in deltas for tc in (d.tool_calls or [])]
@@ -207,10 +207,13 @@ def test_forced_tool_call_always_parses(oai, choice):
 
 @needs_grammar
 def test_json_schema_response_format(oai):
-    schema = {
+    schema = {  # bounded values, so 40 tokens always finish the object
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
+        "properties": {
+            "name": {"type": "string", "enum": ["Ann", "Bob"]},
+            "adult": {"type": "boolean"},
+        },
+        "required": ["name", "adult"],
         "additionalProperties": False,
     }
     r = oai.chat.completions.create(
@@ -218,7 +221,7 @@ def test_json_schema_response_format(oai):
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}},
     )  # fmt: skip
     obj = json.loads(r.choices[0].message.content)
-    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+    assert set(obj) == {"name", "adult"} and isinstance(obj["adult"], bool)
     r = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "A JSON object please."}], max_tokens=30,
         temperature=0, response_format={"type": "json_object"},
