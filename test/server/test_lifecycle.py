@@ -107,6 +107,10 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
         t.start()
         time.sleep(1.0)
         os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while srv.health_status() == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.health_status() in (503, None), "/health fails once a child is dead"
         t.join(30)
         assert result["r"].status_code == 503
         assert result["r"].json()["error"]["type"] == "engine_dead"
