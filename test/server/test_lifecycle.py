@@ -5,6 +5,7 @@ Each test starts its own `python -m radixgen.launch_server` (they signal or brea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -103,8 +104,16 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
             }
             result["r"] = httpx.post(srv.url + "/generate", json=body, timeout=60)
 
+        def long_stream() -> None:
+            body = {"text": "Tale:", "stream": True,
+                    "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
+            with httpx.stream("POST", srv.url + "/generate", json=body, timeout=60) as r:
+                result["events"] = [line for line in r.iter_lines() if line]
+
         t = threading.Thread(target=long_request)
         t.start()
+        ts = threading.Thread(target=long_stream)
+        ts.start()
         time.sleep(1.0)
         os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -114,6 +123,10 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
         t.join(30)
         assert result["r"].status_code == 503
         assert result["r"].json()["error"]["type"] == "engine_dead"
+        ts.join(30)
+        events = result["events"]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        assert json.loads(events[-2][len("data: ") :])["error"]["code"] == 503
         srv.proc.wait(30)
         assert srv.proc.returncode == 1, srv.log()
         assert not wait_gone(pids), "engine children outlived the server"
