@@ -40,6 +40,9 @@ from radixgen.lang.ir import (
 )
 
 logger = logging.getLogger(__name__)
+# fork(n) prefills the shared text only when at least this much of it is new to the server: text
+# a gen or select just sent (prompt and output) is in the radix cache already
+FORK_PRECACHE_MIN_CHARS = 64
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -83,6 +86,7 @@ class StreamExecutor:
         self.cur_role: str | None = None
         self.cur_role_begin_pos: int | None = None
         self.fork_start_text_pos: int | None = None
+        self.server_seen = 0  # length of text_ the backend has already processed (and cached)
         self.error_: BaseException | None = None
         self.is_finished = False
         # bumped and notified on every text/variable change; streaming readers wait on it
@@ -168,6 +172,7 @@ class StreamExecutor:
             child.cur_role = self.cur_role
             child.cur_role_begin_pos = self.cur_role_begin_pos
             child.fork_start_text_pos = len(self.text_)
+            child.server_seen = self.server_seen
             children.append(child)
         return children
 
@@ -250,6 +255,7 @@ class StreamExecutor:
                 self, expr.choices, expr.temperature, expr.choices_method
             )
             self._fill(decision.decision)
+            self.server_seen = len(self.text_)
             self._set_result(expr.name, decision.decision, decision.meta_info)
         elif isinstance(expr, SglRoleBegin):
             self._role_begin(expr.role)
@@ -262,8 +268,9 @@ class StreamExecutor:
         elif isinstance(expr, SglVariable):
             self._fill(str(self.get_var(expr.name)))
         elif isinstance(expr, SglCommitLazy):
-            if self.text_:
+            if len(self.text_) - self.server_seen >= FORK_PRECACHE_MIN_CHARS:
                 self.backend.commit_lazy_operations(self)
+                self.server_seen = len(self.text_)
         elif isinstance(expr, SglConcateAndAppend):
             for state in expr.states:
                 child = state.stream_executor
@@ -320,6 +327,7 @@ class StreamExecutor:
 
             decision = self.backend.select(self, params.choices, 0.0, token_length_normalized)
             self._fill(decision.decision)
+            self.server_seen = len(self.text_)
             self._set_result(expr.name, decision.decision, decision.meta_info)
             return
         if params.dtype is not None and not constrained:
@@ -328,6 +336,7 @@ class StreamExecutor:
         if not self.stream:
             comp, meta = self.backend.generate(self, params)
             self._fill(comp[0] if isinstance(comp, list) else comp)
+            self.server_seen = len(self.text_)
             self._set_result(expr.name, comp, meta)
             return
         name = expr.name
@@ -343,6 +352,7 @@ class StreamExecutor:
                 self.variables[name] += delta
                 self.meta_info[name] = meta
             self._notify()
+        self.server_seen = len(self.text_)
         if name is not None:
             self._set_result(name, self.variables[name], self.meta_info.get(name))
 
@@ -355,6 +365,7 @@ class StreamExecutor:
             text = comp[0] if isinstance(comp, list) else comp
             if constraints.matches(regex, text):
                 self._fill(text)
+                self.server_seen = len(self.text_)
                 self._set_result(name, comp, {**(meta or {}), "attempts": attempt + 1})
                 return
             seen.append(text)

@@ -29,7 +29,8 @@ class GlobalConfig:
         self.spaces_between_special_tokens_in_out = True
         # run_batch: trace the program's constant prefix and prefill it once before the batch
         self.enable_precache_with_tracing = True
-        # fork(n > 1): prefill the shared text once so every branch hits the radix cache
+        # fork(n > 1): prefill the shared text once so every branch hits the radix cache (only
+        # when enough of it is new to the server; see executor.FORK_PRECACHE_MIN_CHARS)
         self.enable_fork_precache = True
         # select: score every choice in one batched prefill request (off: one request per choice)
         self.enable_batched_select = True

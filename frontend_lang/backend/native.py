@@ -87,15 +87,22 @@ class NativeBackend(BaseBackend):
         choices_method: ChoicesSamplingMethod,
     ) -> ChoicesDecision:
         """SGLang's scoring: logprobs of `prefix + choice` from two tokens before the end of the
-        prefix. Batched, all choices go in one prefill request and share the prefix in the
-        scheduler; unbatched, one request per choice (the measured baseline)."""
+        prefix. Batched, all choices go in one prefill request; when the prefix holds text the
+        server has not processed yet, a prefill-only request caches it first (as SGLang does),
+        else every choice would compute that text again. Unbatched, one request per choice
+        (the measured baseline: the first one caches the prefix for the others)."""
         check_select_temperature(temperature)
         prefix = s.text_
-        start = logprob_start(self.count_prompt_tokens(prefix))
         texts = [prefix + c for c in choices]
         if global_config.enable_batched_select:
+            if len(prefix) > getattr(s, "server_seen", 0):
+                prefill = self._post({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+                start = logprob_start(int(prefill["meta_info"]["prompt_tokens"]))
+            else:
+                start = logprob_start(self.count_prompt_tokens(prefix))
             results = self._post(_scoring_payload(texts, start))
         else:
+            start = logprob_start(self.count_prompt_tokens(prefix))
             results = [self._post(_scoring_payload(t, start)) for t in texts]
         for r in results:
             _raise_if_aborted(r)

@@ -75,3 +75,18 @@ def test_endpoint_uses_the_served_models_template(endpoint, engine_backend):
         template = backend.get_chat_template()
         assert template.default_system_prompt == SMOLLM_SYSTEM
         assert template.stop_str == ("<|im_end|>",)
+
+
+def test_template_from_reported_model_info(default_model_folder):
+    """A server that reports its Jinja source in /get_model_info needs no shared filesystem."""
+    from pathlib import Path
+
+    from radixgen.lang.backend.runtime_endpoint import template_for_model
+
+    source = (Path(default_model_folder) / "chat_template.jinja").read_text()
+    reported = template_for_model(
+        {"model_path": "remote-model", "chat_template": source, "eos_token": "<|im_end|>"}
+    )
+    assert reported.default_system_prompt == SMOLLM_SYSTEM and reported.name == "remote-model"
+    by_name = template_for_model({"model_path": "SmolLM2-135M-Instruct", "tokenizer_path": "/nope"})
+    assert by_name.name == "smollm"

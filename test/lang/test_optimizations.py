@@ -36,11 +36,25 @@ def test_select_scores_all_choices_in_one_request(endpoint, batched):
     sent = _generates(endpoint)
     assert state["pick"] in (" cat", " car", " cup", " cloud")
     assert all(p["sampling_params"]["max_new_tokens"] == 0 for p in sent)
-    if batched:
-        assert len(sent) == 1 and isinstance(sent[0]["text"], list) and len(sent[0]["text"]) == 4
+    scoring = [p for p in sent if p.get("return_logprob")]
+    if batched:  # one scoring request, after a prefill of the prefix the server has not seen
+        assert len(scoring) == 1 and len(scoring[0]["text"]) == 4
+        assert len(sent) == 2 and sent[0]["text"] == state.text()[: -len(state["pick"])]
     else:
-        assert len(sent) == 4 and all(isinstance(p["text"], str) for p in sent)
-    assert all(p["return_logprob"] and p["logprob_start_len"] > 0 for p in sent)
+        assert len(sent) == len(scoring) == 4 and all(isinstance(p["text"], str) for p in sent)
+    assert all(p["logprob_start_len"] > 0 for p in scoring)
+
+
+def test_select_after_a_gen_is_a_single_request(endpoint):
+    @rg.function
+    def gen_then_select(s):
+        s += "Q: Name an animal.\nA:" + rg.gen("animal", max_tokens=3, stop="\n", temperature=0)
+        s += rg.select("mark", choices=[".", "!"])
+
+    endpoint.payloads.clear()
+    gen_then_select.run(backend=endpoint)
+    scoring = _generates(endpoint)[1:]  # the text so far was the gen's prompt and output
+    assert len(scoring) == 1 and isinstance(scoring[0]["text"], list)
 
 
 def test_batched_and_unbatched_select_score_the_same(endpoint):

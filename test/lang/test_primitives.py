@@ -240,3 +240,15 @@ def test_streaming_text_iter_matches_the_unstreamed_result(backend):
     assert text == full["rest"] and logprobs == 6
     whole = "".join(counter.run(stream=True, backend=backend).text_iter())
     assert whole == "Count to five: one, two," + full["rest"]
+
+
+def test_backend_control_and_default_backend(backend):
+    info = rg.get_server_info(backend)
+    assert info["version"] and info["internal_states"]
+    flushed = rg.flush_cache(backend)
+    assert flushed is None or flushed["success"] in (True, False)
+    engine = getattr(backend, "engine", None)
+    rg.set_default_backend(engine if engine is not None else backend)
+    assert rg.global_config.default_backend.get_chat_template() == backend.get_chat_template()
+    state = chat_answer.run(question="Say yes.")  # no backend= : the default one
+    assert list(state.text_iter("answer")) == [state["answer"]]  # not streaming: one item
