@@ -48,6 +48,59 @@ def load_json_schema(spec: str) -> dict[str, Any] | bool:
     return schema
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def find_unenforceable(
+    schema: Any, keywords: tuple[str, ...], path: str = ""
+) -> tuple[str, str] | None:
+    """(keyword, JSON pointer) of the first keyword a backend would silently ignore.
+
+    `keywords` are the backend's own gaps; pattern together with minLength/maxLength is a gap of
+    every regex-based converter here (the length is dropped, or the pattern is).
+    """
+    if not isinstance(schema, dict):
+        return None
+    for kw in keywords:
+        if kw in schema and not (kw == "uniqueItems" and schema[kw] is False):
+            return kw, path or "/"
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        return "pattern with minLength/maxLength", path or "/"
+    children: list[tuple[str, Any]] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children.extend((f"{path}/{key}/{name}", sub) for name, sub in schema[key].items())
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
+    for key in _SCHEMA_VALUES:
+        value = schema.get(key)
+        if isinstance(value, list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
+        elif value is not None:
+            children.append((f"{path}/{key}", value))
+    for child_path, sub in children:
+        found = find_unenforceable(sub, keywords, child_path)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_unenforceable(backend: str, schema: Any, keywords: tuple[str, ...]) -> None:
+    """Raise a 400 naming the first schema keyword `backend` would serve unenforced."""
+    found = find_unenforceable(schema, keywords)
+    if found is not None:
+        keyword, where = found
+        others = "llguidance" if backend == "xgrammar" else "xgrammar or llguidance"
+        raise GrammarError(
+            f"the {backend} grammar backend cannot enforce '{keyword}' (at {where}) in "
+            f"json_schema; use --grammar-backend {others}",
+            "json_schema",
+        )
+
+
 def load_choices(spec: str) -> list[str]:
     """The choice list from its cache-key form (a JSON list of non-empty strings)."""
     try:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
-from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.base_grammar_backend import (
     MAX_ROLLBACK_TOKENS,
     BaseGrammarBackend,
@@ -29,6 +28,7 @@ from radixgen.runtime.constrained.grammar_spec import (
     invalid,
     load_choices,
     load_json_schema,
+    refuse_unenforceable,
     utf8_prefix,
 )
 
@@ -52,39 +52,7 @@ _UNENFORCED_KEYWORDS = (
     "dependentRequired",
     "dependentSchemas",
 )
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
 MAX_FORCED_BYTES = 1024
-
-
-def find_unenforced_keyword(schema: Any, path: str = "") -> tuple[str, str] | None:
-    """(keyword, JSON pointer) of the first keyword outlines-core would silently ignore."""
-    if not isinstance(schema, dict):
-        return None
-    for kw in _UNENFORCED_KEYWORDS:
-        if kw in schema and not (kw == "uniqueItems" and schema[kw] is False):
-            return kw, path or "/"
-    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
-        return "pattern with minLength/maxLength", path or "/"
-    children: list[tuple[str, Any]] = []
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            children.extend((f"{path}/{key}/{name}", sub) for name, sub in schema[key].items())
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
-    for key in _SCHEMA_VALUES:
-        value = schema.get(key)
-        if isinstance(value, list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
-        elif value is not None:
-            children.append((f"{path}/{key}", value))
-    for child_path, sub in children:
-        found = find_unenforced_keyword(sub, child_path)
-        if found is not None:
-            return found
-    return None
 
 
 @dataclass
@@ -219,15 +187,7 @@ class OutlinesBackend(BaseGrammarBackend):
 
     def _compile(self, kind: str, spec: str) -> OutlinesCompiled:
         if kind == "json_schema":
-            schema = load_json_schema(spec)
-            found = find_unenforced_keyword(schema)
-            if found is not None:
-                keyword, where = found
-                raise GrammarError(
-                    f"the outlines grammar backend cannot enforce '{keyword}' (at {where}) in "
-                    "json_schema; use --grammar-backend xgrammar or llguidance",
-                    "json_schema",
-                )
+            refuse_unenforceable(self.name, load_json_schema(spec), _UNENFORCED_KEYWORDS)
             regex = build_regex_from_schema(spec, self.whitespace)
         elif kind == "choices":
             regex = choices_to_regex(load_choices(spec))

@@ -20,6 +20,7 @@ from radixgen.runtime.constrained.grammar_spec import (
     choices_to_ebnf,
     load_choices,
     load_json_schema,
+    refuse_unenforceable,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +85,9 @@ class XGrammarBackend(BaseGrammarBackend):
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
         if kind == "json_schema":
-            load_json_schema(spec)  # a clear message for text that is not JSON at all
+            # a clear message for text that is not JSON at all; and xgrammar drops min/maxLength
+            # when a pattern is given, so refuse that rather than emit too-long strings
+            refuse_unenforceable(self.name, load_json_schema(spec), ())
             # NOTE: strict_mode treats a missing additionalProperties as false (no extra keys)
             return self.compiler.compile_json_schema(spec, strict_mode=True, **self._json_options)
         if kind == "json_object":

@@ -182,6 +182,19 @@ def test_xgrammar_compact_json_by_default_and_whitespace_when_configured(vocab, 
     assert g.accept_tokens(encode(spaced)) == len(encode(spaced))
 
 
+def test_xgrammar_refuses_pattern_with_length(backends):
+    """xgrammar keeps the pattern and drops min/maxLength: refuse rather than over-long strings."""
+    schema = {
+        "type": "object",
+        "properties": {"c": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}},
+    }
+    with pytest.raises(
+        GrammarError, match=r"xgrammar .* 'pattern with minLength/maxLength' \(at /properties/c\)"
+    ):
+        backends["xgrammar"].compile("json_schema", json.dumps(schema))
+    backends["llguidance"].compile("json_schema", json.dumps(schema))  # llguidance enforces both
+
+
 def test_xgrammar_strict_mode_forbids_undeclared_keys(build, encode):
     g = build("xgrammar", "json_schema", PERSON)
     extra = '{"name":"A","age":1,"x'
