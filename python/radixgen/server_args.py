@@ -220,7 +220,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             help_text = f.metadata.get("help", "")
             typ = _base_type(f.type)
             if typ is bool:
-                group.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                # a flag that defaults on also gets --no-<flag>
+                action = argparse.BooleanOptionalAction if f.default else "store_true"
+                group.add_argument(flag, action=action, default=f.default, help=help_text)
             else:
                 group.add_argument(
                     flag,
