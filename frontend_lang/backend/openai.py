@@ -3,8 +3,9 @@
 Chat models get the program's messages, so a gen must follow `assistant_begin()` (as in
 SGLang). Completion models (`is_chat_model=False`) get the text with the chat template applied
 here. `select` scores choices by echoed prompt logprobs on completion models (SGLang's rule,
-one batched request) and falls back to a constrained choice (the `regex` extension SGLang and
-RadixGen servers accept) where logprobs are not available.
+one batched request). Chat APIs report logprobs of generated tokens only, so there a choice is
+decoded under a constraint (the `regex` extension SGLang and RadixGen servers accept) or, where
+the server refuses that, picked by the first generated token's top logprobs.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ class OpenAI(BaseBackend):
         is_chat_model: bool | None = None,
         chat_template: ChatTemplate | None = None,
         is_azure: bool = False,
+        chat_select: str = "auto",
         **openai_client_kwargs: Any,
     ) -> None:
+        """`chat_select`: "constrained", "first_token_logprobs", or "auto" (constrained, then
+        first-token logprobs if the server rejects the constraint)."""
         super().__init__()
+        if chat_select not in ("auto", "constrained", "first_token_logprobs"):
+            raise ValueError(f"unknown chat_select {chat_select!r}")
+        self.chat_select = chat_select
         import openai
 
         self._openai = openai
@@ -167,7 +174,14 @@ class OpenAI(BaseBackend):
                 if e.status not in (400, 404, 422):
                     raise
                 self.can_echo_logprobs = False  # the server cannot echo logprobs: constrain
-        return self._select_by_constraint(s, choices)
+        if self.chat_select != "first_token_logprobs":
+            try:
+                return self._select_by_constraint(s, choices)
+            except BackendError as e:
+                if self.chat_select == "constrained" or e.status not in (400, 422):
+                    raise
+                self.chat_select = "first_token_logprobs"  # no regex extension here
+        return self._select_by_first_token(s, choices)
 
     def _select_by_logprobs(
         self, prefix: str, choices: list[str], method: ChoicesSamplingMethod
@@ -210,6 +224,29 @@ class OpenAI(BaseBackend):
         if not text.startswith(picked):
             raise BackendError(f"the server ignored the choice constraint and answered {text!r}")
         return ChoicesDecision(decision=picked, meta_info={**meta, "method": "constrained"})
+
+    def _select_by_first_token(self, s: Any, choices: list[str]) -> ChoicesDecision:
+        """One generated token with its top logprobs: each choice scores the best logprob of a
+        listed token it starts with (or that starts with it); the best choice wins."""
+        params = SglSamplingParams(max_new_tokens=1, temperature=0.0, return_logprob=True,
+                                   top_logprobs_num=20)  # fmt: skip
+        ret = self._create(**self._prompt(s), **self._kwargs(params))
+        content = getattr(ret.choices[0].logprobs, "content", None) or []
+        if not content:
+            raise BackendError("the server returned no logprobs to choose among the choices")
+        tops = [(t.token, t.logprob) for t in content[0].top_logprobs]
+        scores = []
+        for choice in choices:
+            fits = [
+                lp for tok, lp in tops if tok and (choice.startswith(tok) or tok.startswith(choice))
+            ]
+            scores.append(max(fits) if fits else float("-inf"))
+        if max(scores) == float("-inf"):
+            raise BackendError(f"no choice among the top tokens {[t for t, _ in tops]}")
+        best = max(range(len(choices)), key=lambda i: (scores[i], -i))
+        return ChoicesDecision(
+            decision=choices[best], meta_info={"first_token_logprobs": scores, "method": "logprobs"}
+        )
 
     def __repr__(self) -> str:
         return f"OpenAI({self.model_name!r})"

@@ -99,3 +99,22 @@ def test_completion_model_chat_template_and_streaming_logprobs(openai_completion
     streamed = counter.run(stream=True, backend=openai_completion)
     assert len(list(streamed.text_iter("rest"))) >= 2
     assert len(streamed.get_meta_info("rest")["output_token_logprobs"]) == 4
+
+
+def test_chat_model_select_by_first_token_logprobs(lang_server):
+    backend = rg.OpenAI(
+        "SmolLM2-135M-Instruct",
+        base_url=lang_server.url + "/v1",
+        api_key="unused",
+        chat_select="first_token_logprobs",
+    )
+
+    @rg.function
+    def colour(s):
+        s += rg.user("What colour is the sky on a clear day? Answer Blue or Green.")
+        s += rg.assistant(rg.select("colour", choices=["Blue", "Green"]))
+
+    state = colour.run(backend=backend)
+    meta = state.get_meta_info("colour")
+    assert state["colour"] in ("Blue", "Green") and meta["method"] == "logprobs"
+    assert len(meta["first_token_logprobs"]) == 2
