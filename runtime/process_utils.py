@@ -1,15 +1,16 @@
-"""Helpers for RadixGen's child processes: logging, parent-death signal, IPC endpoint names."""
+"""Helpers for RadixGen's child processes: logging, dying with the parent, IPC endpoint names."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 
-PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,21 @@ def configure_logging(log_level: str, process_name: str) -> None:
 
 
 def configure_child_process(process_name: str, log_level: str) -> None:
-    """Die with the parent (no orphans), leave Ctrl-C to the parent, set up logging."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # pragma: no cover - non-Linux
-        pass
-    parent = os.environ.get("RADIXGEN_PARENT_PID")
-    if parent and os.getppid() != int(parent):  # the parent died before prctl took effect
+    """Die with the parent (no orphans), leave Ctrl-C to the parent, set up logging.
+
+    NOTE: the parent is watched by pid, not with PR_SET_PDEATHSIG: that signal fires when the
+    *thread* that started the child exits, which would kill an Engine created in a worker thread.
+    """
+    parent = int(os.environ.get("RADIXGEN_PARENT_PID", os.getppid()))
+    if os.getppid() != parent:  # the parent is already gone
         os._exit(0)
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch_parent, name="radixgen-parent-watch", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     configure_logging(log_level, process_name)
