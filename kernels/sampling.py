@@ -52,7 +52,9 @@ def sample_from_probs(
         return _inverse_cdf(probs, uniforms)
     partial = min(_PARTIAL_SORT_K, vocab)
     head_vals, head_idx = probs.topk(partial, dim=-1)
-    fits = (top_k <= partial) if top_k is not None else torch.zeros(probs.shape[0], dtype=torch.bool)
+    fits = (
+        (top_k <= partial) if top_k is not None else torch.zeros(probs.shape[0], dtype=torch.bool)
+    )
     if top_p is not None:
         fits |= head_vals.sum(dim=-1) >= top_p  # the nucleus lies inside the head
     out = torch.empty(probs.shape[0], dtype=torch.long)

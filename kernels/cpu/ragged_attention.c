@@ -89,8 +89,43 @@ static inline __m512 load16_bf16(const uint16_t* p) {
 }
 static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
 
-/* Same contract as block_*; D must be a multiple of 16 (every common head size). The group's
- * queries stay in registers; each key/value row is converted once and used by all G heads. */
+/* exp(x) for x <= 0 (softmax numerators), within ~2 ulp: 2^n * 2^f, 2^f by a degree-6 series. */
+static inline __m512 exp512_nonpos(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Sum each of 16 vectors: result lane j = horizontal sum of v[j] (a transposing add tree). */
+static inline __m512 reduce16(const __m512* v) {
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; ++i)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                         _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
+/* Same contract as block_*; D must be a multiple of 16 (every common head size). Keys are taken
+ * 16 at a time: each key row is converted once for all G heads, and the 16 dot products per
+ * head are summed by one transposing add tree instead of 16 horizontal reductions. */
 #define DEFINE_BLOCK_AVX512(NAME, T, LOAD16)                                                   \
 static void NAME(const T* q, int64_t q_head_stride, const T* k, const T* v,                    \
                  const int64_t* idx, int64_t n, int64_t tok_stride, int G, int D, float scale, \
@@ -101,33 +136,51 @@ static void NAME(const T* q, int64_t q_head_stride, const T* k, const T* v,     
         for (int c = 0; c < C; ++c)                                                           \
             qv[g * C + c] = _mm512_mul_ps(LOAD16(q + g * q_head_stride + c * 16),             \
                                           _mm512_set1_ps(scale));                              \
-    float m[MAX_GROUP];                                                                       \
-    for (int g = 0; g < G; ++g) m[g] = -INFINITY;                                             \
-    for (int64_t j = 0; j < n; ++j) {                                                         \
-        const T* kr = k + idx[j] * tok_stride;                                                \
-        if (j + 8 < n) {                                                                      \
-            const char* pf = (const char*)(k + idx[j + 8] * tok_stride);                      \
-            for (int b_ = 0; b_ < D * (int)sizeof(T); b_ += 64) __builtin_prefetch(pf + b_);   \
+    __m512 mx[MAX_GROUP];                                                                     \
+    for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-INFINITY);                            \
+    __m512 part[MAX_GROUP][16];                                                               \
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {                                                  \
+        int nj = n - j0 < 16 ? (int)(n - j0) : 16;                                            \
+        for (int jj = 0; jj < 16; ++jj) {                                                     \
+            if (jj >= nj) {                                                                   \
+                for (int g = 0; g < G; ++g) part[g][jj] = _mm512_setzero_ps();                \
+                continue;                                                                     \
+            }                                                                                 \
+            int64_t j = j0 + jj;                                                              \
+            const T* kr = k + idx[j] * tok_stride;                                            \
+            if (j + 8 < n) {                                                                  \
+                const char* pf = (const char*)(k + idx[j + 8] * tok_stride);                  \
+                for (int b_ = 0; b_ < D * (int)sizeof(T); b_ += 64) __builtin_prefetch(pf + b_); \
+            }                                                                                 \
+            __m512 kv[MAX_DIM / 16];                                                          \
+            for (int c = 0; c < C; ++c) kv[c] = LOAD16(kr + c * 16);                          \
+            for (int g = 0; g < G; ++g) {                                                     \
+                __m512 s = _mm512_mul_ps(qv[g * C], kv[0]);                                   \
+                for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[g * C + c], kv[c], s);     \
+                part[g][jj] = s;                                                              \
+            }                                                                                 \
         }                                                                                     \
-        __m512 kv[MAX_DIM / 16];                                                              \
-        for (int c = 0; c < C; ++c) kv[c] = LOAD16(kr + c * 16);                              \
+        __mmask16 valid = (__mmask16)((1u << nj) - 1u);                                       \
         for (int g = 0; g < G; ++g) {                                                         \
-            __m512 s = _mm512_mul_ps(qv[g * C], kv[0]);                                       \
-            for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[g * C + c], kv[c], s);         \
-            float sc = _mm512_reduce_add_ps(s);                                               \
-            scores[g * n + j] = sc;                                                           \
-            if (sc > m[g]) m[g] = sc;                                                         \
+            __m512 sc = reduce16(part[g]);                                                    \
+            _mm512_mask_storeu_ps(scores + g * n + j0, valid, sc);                            \
+            mx[g] = _mm512_mask_max_ps(mx[g], valid, mx[g], sc);                              \
         }                                                                                     \
     }                                                                                         \
-    float l[MAX_GROUP];                                                                       \
+    float m[MAX_GROUP], l[MAX_GROUP];                                                         \
     for (int g = 0; g < G; ++g) {                                                             \
-        float sum = 0.f;                                                                      \
-        for (int64_t j = 0; j < n; ++j) {                                                     \
-            float p = expf(scores[g * n + j] - m[g]);                                         \
-            scores[g * n + j] = p;                                                            \
-            sum += p;                                                                         \
+        m[g] = _mm512_reduce_max_ps(mx[g]);                                                   \
+        __m512 mv = _mm512_set1_ps(m[g]);                                                     \
+        __m512 sum = _mm512_setzero_ps();                                                     \
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {                                              \
+            int nj = n - j0 < 16 ? (int)(n - j0) : 16;                                        \
+            __mmask16 valid = (__mmask16)((1u << nj) - 1u);                                   \
+            __m512 s = _mm512_maskz_loadu_ps(valid, scores + g * n + j0);                     \
+            __m512 p = _mm512_maskz_mov_ps(valid, exp512_nonpos(_mm512_sub_ps(s, mv)));       \
+            _mm512_mask_storeu_ps(scores + g * n + j0, valid, p);                             \
+            sum = _mm512_add_ps(sum, p);                                                      \
         }                                                                                     \
-        l[g] = sum;                                                                           \
+        l[g] = _mm512_reduce_add_ps(sum);                                                     \
     }                                                                                         \
     __m512 av[MAX_GROUP * (MAX_DIM / 16)];                                                    \
     for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();                              \

@@ -91,7 +91,8 @@ class Sampler:
             if sp.logit_bias:
                 ids = torch.tensor(list(sp.logit_bias.keys()), dtype=torch.long)
                 logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype)
-            if sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens:
+            # with a grammar, the grammar decides when the output may end
+            if sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens and r.grammar is None:
                 banned = set(sp.stop_token_ids)
                 if not sp.ignore_eos:
                     banned.update(self.eos_token_ids)

@@ -202,6 +202,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        """Requests to step. Grammar compiles in flight are not work: offline loops use
+        `has_work or grammar_waiting`, the process loop polls ZMQ briefly while they finish."""
         return bool(self.running or self.waiting or self.outbox)
 
     def step(self) -> list[BatchTokenIDOut]:
