@@ -56,4 +56,6 @@ class ChatTemplate:
         except TemplateError as e:
             raise InvalidRequestError(f"chat template error: {e}", "messages") from e
         except (TypeError, KeyError, AttributeError) as e:
-            raise InvalidRequestError(f"messages do not fit the chat template: {e}", "messages") from e
+            raise InvalidRequestError(
+                f"messages do not fit the chat template: {e}", "messages"
+            ) from e
