@@ -140,8 +140,12 @@ async def model_info(request: Request) -> Response:
     except RadixGenError as e:
         return error_response(e)
     info = tm.model_info()
+    template = tm.tokenizer.chat_template
     info.update(
         {
+            # radixgen.lang reads the role markers off the served template (no shared disk)
+            "chat_template": template.source if template is not None else None,
+            "eos_token": tm.tokenizer.eos_token,
             "weight_version": "default",
             "has_image_understanding": False,
             "has_audio_understanding": False,

@@ -292,17 +292,16 @@ class Scheduler:
     def _pages(self, reqs: list[Req], n: int) -> int:
         return sum(pages_needed(r, n, self.page_size) for r in reqs)
 
-    def _future_reserve(self, extra: list[Req]) -> int:
-        """Slots kept free for running requests' future tokens (fewer retractions)."""
-        total = 0
-        for r in (*self.running, *extra):
-            left = r.sampling_params.max_new_tokens - len(r.output_ids)
-            total += min(max(left, 0), RESERVE_CLIP)
-        return int(total * self.new_token_ratio)
+    @staticmethod
+    def _future_tokens(r: Req) -> int:
+        """Tokens a request may still generate (capped), for the admission reservation."""
+        left = r.sampling_params.max_new_tokens - len(r.output_ids)
+        return min(max(left, 0), RESERVE_CLIP)
 
     def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
         admitted: list[Req] = []
         prefilling = [r for r in plan if r.extend_len > 1]
+        future_tokens = sum(self._future_tokens(r) for r in self.running)
         for req in order_waiting_queue(
             self.waiting, self.args.scheduler.schedule_policy, self.cache
         ):
@@ -326,7 +325,9 @@ class Scheduler:
                 n = extend
             need = -(-n // self.page_size) * self.page_size
             self.cache.inc_lock_ref(match.last_node)  # protect the prefix from our own eviction
-            future = self._future_reserve([*admitted, req]) if self.running or admitted else 0
+            future_tokens += self._future_tokens(req)
+            # slots kept free for running requests' future tokens (fewer retractions)
+            future = int(future_tokens * self.new_token_ratio) if self.running or admitted else 0
             if not self._free_tokens(reserved + need + future):
                 self.cache.dec_lock_ref(match.last_node)
                 if self.running or admitted or plan:
@@ -360,14 +361,26 @@ class Scheduler:
         return admitted
 
     def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
+        """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?
+
+        Called for every admission candidate against every request prefilled this step, so the
+        common case is O(1): a short uncached tail cannot gain enough, and two token probes
+        reject most non-sharing pairs before a full prefix comparison.
+        """
         if not isinstance(self.cache, RadixCache):
             return False
-        from radixgen.runtime.mem_cache.radix_cache import common_prefix_len
-
-        window = req.all_ids[: req.seq_len - 1]
+        end = prefix_len + IN_BATCH_SHARE_MIN  # tokens [0, end) must be shared
+        if req.seq_len - 1 < end:
+            return False
+        ids = req.origin_input_ids
+        if len(ids) < end:
+            ids = req.all_ids
+        first, last = ids[prefix_len], ids[end - 1]
         for o in others:
-            shared = common_prefix_len(window, o.origin_input_ids)
-            if shared - prefix_len >= IN_BATCH_SHARE_MIN:
+            theirs = o.origin_input_ids
+            if len(theirs) < end or theirs[prefix_len] != first or theirs[end - 1] != last:
+                continue
+            if theirs[:end] == ids[:end]:
                 return True
         return False
 
