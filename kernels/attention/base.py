@@ -37,12 +37,16 @@ class AttentionBackend(ABC):
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         layer: AttentionLayerInfo,
         batch: Any,
     ) -> torch.Tensor:
-        """q: [N, H*D], k/v: [N, Hkv*D] for the batch's N new tokens -> [N, H*D]."""
+        """q: [N, H*D], k/v: [N, Hkv*D] for the batch's N new tokens -> [N, H*D].
+
+        k and v are None when the caller has already written them into the pool at
+        `batch.out_cache_loc` (the fused rotary + KV-store kernel does).
+        """
 
 
 def create_attention_backend(name: str, kv_pool: Any, req_to_token_pool: Any) -> AttentionBackend:

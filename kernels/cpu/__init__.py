@@ -21,7 +21,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["ragged_attention.c"]
+_SOURCES = ["ragged_attention.c", "fused_ops.c"]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast"]
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -36,6 +36,110 @@ class NativeKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         fn.argtypes = [p, i64, p, p, p, p, p, p, i32, p, i32, i32, i32, ctypes.c_float, i32, i64]
         self._ragged = fn
+        f32 = ctypes.c_float
+        self._add_rmsnorm = lib.add_rmsnorm
+        self._add_rmsnorm.restype = None
+        self._add_rmsnorm.argtypes = [p, p, p, p, i64, i64, f32, i32]
+        self._rope = lib.rope_store_kv
+        self._rope.restype = None
+        self._rope.argtypes = [p, i64, p, p, p, p, p, p, p, i64, i32, i32, i32, i32]
+        self._silu_mul = lib.silu_mul
+        self._silu_mul.restype = None
+        self._silu_mul.argtypes = [p, p, i64, i64, i32]
+        self._greedy = lib.greedy_refine_bf16
+        self._greedy.restype = None
+        self._greedy.argtypes = [p, i64, p, p, p, i64, i64, i64, p]
+        self._refine = lib.refine_near_max_f32
+        self._refine.restype = None
+        self._refine.argtypes = [p, i64, p, i64, p, i64, i64, i64]
+
+    # --- logits (see fused_ops.c: exact re-scoring of bf16 near-ties) -------------------------
+
+    def greedy_refine(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        rows: list[int],
+        vocab: int,
+    ) -> list[int]:
+        """Argmax token of each given bf16 logits row, near-max candidates re-scored exactly."""
+        assert logits.dtype == hidden.dtype == weight.dtype == torch.bfloat16
+        assert logits.stride(1) == 1 and hidden.is_contiguous() and weight.is_contiguous()
+        idx = torch.tensor(rows, dtype=torch.long)
+        out = torch.empty(len(rows), dtype=torch.long)
+        self._greedy(
+            logits.data_ptr(), logits.stride(0), hidden.data_ptr(), weight.data_ptr(),
+            idx.data_ptr(), len(rows), vocab, hidden.shape[1], out.data_ptr(),
+        )  # fmt: skip
+        return out.tolist()
+
+    def refine_near_max(
+        self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor
+    ) -> None:
+        """In place on float32 rows converted from bf16 logits; hidden: the same rows' states."""
+        assert logits.dtype == torch.float32 and logits.stride(1) == 1 and hidden.stride(1) == 1
+        assert hidden.dtype == weight.dtype == torch.bfloat16 and weight.is_contiguous()
+        r, v = logits.shape
+        self._refine(
+            logits.data_ptr(), logits.stride(0), hidden.data_ptr(), hidden.stride(0),
+            weight.data_ptr(), r, v, hidden.shape[1],
+        )  # fmt: skip
+
+    # --- fused layer ops (see fused_ops.c) --------------------------------------------------
+
+    def add_rmsnorm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += x (in place, float32); returns norm(residual) * weight in weight's dtype."""
+        n, h = residual.shape
+        assert residual.dtype == torch.float32 and residual.is_contiguous()
+        assert x is None or (x.is_contiguous() and x.dtype == weight.dtype)
+        out = torch.empty((n, h), dtype=weight.dtype)
+        self._add_rmsnorm(
+            0 if x is None else x.data_ptr(), residual.data_ptr(), weight.data_ptr(),
+            out.data_ptr(), n, h, float(eps), _DTYPE_CODES[weight.dtype],
+        )  # fmt: skip
+        return out
+
+    def rope_store_kv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> torch.Tensor:
+        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`."""
+        n = qkv.shape[0]
+        assert (
+            qkv.stride(1) == 1
+            and positions.dtype == torch.long
+            and out_cache_loc.dtype == torch.long
+        )
+        assert cos.dtype == torch.float32 and cos.is_contiguous() and k_pool.is_contiguous()
+        q = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype)
+        self._rope(
+            qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out_cache_loc.data_ptr(), n,
+            num_heads, num_kv_heads, head_dim, _DTYPE_CODES[qkv.dtype],
+        )  # fmt: skip
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up = [gate | up] rows."""
+        n, two_i = gate_up.shape
+        assert gate_up.is_contiguous()
+        out = torch.empty((n, two_i // 2), dtype=gate_up.dtype)
+        self._silu_mul(
+            gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, _DTYPE_CODES[gate_up.dtype]
+        )
+        return out
 
     def ragged_attention(
         self,

@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,6 +91,9 @@ class ModelRunner:
             args.scheduler.max_running_requests + 8, context_length + 8
         )
         self.attn_backend = create_attention_backend("torch", self.kv_pool, self.req_to_token_pool)
+        from radixgen.kernels.cpu import load_native_kernels
+
+        self.native = load_native_kernels()
         self.load_seconds = time.perf_counter() - t0
         logger.info(
             "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens",
@@ -117,27 +121,65 @@ class ModelRunner:
         return max(cache.page_size * 64, min(tokens, 1 << 20))
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)
-        logits = self.model.compute_logits(hidden)
-        if hidden.dtype != torch.float32:
-            refine_near_max(logits, hidden, self.model.lm_head_weight)
-        return logits
+        raw = self.model.compute_logits(hidden)
+        return LogitsOutput(raw, hidden, self.model.lm_head_weight, self.vocab_size, self.native)
+
+
+class LogitsOutput:
+    """One step's logits in the model dtype, converted to float32 only for rows that need it.
+
+    NOTE: a bf16 logit carries 8 significant bits, so near-ties at the top (common at logit
+    magnitudes of 10-30) would make the greedy choice depend on rounding noise. Every consumer
+    sees, instead, the float32 dot products of the same hidden state for the tokens within two
+    bf16 ulps of each row's maximum (the true maximum is always among them). Greedy rows are
+    answered by a native kernel straight from the bf16 logits, without a float32 copy.
+    """
+
+    def __init__(
+        self,
+        raw: torch.Tensor,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        vocab_size: int,
+        native: Any,
+    ) -> None:
+        self.raw = raw  # [M, >= vocab]
+        self.hidden = hidden
+        self.weight = weight
+        self.vocab_size = vocab_size
+        self.native = native if raw.dtype == torch.bfloat16 else None
+        self.exact = raw.dtype == torch.float32
+
+    def rows_float(self, rows: list[int] | slice) -> torch.Tensor:
+        """float32 [R, V] for the given logits rows, near-max refined (a fresh tensor)."""
+        out = self.raw[rows, : self.vocab_size].float()
+        if out.shape[0] and not self.exact:
+            hidden = self.hidden[rows].contiguous()
+            if self.native is not None:
+                self.native.refine_near_max(out, hidden, self.weight)
+            else:
+                refine_near_max(out, hidden, self.weight)
+        return out
+
+    def greedy(self, rows: list[int]) -> list[int]:
+        """Refined argmax of the given rows."""
+        if self.native is not None and self.raw.is_contiguous():
+            return self.native.greedy_refine(
+                self.raw, self.hidden, self.weight, rows, self.vocab_size
+            )
+        return self.rows_float(rows).argmax(dim=-1).tolist()
 
 
 _BF16_REL_ULP = 2.0**-7
 
 
 def refine_near_max(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> None:
-    """Recompute, in float32, the logits within two bf16 ulps of each row's maximum.
-
-    A bf16 matmul rounds every logit to 8 significant bits, so near-ties at the top (common at
-    logit magnitudes of 10-30) would make the greedy choice depend on rounding noise. The true
-    maximum is always among these candidates, so after this the argmax and the top logprobs are
-    those of the float32 dot products of the same hidden state, at the cost of a few dot products.
-    """
+    """Torch version of the native re-scoring (see `LogitsOutput`): candidates within two bf16
+    ulps of each row's maximum get their float32 dot products."""
     top = logits.max(dim=-1, keepdim=True).values
     tol = top.abs() * (2 * _BF16_REL_ULP) + 1e-6
     rows, cols = torch.nonzero(logits >= top - tol, as_tuple=True)

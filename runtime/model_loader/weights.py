@@ -56,4 +56,5 @@ def load_model(
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint."""
     model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
     model.load_weights(iter_weights(folder))
+    model.prepack()
     return model

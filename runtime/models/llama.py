@@ -18,7 +18,7 @@ from torch import nn
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.runtime.model_config import ModelArchConfig
-from radixgen.runtime.models.linear import Linear
+from radixgen.runtime.models.linear import Linear, linear, prepack_weight
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -26,6 +26,8 @@ def _bad(message: str) -> InvalidRequestError:
 
 
 class RMSNorm(nn.Module):
+    native: Any = None  # NativeKernels: fused add + norm in one call (set by `prepack`)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -37,6 +39,9 @@ class RMSNorm(nn.Module):
         NOTE: the residual stream is kept in float32 whatever the model dtype: over 30 layers bf16
         rounding of the running sum moves greedy choices at near-ties; the adds are cheap.
         """
+        if self.native is not None and residual is not None:
+            out = self.native.add_rmsnorm(x.contiguous(), residual, self.weight, self.eps)
+            return out, residual  # the residual was updated in place
         if residual is not None:
             x = residual + x.float()
             residual = x
@@ -100,6 +105,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
+    native: Any = None  # NativeKernels: rotary + KV store fused (set by `prepack`)
+
     def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -114,6 +121,14 @@ class Attention(nn.Module):
     ):
         n = x.shape[0]
         qkv = self.qkv_proj(x)
+        if self.native is not None:  # rotary + KV store in one call, straight into the pool
+            k_buf, v_buf = batch.attn_backend.kv_pool.get_kv_buffer(self.info.layer_id)
+            q = self.native.rope_store_kv(
+                qkv, positions, rotary.cos, rotary.sin, k_buf, v_buf, batch.out_cache_loc,
+                self.h, self.hkv, self.d,
+            )  # fmt: skip
+            out = batch.attn_backend.forward(q.view(n, self.q_size), None, None, self.info, batch)
+            return self.o_proj(out)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = rotary(positions, q.view(n, self.h, self.d), k.view(n, self.hkv, self.d))
         out = batch.attn_backend.forward(
@@ -123,6 +138,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    native: Any = None  # NativeKernels: silu(gate) * up in one call (set by `prepack`)
+
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
@@ -130,7 +147,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None:
+            return self.down_proj(self.native.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -212,7 +232,25 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        """[M, vocab] in the model dtype (consumers convert the rows they need)."""
+        return linear(hidden, self.lm_head_weight, self._lm_head_packed)
+
+    _lm_head_packed: torch.Tensor | None = None
+
+    def prepack(self, use_native: bool = True) -> None:
+        """Once the checkpoint is loaded: lay matmul weights out for oneDNN and attach the
+        native fused kernels (rotary + KV store, add + RMSNorm, SiLU-mul) where available."""
+        native = None
+        if use_native and self.lm_head_weight.device.type == "cpu":
+            from radixgen.kernels.cpu import load_native_kernels
+
+            native = load_native_kernels()
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepack()
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.native = native
+        self._lm_head_packed = prepack_weight(self.lm_head_weight)
 
     # --- weights ----------------------------------------------------------------------------
 

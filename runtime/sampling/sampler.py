@@ -17,6 +17,7 @@ from radixgen.kernels.sampling import apply_penalties, sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
 if TYPE_CHECKING:
+    from radixgen.runtime.model_executor.model_runner import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
 
 
@@ -34,10 +35,60 @@ class Sampler:
 
     def sample(
         self,
-        logits: torch.Tensor,
+        logits: LogitsOutput,
+        rows: list[int],
         reqs: list[Req],
         grammar_mask: torch.Tensor | None = None,
         grammar_rows: torch.Tensor | None = None,
+    ) -> SampleOutput:
+        """One token per request; request i reads logits row `rows[i]`.
+
+        Plain greedy requests (no logprobs, grammar, penalties, bias or pending min_new_tokens)
+        take the native argmax straight from the model-dtype logits; only the others get a
+        float32 copy of their rows. `grammar_rows` index into `reqs`.
+        """
+        b = len(reqs)
+        plain = [i for i, r in enumerate(reqs) if self._plain_greedy(r)]
+        ids = [0] * b
+        lps: list[float | None] = [None] * b
+        tops: list[list[tuple[float, int]] | None] = [None] * b
+        if plain:
+            for i, tok in zip(plain, logits.greedy([rows[i] for i in plain]), strict=True):
+                ids[i] = tok
+        if len(plain) == b:
+            return SampleOutput(ids, lps, tops)
+        plain_set = set(plain)
+        rest = [i for i in range(b) if i not in plain_set]
+        sub_rows = None
+        if grammar_mask is not None and grammar_rows is not None:
+            where = {i: j for j, i in enumerate(rest)}
+            sub_rows = torch.tensor([where[int(g)] for g in grammar_rows], dtype=torch.long)
+        dense = logits.rows_float([rows[i] for i in rest])
+        out = self._sample_dense(dense, [reqs[i] for i in rest], grammar_mask, sub_rows)
+        for j, i in enumerate(rest):
+            ids[i], lps[i], tops[i] = out.next_ids[j], out.logprobs[j], out.top_logprobs[j]
+        return SampleOutput(ids, lps, tops)
+
+    @staticmethod
+    def _plain_greedy(r: Req) -> bool:
+        sp = r.sampling_params
+        return (
+            sp.is_greedy
+            and not r.return_logprob
+            and r.grammar is None
+            and not sp.logit_bias
+            and not sp.frequency_penalty
+            and not sp.presence_penalty
+            and sp.repetition_penalty == 1.0
+            and not (sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens)
+        )
+
+    def _sample_dense(
+        self,
+        logits: torch.Tensor,
+        reqs: list[Req],
+        grammar_mask: torch.Tensor | None,
+        grammar_rows: torch.Tensor | None,
     ) -> SampleOutput:
         """logits: [B, V] float32, one row per request in `reqs` (modified in place)."""
         b = len(reqs)

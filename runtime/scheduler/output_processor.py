@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from radixgen.io_struct import BatchTokenIDOut
+from radixgen.runtime.model_executor.model_runner import LogitsOutput
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import StepBatch
 
 
-def record_input_logprobs(batch: StepBatch, logits: torch.Tensor, vocab_size: int) -> None:
+def record_input_logprobs(batch: StepBatch, logits: LogitsOutput, vocab_size: int) -> None:
     """Append this step's prompt logprobs to each request that asked for them."""
     for r, lay in zip(batch.reqs, batch.layouts, strict=True):
         if r.input_logprob_start < 0:
@@ -31,7 +32,7 @@ def record_input_logprobs(batch: StepBatch, logits: torch.Tensor, vocab_size: in
             continue
         n = len(positions)
         row0 = lay.lp_start + skip
-        lp = torch.log_softmax(logits[row0 : row0 + n, :vocab_size], dim=-1)
+        lp = torch.log_softmax(logits.rows_float(slice(row0, row0 + n)), dim=-1)
         targets = [r.origin_input_ids[k + 1] for k in positions]
         vals = lp.gather(1, torch.tensor(targets)[:, None]).squeeze(1).tolist()
         r.input_token_logprobs.extend(zip(vals, targets, strict=True))

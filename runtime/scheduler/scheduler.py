@@ -12,8 +12,6 @@ import logging
 import traceback
 from typing import Any
 
-import torch
-
 from radixgen.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -26,7 +24,7 @@ from radixgen.io_struct import (
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
-from radixgen.runtime.model_executor.model_runner import ModelRunner
+from radixgen.runtime.model_executor.model_runner import LogitsOutput, ModelRunner
 from radixgen.runtime.sampling.sampler import Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
 from radixgen.runtime.scheduler.finish import check_finish
@@ -425,7 +423,7 @@ class Scheduler:
 
     # --- results ------------------------------------------------------------------------------
 
-    def _process(self, batch: StepBatch, logits: torch.Tensor) -> None:
+    def _process(self, batch: StepBatch, logits: LogitsOutput) -> None:
         for r in batch.reqs:
             r.kv_len += r.extend_len
         self._record_input_logprobs(batch, logits)
@@ -435,7 +433,7 @@ class Scheduler:
             grammar_mask = grammar_rows = None
             if self.grammar_manager is not None and any(r.grammar is not None for r in sample_reqs):
                 grammar_mask, grammar_rows = self.grammar_manager.fill_mask(sample_reqs)
-            out = self.sampler.sample(logits[rows], sample_reqs, grammar_mask, grammar_rows)
+            out = self.sampler.sample(logits, rows, sample_reqs, grammar_mask, grammar_rows)
             for i, r in enumerate(sample_reqs):
                 if r.sampling_params.max_new_tokens == 0:
                     r.finish({"type": "length", "length": 0})
@@ -460,7 +458,7 @@ class Scheduler:
             r.steps_since_stream += 1
             self.outbox.append(r)
 
-    def _record_input_logprobs(self, batch: StepBatch, logits: torch.Tensor) -> None:
+    def _record_input_logprobs(self, batch: StepBatch, logits: LogitsOutput) -> None:
         record_input_logprobs(batch, logits, self.vocab_size)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:

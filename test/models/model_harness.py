@@ -152,7 +152,7 @@ class Session:
             starts,
             None,
         )
-        logits = self.runner.forward(batch)
+        logits = self.runner.forward(batch).rows_float(slice(None))
         for slot, new in chunks:
             self.prefix[slot] += len(new)
         return [logits[s : s + n] for s, n in zip(starts, lens, strict=True)]

@@ -94,7 +94,7 @@ def test_greedy_answer_is_paris(folder: Path) -> None:
             [0],
             torch.tensor([n - 1]),
         )
-        token = int(runner.forward(batch)[0].argmax())
+        token = runner.forward(batch).greedy([0])[0]
         prefix += n
         if token in tok.eos_token_ids:
             break

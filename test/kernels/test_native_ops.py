@@ -1,0 +1,92 @@
+"""Native CPU kernels against their torch references (the reference math of the model code)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixgen.kernels.cpu import load_native_kernels
+from radixgen.runtime.model_executor.model_runner import refine_near_max
+
+native = load_native_kernels()
+pytestmark = pytest.mark.skipif(native is None, reason="no C compiler for the native kernels")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm_matches_torch(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(5, 96).to(dtype)
+    residual = torch.randn(5, 96)
+    weight = (torch.rand(96) + 0.5).to(dtype)
+    ref_res = residual + x.float()
+    ref = F.rms_norm(ref_res, (96,), eps=1e-5).to(dtype) * weight
+    res = residual.clone()
+    out = native.add_rmsnorm(x, res, weight, 1e-5)
+    assert torch.equal(res, ref_res)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_store_kv_matches_torch(dtype):
+    torch.manual_seed(1)
+    n, h, hkv, d, slots = 4, 6, 2, 16, 40
+    qkv = torch.randn(n, (h + 2 * hkv) * d).to(dtype)
+    pos = torch.tensor([0, 3, 7, 11])
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(16).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    k_pool = torch.zeros(slots, hkv, d, dtype=dtype)
+    v_pool = torch.zeros(slots, hkv, d, dtype=dtype)
+    loc = torch.tensor([5, 9, 2, 30])
+    q = native.rope_store_kv(qkv, pos, cos, sin, k_pool, v_pool, loc, h, hkv, d)
+
+    def rotate(x):  # the model's torch path
+        c, s = cos[pos].to(dtype).unsqueeze(1), sin[pos].to(dtype).unsqueeze(1)
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return x * c + torch.cat((-x2, x1), dim=-1) * s
+
+    qr, kr, vr = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(q.float(), rotate(qr.view(n, h, d)).float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        k_pool[loc].float(), rotate(kr.view(n, hkv, d)).float(), rtol=tol, atol=tol
+    )
+    assert torch.equal(v_pool[loc], vr.reshape(n, hkv, d))
+    untouched = [i for i in range(slots) if i not in loc.tolist()]
+    assert not k_pool[untouched].any() and not v_pool[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_torch(dtype):
+    torch.manual_seed(2)
+    gate_up = (torch.randn(3, 64) * 4).to(dtype)
+    gate, up = gate_up.split(32, dim=-1)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(
+        native.silu_mul(gate_up).float(), (F.silu(gate) * up).float(), rtol=tol, atol=tol
+    )
+
+
+def test_near_max_rescoring_picks_the_exact_maximum():
+    torch.manual_seed(3)
+    hidden = torch.randn(6, 64).bfloat16()
+    weight = torch.randn(500, 64).bfloat16()
+    logits = F.linear(hidden, weight)  # bf16: rounded, ties at the top are common
+    exact = hidden.float() @ weight.float().t()
+    rows = [0, 2, 3, 5]
+    got = native.greedy_refine(logits, hidden, weight, rows, 500)
+    assert got == exact[rows].argmax(dim=-1).tolist()
+    dense = logits[rows].float()
+    native.refine_near_max(dense, hidden[rows].contiguous(), weight)
+    assert dense.argmax(dim=-1).tolist() == got
+    torch_dense = logits[rows].float()
+    refine_near_max(torch_dense, hidden[rows], weight)
+    assert torch_dense.argmax(dim=-1).tolist() == got
+    # only candidates near the maximum change
+    changed = (dense != logits[rows].float()).sum(dim=-1)
+    assert bool((changed >= 1).all()) and bool((changed < 50).all())
