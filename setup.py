@@ -31,6 +31,6 @@ packages, package_dir = discover()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"radixgen.kernels.cpu": ["*.c"]},
+    package_data={"radixgen.kernels.cpu": ["*.c", "*.h"]},
     include_package_data=True,
 )

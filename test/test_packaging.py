@@ -64,7 +64,8 @@ def test_every_subpackage_is_in_the_wheel(wheel_names: set[str], folder: str) ->
 
 
 def test_c_kernel_sources_are_in_the_wheel(wheel_names: set[str]) -> None:
-    sources = sorted((ROOT / "kernels" / "cpu").glob("*.c"))
+    cpu = ROOT / "kernels" / "cpu"
+    sources = sorted([*cpu.glob("*.c"), *cpu.glob("*.h")])
     assert sources, "kernels/cpu has no C sources"
     for c in sources:
         assert f"radixgen/kernels/cpu/{c.name}" in wheel_names

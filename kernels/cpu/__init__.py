@@ -22,6 +22,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = ["ragged_attention.c", "fused_ops.c"]
+_HEADERS = ["cpu_common.h"]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast"]
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -250,7 +251,7 @@ def load_native_kernels() -> NativeKernels | None:
     here = Path(__file__).parent
     sources = [here / s for s in _SOURCES]
     h = hashlib.sha256()
-    for s in sources:
+    for s in [*sources, *(here / name for name in _HEADERS)]:
         h.update(s.read_bytes())
     h.update(" ".join(_CFLAGS).encode())
     h.update(_cpu_signature().encode())

@@ -10,23 +10,7 @@
 #include <string.h>
 #include <omp.h>
 
-static inline float bf16f(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* Round a float to the nearest bf16 value (as float): models torch's bf16 op outputs. */
-static inline float rbf(float f) { return bf16f(f2bf(f)); }
+#include "cpu_common.h"
 
 static inline float load(const void* p, int64_t i, int dtype) {
     return dtype ? bf16f(((const uint16_t*)p)[i]) : ((const float*)p)[i];
@@ -43,20 +27,62 @@ static inline void store(void* p, int64_t i, float v, int dtype) {
 
 /* residual (float32, [N, H]) += x (dtype, may be NULL); out = (norm(residual) rounded) * w.
  * The norm is x / sqrt(mean(x^2) + eps) in float32, as F.rms_norm on a float32 tensor. */
+#ifdef __AVX512F__
+/* One row of add_rmsnorm, 16 lanes at a time (H a multiple of 16). The sum of squares is kept in
+ * float64 lanes and reduced in a fixed order, so the row's result does not depend on the batch. */
+static void add_rmsnorm_row16(const void* x, float* r, const void* weight, void* out, int64_t H,
+                              float eps, int dtype) {
+    __m512d ss0 = _mm512_setzero_pd(), ss1 = _mm512_setzero_pd();
+    for (int64_t h = 0; h < H; h += 16) {
+        __m512 v = _mm512_loadu_ps(r + h);
+        if (x) {
+            v = _mm512_add_ps(v, dtype ? load16_bf16((const uint16_t*)x + h)
+                                       : _mm512_loadu_ps((const float*)x + h));
+            _mm512_storeu_ps(r + h, v);
+        }
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        ss0 = _mm512_fmadd_pd(lo, lo, ss0);
+        ss1 = _mm512_fmadd_pd(hi, hi, ss1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(ss0, ss1));
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf((float)(ss / (double)H) + eps));
+    for (int64_t h = 0; h < H; h += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(r + h), inv);
+        if (dtype) {
+            v = _mm512_mul_ps(round16_bf16(v), load16_bf16((const uint16_t*)weight + h));
+            store16_bf16((uint16_t*)out + h, v);
+        } else {
+            _mm512_storeu_ps((float*)out + h, _mm512_mul_ps(v, _mm512_loadu_ps((const float*)weight + h)));
+        }
+    }
+}
+#endif
+
+/* residual (float32, [N, H]) += x (dtype, may be NULL); out = (norm(residual) rounded) * w.
+ * The norm is x / sqrt(mean(x^2) + eps) in float32, as F.rms_norm on a float32 tensor. */
 void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, int64_t N,
                  int64_t H, float eps, int dtype) {
 #pragma omp parallel for if (N * H >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         float* r = residual + n * H;
-        if (x)
-            for (int64_t h = 0; h < H; ++h) r[h] += load(x, n * H + h, dtype);
+        const void* xr = x ? (const char*)x + n * H * (dtype ? 2 : 4) : NULL;
+        void* o = (char*)out + n * H * (dtype ? 2 : 4);
+#ifdef __AVX512F__
+        if (H % 16 == 0) {
+            add_rmsnorm_row16(xr, r, weight, o, H, eps, dtype);
+            continue;
+        }
+#endif
+        if (xr)
+            for (int64_t h = 0; h < H; ++h) r[h] += load(xr, h, dtype);
         double ss = 0.0;
         for (int64_t h = 0; h < H; ++h) ss += (double)r[h] * r[h];
         float inv = 1.0f / sqrtf((float)(ss / (double)H) + eps);
         for (int64_t h = 0; h < H; ++h) {
             float v = r[h] * inv;
             if (dtype) v = rbf(v);
-            store(out, n * H + h, v * load(weight, h, dtype), dtype);
+            store(o, h, v * load(weight, h, dtype), dtype);
         }
     }
 }
@@ -85,7 +111,33 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                 dst = k_pool;
                 doff = (loc[n] * Hkv + (head - H)) * (int64_t)D;
             }
-            for (int d = 0; d < D; ++d) {
+            int d = 0;
+#ifdef __AVX512F__
+            if (half % 16 == 0) {
+                for (; d < D; d += 16) {
+                    int partner = d < half ? d + half : d - half;
+                    __m512 xv, pv;
+                    if (dtype) {
+                        xv = load16_bf16((const uint16_t*)qkv + src + d);
+                        pv = load16_bf16((const uint16_t*)qkv + src + partner);
+                    } else {
+                        xv = _mm512_loadu_ps((const float*)qkv + src + d);
+                        pv = _mm512_loadu_ps((const float*)qkv + src + partner);
+                    }
+                    __m512 rot = d < half ? _mm512_sub_ps(_mm512_setzero_ps(), pv) : pv;
+                    __m512 cv = _mm512_loadu_ps(c + d), sv = _mm512_loadu_ps(s + d);
+                    if (dtype) {
+                        __m512 a = round16_bf16(_mm512_mul_ps(xv, round16_bf16(cv)));
+                        __m512 b = round16_bf16(_mm512_mul_ps(rot, round16_bf16(sv)));
+                        store16_bf16((uint16_t*)dst + doff + d, _mm512_add_ps(a, b));
+                    } else {
+                        _mm512_storeu_ps((float*)dst + doff + d,
+                                         _mm512_fmadd_ps(xv, cv, _mm512_mul_ps(rot, sv)));
+                    }
+                }
+            }
+#endif
+            for (; d < D; ++d) {
                 float xv = load(qkv, src + d, dtype);
                 float rot = d < half ? -load(qkv, src + d + half, dtype) : load(qkv, src + d - half, dtype);
                 float cv = c[d], sv = s[d];
@@ -109,7 +161,27 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
 void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype) {
 #pragma omp parallel for if (N * I >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-        for (int64_t i = 0; i < I; ++i) {
+        int64_t i = 0;
+#ifdef __AVX512F__
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= I; i += 16) {
+            int64_t gi = n * 2 * I + i, ui = gi + I, oi = n * I + i;
+            __m512 g, u;
+            if (dtype) {
+                g = load16_bf16((const uint16_t*)gate_up + gi);
+                u = load16_bf16((const uint16_t*)gate_up + ui);
+            } else {
+                g = _mm512_loadu_ps((const float*)gate_up + gi);
+                u = _mm512_loadu_ps((const float*)gate_up + ui);
+            }
+            __m512 a = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            if (dtype)
+                store16_bf16((uint16_t*)out + oi, _mm512_mul_ps(round16_bf16(a), u));
+            else
+                _mm512_storeu_ps((float*)out + oi, _mm512_mul_ps(a, u));
+        }
+#endif
+        for (; i < I; ++i) {
             float g = load(gate_up, n * 2 * I + i, dtype);
             float u = load(gate_up, n * 2 * I + I + i, dtype);
             float a = g / (1.0f + expf(-g));
@@ -133,21 +205,50 @@ static inline float near_max_tolerance(float mx) { return fabsf(mx) * (2.0f / 12
 
 /* Greedy choice over bf16 logits [M, V] (row stride ld) after re-scoring: the best candidate
  * (lowest id on ties). rows: which logits rows; hidden rows follow the same indices. */
+/* Largest value of a bf16 row. */
+static float row_max_bf16(const uint16_t* row, int64_t V) {
+    float mx = -INFINITY;
+    int64_t v = 0;
+#ifdef __AVX512F__
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (; v + 16 <= V; v += 16) m = _mm512_max_ps(m, load16_bf16(row + v));
+    mx = _mm512_reduce_max_ps(m);
+#endif
+    for (; v < V; ++v) {
+        float x = bf16f(row[v]);
+        if (x > mx) mx = x;
+    }
+    return mx;
+}
+
 void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidden,
                         const uint16_t* weight, const int64_t* rows, int64_t R, int64_t V,
                         int64_t H, int64_t* out_ids) {
 #pragma omp parallel for if (R >= 4) schedule(static)
     for (int64_t r = 0; r < R; ++r) {
         const uint16_t* row = logits + rows[r] * ld;
-        float mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) {
-            float x = bf16f(row[v]);
-            if (x > mx) mx = x;
-        }
+        float mx = row_max_bf16(row, V);
         float floor_ = mx - near_max_tolerance(mx);
         float best = -INFINITY;
         int64_t best_id = 0;
-        for (int64_t v = 0; v < V; ++v) {
+        int64_t v = 0;
+#ifdef __AVX512F__
+        /* Candidates are rare: test 16 logits at once and visit only the lanes at the floor. */
+        __m512 fl = _mm512_set1_ps(floor_);
+        for (; v + 16 <= V; v += 16) {
+            __mmask16 hit = _mm512_cmp_ps_mask(load16_bf16(row + v), fl, _CMP_GE_OQ);
+            while (hit) {
+                int lane = __builtin_ctz(hit);
+                hit &= hit - 1;
+                float x = exact_dot(hidden + rows[r] * H, weight + (v + lane) * H, H);
+                if (x > best) {
+                    best = x;
+                    best_id = v + lane;
+                }
+            }
+        }
+#endif
+        for (; v < V; ++v) {
             if (bf16f(row[v]) < floor_) continue;
             float x = exact_dot(hidden + rows[r] * H, weight + v * H, H);
             if (x > best) {

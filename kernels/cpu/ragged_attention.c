@@ -12,20 +12,7 @@
 #include <string.h>
 #include <omp.h>
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
+#include "cpu_common.h"
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
@@ -76,35 +63,11 @@ static void NAME(const T* q, int64_t q_head_stride, const T* k, const T* v,     
 }
 
 #define LOAD_F32(x) (x)
-#define LOAD_BF16(x) bf16_to_f32(x)
+#define LOAD_BF16(x) bf16f(x)
 DEFINE_BLOCK(block_f32, float, LOAD_F32)
 DEFINE_BLOCK(block_bf16, uint16_t, LOAD_BF16)
 
 #ifdef __AVX512F__
-#include <immintrin.h>
-
-static inline __m512 load16_bf16(const uint16_t* p) {
-    __m256i raw = _mm256_loadu_si256((const __m256i*)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-static inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
-
-/* exp(x) for x <= 0 (softmax numerators), within ~2 ulp: 2^n * 2^f, 2^f by a degree-6 series. */
-static inline __m512 exp512_nonpos(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* Sum each of 16 vectors: result lane j = horizontal sum of v[j] (a transposing add tree). */
 static inline __m512 reduce16(const __m512* v) {
     __m512 t[8], u[4], w[2];
@@ -176,7 +139,7 @@ static void NAME(const T* q, int64_t q_head_stride, const T* k, const T* v,     
             int nj = n - j0 < 16 ? (int)(n - j0) : 16;                                        \
             __mmask16 valid = (__mmask16)((1u << nj) - 1u);                                   \
             __m512 s = _mm512_maskz_loadu_ps(valid, scores + g * n + j0);                     \
-            __m512 p = _mm512_maskz_mov_ps(valid, exp512_nonpos(_mm512_sub_ps(s, mv)));       \
+            __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, mv)));       \
             _mm512_mask_storeu_ps(scores + g * n + j0, valid, p);                             \
             sum = _mm512_add_ps(sum, p);                                                      \
         }                                                                                     \
@@ -226,7 +189,7 @@ static void write_out(void* out, int dtype, int64_t off, const float* o, float i
         for (int d = 0; d < D; ++d) op[d] = o[d] * inv;
     } else {
         uint16_t* op = (uint16_t*)out + off;
-        for (int d = 0; d < D; ++d) op[d] = f32_to_bf16(o[d] * inv);
+        for (int d = 0; d < D; ++d) op[d] = f2bf(o[d] * inv);
     }
 }
 
