@@ -49,7 +49,7 @@ class NativeKernels:
         self._silu_mul.argtypes = [p, p, i64, i64, i32]
         self._greedy = lib.greedy_refine_bf16
         self._greedy.restype = None
-        self._greedy.argtypes = [p, i64, p, p, p, i64, i64, i64, p]
+        self._greedy.argtypes = [p, i64, p, p, p, i64, i64, i64, p, i64, p]
         self._refine = lib.refine_near_max_f32
         self._refine.restype = None
         self._refine.argtypes = [p, i64, p, i64, p, i64, i64, i64]
@@ -63,15 +63,25 @@ class NativeKernels:
         weight: torch.Tensor,
         rows: list[int],
         vocab: int,
+        bitmask: torch.Tensor | None = None,
     ) -> list[int]:
-        """Argmax token of each given bf16 logits row, near-max candidates re-scored exactly."""
+        """Argmax token of each given bf16 logits row, near-max candidates re-scored exactly.
+
+        bitmask: None, or int32 [len(rows), W] packed grammar masks (row r for rows[r]): the
+        argmax is then over the allowed tokens only.
+        """
         assert logits.dtype == hidden.dtype == weight.dtype == torch.bfloat16
         assert logits.stride(1) == 1 and hidden.is_contiguous() and weight.is_contiguous()
         idx = torch.tensor(rows, dtype=torch.long)
         out = torch.empty(len(rows), dtype=torch.long)
+        masks, words = 0, 0
+        if bitmask is not None:
+            assert bitmask.dtype == torch.int32 and bitmask.shape[0] == len(rows)
+            bitmask = bitmask.contiguous()
+            masks, words = bitmask.data_ptr(), bitmask.shape[1]
         self._greedy(
             logits.data_ptr(), logits.stride(0), hidden.data_ptr(), weight.data_ptr(),
-            idx.data_ptr(), len(rows), vocab, hidden.shape[1], out.data_ptr(),
+            idx.data_ptr(), len(rows), vocab, hidden.shape[1], masks, words, out.data_ptr(),
         )  # fmt: skip
         return out.tolist()
 

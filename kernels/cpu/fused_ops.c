@@ -205,29 +205,51 @@ static inline float near_max_tolerance(float mx) { return fabsf(mx) * (2.0f / 12
 
 /* Greedy choice over bf16 logits [M, V] (row stride ld) after re-scoring: the best candidate
  * (lowest id on ties). rows: which logits rows; hidden rows follow the same indices. */
-/* Largest value of a bf16 row. */
-static float row_max_bf16(const uint16_t* row, int64_t V) {
+/* Token v is allowed by a packed grammar bitmask row of W int32 words (NULL: every token). */
+static inline int allowed(const int32_t* mask, int64_t W, int64_t v) {
+    if (!mask) return 1;
+    int64_t w = v >> 5;
+    return w < W && ((uint32_t)mask[w] >> (v & 31)) & 1u;
+}
+
+#ifdef __AVX512F__
+/* The 16 mask bits of tokens v .. v + 15 (v a multiple of 16). */
+static inline __mmask16 allowed16(const int32_t* mask, int64_t W, int64_t v) {
+    if (!mask) return 0xffff;
+    int64_t w = v >> 5;
+    return w < W ? (__mmask16)(((uint32_t)mask[w] >> (v & 31)) & 0xffffu) : 0;
+}
+#endif
+
+/* Largest allowed value of a bf16 row (-inf if none is allowed). */
+static float row_max_bf16(const uint16_t* row, int64_t V, const int32_t* mask, int64_t W) {
     float mx = -INFINITY;
     int64_t v = 0;
 #ifdef __AVX512F__
     __m512 m = _mm512_set1_ps(-INFINITY);
-    for (; v + 16 <= V; v += 16) m = _mm512_max_ps(m, load16_bf16(row + v));
+    for (; v + 16 <= V; v += 16)
+        m = _mm512_mask_max_ps(m, allowed16(mask, W, v), m, load16_bf16(row + v));
     mx = _mm512_reduce_max_ps(m);
 #endif
     for (; v < V; ++v) {
         float x = bf16f(row[v]);
-        if (x > mx) mx = x;
+        if (x > mx && allowed(mask, W, v)) mx = x;
     }
     return mx;
 }
 
+/* Greedy choice over bf16 logits [M, V] (row stride ld) after re-scoring: the best allowed
+ * candidate (lowest id on ties). rows: which logits rows; hidden rows follow the same indices.
+ * masks: NULL, or R packed grammar bitmask rows of W words (row r for rows[r]); a row that allows
+ * nothing yields token 0, as an argmax over all -inf logits does. */
 void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidden,
                         const uint16_t* weight, const int64_t* rows, int64_t R, int64_t V,
-                        int64_t H, int64_t* out_ids) {
+                        int64_t H, const int32_t* masks, int64_t W, int64_t* out_ids) {
 #pragma omp parallel for if (R >= 4) schedule(static)
     for (int64_t r = 0; r < R; ++r) {
         const uint16_t* row = logits + rows[r] * ld;
-        float mx = row_max_bf16(row, V);
+        const int32_t* mask = masks ? masks + r * W : NULL;
+        float mx = row_max_bf16(row, V, mask, W);
         float floor_ = mx - near_max_tolerance(mx);
         float best = -INFINITY;
         int64_t best_id = 0;
@@ -236,7 +258,8 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
         /* Candidates are rare: test 16 logits at once and visit only the lanes at the floor. */
         __m512 fl = _mm512_set1_ps(floor_);
         for (; v + 16 <= V; v += 16) {
-            __mmask16 hit = _mm512_cmp_ps_mask(load16_bf16(row + v), fl, _CMP_GE_OQ);
+            __mmask16 hit = _mm512_mask_cmp_ps_mask(allowed16(mask, W, v), load16_bf16(row + v),
+                                                    fl, _CMP_GE_OQ);
             while (hit) {
                 int lane = __builtin_ctz(hit);
                 hit &= hit - 1;
@@ -249,7 +272,7 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
         }
 #endif
         for (; v < V; ++v) {
-            if (bf16f(row[v]) < floor_) continue;
+            if (bf16f(row[v]) < floor_ || !allowed(mask, W, v)) continue;
             float x = exact_dot(hidden + rows[r] * H, weight + v * H, H);
             if (x > best) {
                 best = x;

@@ -12,6 +12,7 @@ import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention import create_attention_backend
+from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -165,13 +166,17 @@ class LogitsOutput:
                 refine_near_max(out, hidden, self.weight)
         return out
 
-    def greedy(self, rows: list[int]) -> list[int]:
-        """Refined argmax of the given rows."""
+    def greedy(self, rows: list[int], bitmask: torch.Tensor | None = None) -> list[int]:
+        """Refined argmax of the given rows; over the tokens a packed grammar bitmask allows
+        (int32 [len(rows), W], row r for rows[r]) when one is given."""
         if self.native is not None and self.raw.is_contiguous():
             return self.native.greedy_refine(
-                self.raw, self.hidden, self.weight, rows, self.vocab_size
+                self.raw, self.hidden, self.weight, rows, self.vocab_size, bitmask
             )
-        return self.rows_float(rows).argmax(dim=-1).tolist()
+        dense = self.rows_float(rows)
+        if bitmask is not None:
+            apply_token_bitmask(dense, bitmask)
+        return dense.argmax(dim=-1).tolist()
 
 
 _BF16_REL_ULP = 2.0**-7

@@ -43,26 +43,41 @@ class Sampler:
     ) -> SampleOutput:
         """One token per request; request i reads logits row `rows[i]`.
 
-        Plain greedy requests (no logprobs, grammar, penalties, bias or pending min_new_tokens)
-        take the native argmax straight from the model-dtype logits; only the others get a
-        float32 copy of their rows. `grammar_rows` index into `reqs`.
+        Plain greedy requests (no logprobs, penalties, bias or pending min_new_tokens) take the
+        native argmax straight from the model-dtype logits, under their grammar mask if they have
+        one; only the others get a float32 copy of their rows. `grammar_rows` index into `reqs`.
         """
         b = len(reqs)
         plain = [i for i, r in enumerate(reqs) if self._plain_greedy(r)]
         ids = [0] * b
         lps: list[float | None] = [None] * b
         tops: list[list[tuple[float, int]] | None] = [None] * b
-        if plain:
-            for i, tok in zip(plain, logits.greedy([rows[i] for i in plain]), strict=True):
+        mask_row: dict[int, int] = {}
+        if grammar_mask is not None and grammar_rows is not None:
+            mask_row = {int(g): j for j, g in enumerate(grammar_rows.tolist())}
+        free = [i for i in plain if i not in mask_row]
+        masked = [i for i in plain if i in mask_row]
+        if free:
+            for i, tok in zip(free, logits.greedy([rows[i] for i in free]), strict=True):
+                ids[i] = tok
+        if masked:
+            sub_mask = grammar_mask[[mask_row[i] for i in masked]]
+            for i, tok in zip(
+                masked, logits.greedy([rows[i] for i in masked], sub_mask), strict=True
+            ):
                 ids[i] = tok
         if len(plain) == b:
             return SampleOutput(ids, lps, tops)
         plain_set = set(plain)
         rest = [i for i in range(b) if i not in plain_set]
         sub_rows = None
-        if grammar_mask is not None and grammar_rows is not None:
-            where = {i: j for j, i in enumerate(rest)}
-            sub_rows = torch.tensor([where[int(g)] for g in grammar_rows], dtype=torch.long)
+        if mask_row:
+            keep = [(j, mask_row[i]) for j, i in enumerate(rest) if i in mask_row]
+            if keep:
+                sub_rows = torch.tensor([j for j, _ in keep], dtype=torch.long)
+                grammar_mask = grammar_mask[[m for _, m in keep]]
+            else:
+                grammar_mask = None
         dense = logits.rows_float([rows[i] for i in rest])
         out = self._sample_dense(dense, [reqs[i] for i in rest], grammar_mask, sub_rows)
         for j, i in enumerate(rest):
@@ -75,7 +90,6 @@ class Sampler:
         return (
             sp.is_greedy
             and not r.return_logprob
-            and r.grammar is None
             and not sp.logit_bias
             and not sp.frequency_penalty
             and not sp.presence_penalty

@@ -90,3 +90,48 @@ def test_near_max_rescoring_picks_the_exact_maximum():
     # only candidates near the maximum change
     changed = (dense != logits[rows].float()).sum(dim=-1)
     assert bool((changed >= 1).all()) and bool((changed < 50).all())
+
+
+def _pack(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [R, V] -> int32 [R, ceil(V / 32)] packed bitmask (bit t % 32 of word t // 32)."""
+    r, v = allowed.shape
+    words = -(-v // 32)
+    bits = torch.zeros(r, words * 32, dtype=torch.int64)
+    bits[:, :v] = allowed.long()
+    packed = (bits.view(r, words, 32) << torch.arange(32)).sum(dim=-1)
+    return packed.to(torch.int64).where(packed < 2**31, packed - 2**32).to(torch.int32)
+
+
+def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens():
+    torch.manual_seed(4)
+    hidden = torch.randn(5, 64).bfloat16()
+    weight = torch.randn(500, 64).bfloat16()  # 500: a vocabulary that is not a multiple of 16
+    logits = F.linear(hidden, weight)
+    exact = hidden.float() @ weight.float().t()
+    rows = [0, 1, 3, 4]
+    allowed = torch.rand(len(rows), 500) < 0.2
+    allowed[1] = False
+    allowed[1, [7, 499]] = True  # only two tokens, one in the tail past the last 16-lane block
+    allowed[2] = False  # nothing allowed: token 0, as argmax over all -inf
+    got = native.greedy_refine(logits, hidden, weight, rows, 500, _pack(allowed))
+    masked = exact[rows].masked_fill(~allowed, float("-inf"))
+    want = masked.argmax(dim=-1).tolist()
+    want[2] = 0
+    assert got == want
+    # the torch fallback (LogitsOutput without native kernels) agrees
+    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+
+    out = LogitsOutput(logits, hidden, weight, 500, None)
+    fallback = out.greedy(rows, _pack(allowed))
+    assert [g for i, g in enumerate(fallback) if i != 2] == [w for i, w in enumerate(want) if i != 2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_vector_body_and_scalar_tail(dtype):
+    torch.manual_seed(5)
+    gate_up = (torch.randn(4, 80) * 6).to(dtype)  # I = 40: two 16-lane blocks and a tail of 8
+    gate, up = gate_up.split(40, dim=-1)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(
+        native.silu_mul(gate_up).float(), (F.silu(gate) * up).float(), rtol=tol, atol=tol
+    )
