@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
-from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
+from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
 from radixgen.runtime.tokenizer_manager import TokenizerManager
 
 
@@ -139,28 +139,9 @@ def _with_system(messages: list[dict[str, Any]], extra: str) -> list[dict[str, A
 
 
 async def create_chat_completion(request: Request) -> Response:
-    state = request.app.state.server
-    try:
-        tm = state.manager()
-        req = parse_request(ChatCompletionRequest, await hu.read_json(request))
-        plan = ChatPlan(req, tm)
-        obj = plan.generate_input()
-        if not req.stream:
-            result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
-            results = result if isinstance(result, list) else [result]
-            hu.raise_if_failed(results)
-            return hu.json_response(
-                _response(plan, results, tm, state.args.http.enable_cache_report)
-            )
-        first, rest = await hu.first_chunk_or_refusal(tm.generate(obj), request)
-    except hu.ClientDisconnected:
-        return Response(status_code=499)
-    except InvalidRequestError as e:
-        return hu.error_response(common.openai_error(e, "messages"))
-    except RadixGenError as e:
-        return hu.error_response(e)
-    stream = _stream(plan, first, rest, tm.served_model_name, state.args.http.enable_cache_report)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=hu.SSE_HEADERS)
+    return await common.serve_generation(
+        request, ChatCompletionRequest, ChatPlan, _response, _stream, "messages"
+    )
 
 
 def _response(

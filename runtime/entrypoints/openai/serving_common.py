@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from radixgen.errors import InvalidRequestError
-from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 
 # SGLang sampling-param names -> the OpenAI field a user wrote, for error messages
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "seed": "seed"}
@@ -183,3 +192,37 @@ def completion_logprobs(
         "top_logprobs": top_rows if tops is not None else None,
         "text_offset": offsets,
     }
+
+
+async def serve_generation(
+    request: Request,
+    request_model: type,
+    make_plan: Callable[[Any, Any], Any],
+    build_response: Callable[[Any, list[dict[str, Any]], Any, bool], dict[str, Any]],
+    build_stream: Callable[[Any, Any, AsyncIterator[Any], str, bool], AsyncIterator[bytes]],
+    input_field: str,
+) -> Response:
+    """The request flow both OpenAI generation endpoints share: validate, plan, generate, then
+    one JSON response or an SSE stream. Refusals before the first chunk are HTTP errors (an
+    invalid input names `input_field`, OpenAI's `param`); a client that left gets 499."""
+    state = request.app.state.server
+    try:
+        tm = state.manager()
+        req = parse_request(request_model, await hu.read_json(request))
+        plan = make_plan(req, tm)
+        obj = plan.generate_input()
+        cache_report = state.args.http.enable_cache_report
+        if not req.stream:
+            result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
+            results = result if isinstance(result, list) else [result]
+            hu.raise_if_failed(results)
+            return hu.json_response(build_response(plan, results, tm, cache_report))
+        first, rest = await hu.first_chunk_or_refusal(tm.generate(obj), request)
+    except hu.ClientDisconnected:
+        return Response(status_code=499)
+    except InvalidRequestError as e:
+        return hu.error_response(openai_error(e, input_field))
+    except RadixGenError as e:
+        return hu.error_response(e)
+    stream = build_stream(plan, first, rest, tm.served_model_name, cache_report)
+    return StreamingResponse(stream, media_type="text/event-stream", headers=hu.SSE_HEADERS)
