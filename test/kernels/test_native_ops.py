@@ -123,7 +123,9 @@ def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens():
 
     out = LogitsOutput(logits, hidden, weight, 500, None)
     fallback = out.greedy(rows, _pack(allowed))
-    assert [g for i, g in enumerate(fallback) if i != 2] == [w for i, w in enumerate(want) if i != 2]
+    assert [g for i, g in enumerate(fallback) if i != 2] == [
+        w for i, w in enumerate(want) if i != 2
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
