@@ -45,7 +45,12 @@ def main() -> None:
         from radixgen.runtime.detokenizer_manager import run_detokenizer_process
 
         run_detokenizer_process(
-            spec["model_folder"], spec["chat_template"], spec["ports"], channel, spec["log_level"]
+            spec["model_folder"],
+            spec["tokenizer_path"],
+            spec["chat_template"],
+            spec["ports"],
+            channel,
+            spec["log_level"],
         )
     else:
         raise SystemExit(f"unknown role {role!r}")

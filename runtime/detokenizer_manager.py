@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
-from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.runtime.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,12 @@ def _held_back(text: str, stops: list[str]) -> int:
 
 
 def run_detokenizer_process(
-    model_folder: str, chat_template: str | None, ports, ready_pipe, log_level: str
+    model_folder: str,
+    tokenizer_path: str | None,
+    chat_template: str | None,
+    ports,
+    ready_pipe,
+    log_level: str,
 ) -> None:
     """Entry point of the detokenizer process."""
     import zmq
@@ -163,7 +168,7 @@ def run_detokenizer_process(
 
     configure_child_process("detokenizer", log_level)
     try:
-        manager = DetokenizerManager(Tokenizer(model_folder, chat_template))
+        manager = DetokenizerManager(load_tokenizer(model_folder, tokenizer_path, chat_template))
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)
         recv.bind(ports.detokenizer_ipc)

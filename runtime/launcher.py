@@ -23,6 +23,7 @@ from radixgen.errors import EngineDeadError
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
 from radixgen.runtime.process_utils import PortArgs
+from radixgen.runtime.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class EngineProcesses:
 def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     """Resolve the model, start scheduler + detokenizer, wait until both are ready."""
     model_folder = resolve_model_path(args.model.model_path)
+    # NOTE: bad tokenizer / chat-template flags fail here, before any child starts
+    tokenizer_folder(model_folder, args.model.tokenizer_path)
+    chat_template_text(args.model.chat_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path)
     ports = PortArgs.create()
     ready_endpoint = f"ipc://{ports.ipc_dir}/ready"
@@ -76,6 +80,7 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
         "model_folder": model_folder,
         "ports": ports,
         "ready_endpoint": ready_endpoint,
+        "tokenizer_path": args.model.tokenizer_path,
         "chat_template": args.model.chat_template,
         "log_level": args.http.log_level,
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from radixgen.errors import InvalidRequestError
 from radixgen.runtime.chat_template import ChatTemplate
 
 
@@ -32,6 +33,44 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def chat_template_text(value: str | None) -> str | None:
+    """`--chat-template` is a file path or the template itself (a path must name a file)."""
+    if not value:
+        return None
+    try:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text()
+    except OSError:  # an inline template too long to be a file name
+        pass
+    if "{" not in value:
+        raise InvalidRequestError(
+            f"chat template {value!r} is neither a file nor a Jinja template", "chat_template"
+        )
+    return value
+
+
+def tokenizer_folder(model_folder: str, tokenizer_path: str | None) -> str:
+    """`--tokenizer-path` when given (it must exist), else the model's own folder."""
+    if tokenizer_path is None:
+        return model_folder
+    path = Path(tokenizer_path).expanduser()
+    if not path.is_dir():
+        raise InvalidRequestError(
+            f"tokenizer path {tokenizer_path!r} is not a folder (weights and tokenizers are never "
+            "downloaded)",
+            "tokenizer_path",
+        )
+    return str(path)
+
+
+def load_tokenizer(
+    model_folder: str, tokenizer_path: str | None, chat_template: str | None
+) -> Tokenizer:
+    """The tokenizer every process builds from the server's flags."""
+    return Tokenizer(tokenizer_folder(model_folder, tokenizer_path), chat_template)
 
 
 class Tokenizer:
@@ -58,7 +97,7 @@ class Tokenizer:
         self.special_token_ids: set[int] = {i for i, t in added.items() if t.special}
         self.added_token_ids: set[int] = set(added)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        template = chat_template_override or self._find_chat_template()
+        template = chat_template_text(chat_template_override) or self._find_chat_template()
         self.chat_template = (
             ChatTemplate(template, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
             if template

@@ -37,7 +37,7 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
 )
 from radixgen.runtime.process_utils import PortArgs
-from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.runtime.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
 
@@ -82,7 +82,9 @@ class TokenizerManager:
     ) -> None:
         self.args = args
         self.model_folder = model_folder
-        self.tokenizer = Tokenizer(model_folder, args.model.chat_template)
+        self.tokenizer = load_tokenizer(
+            model_folder, args.model.tokenizer_path, args.model.chat_template
+        )
         self.ready = ready
         self.served_model_name = served_model_name
         self.context_length = ready.context_length

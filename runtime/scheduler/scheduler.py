@@ -37,7 +37,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
     pages_needed,
 )
 from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
-from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.runtime.tokenizer import load_tokenizer
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many tokens with one bei
 class Scheduler:
     def __init__(self, args: ServerArgs, model_folder: str) -> None:
         self.args = args
-        self.tokenizer = Tokenizer(model_folder, args.model.chat_template)
+        self.tokenizer = load_tokenizer(
+            model_folder, args.model.tokenizer_path, args.model.chat_template
+        )
         context = args.model.context_length
         from radixgen.runtime.model_config import ModelArchConfig
 
