@@ -218,19 +218,23 @@ class ProgramStateGroup:
     def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
         self.states = states
         self.src_state = src_state
-        self._base_vars = set(src_state.stream_executor.variables)
 
     def join(self, mode: str = "gather_variable") -> None:
         """gather_variable: each new child variable becomes a list in the parent (branch order);
-        concate_and_append: each child's new text is appended to the parent's text."""
+        concate_and_append: each child's new text is appended to the parent's text.
+
+        As in SGLang, a variable the parent already has when `join` runs (set before or after the
+        fork, or by an earlier join) keeps the parent's value."""
         if mode == "gather_variable":
             src = self.src_state.stream_executor
+            src.sync()
+            base_vars = set(src.variables)
             for child in self.states:
                 exe = child.stream_executor
                 exe.sync()
                 if exe.error_ is not None:
                     raise exe.error_
-                for name in exe.variables.keys() - self._base_vars:
+                for name in exe.variables.keys() - base_vars:
                     src.variables.setdefault(name, []).append(exe.variables[name])
                     if name in exe.parsers:
                         src.parsers[name] = exe.parsers[name]

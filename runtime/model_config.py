@@ -6,6 +6,7 @@ partial rotary embeddings) is refused here, at load time, with an error naming t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,18 @@ class ModelArchConfig:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise _bad(f"{path} is not valid JSON: {e}") from e
-        return cls.from_dict(raw)
+        cfg = cls.from_dict(raw)
+        # NOTE: instruct models often list their end-of-turn token only in generation_config.json
+        gen_path = Path(folder) / "generation_config.json"
+        if gen_path.is_file():
+            try:
+                gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
+            except (json.JSONDecodeError, AttributeError):
+                gen_eos = None
+            extra = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+            merged = list(dict.fromkeys([*cfg.eos_token_ids, *extra]))
+            cfg = dataclasses.replace(cfg, eos_token_ids=merged)
+        return cfg
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelArchConfig:

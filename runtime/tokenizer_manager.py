@@ -46,6 +46,30 @@ logger = logging.getLogger(__name__)
 MAX_TOP_LOGPROBS = 100
 
 
+_PER_ITEM_FIELDS = (
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "rid",
+)
+
+
+def check_per_item_lengths(obj: GenerateReqInput) -> None:
+    """Per-item lists must have one entry per prompt (a list on a single prompt is refused)."""
+    n = obj.batch_size() if obj.is_batch else -1
+    for name in _PER_ITEM_FIELDS:
+        value = getattr(obj, name)
+        if not isinstance(value, list):
+            continue
+        if n < 0:
+            raise InvalidRequestError(f"{name} is a list but the prompt is not a batch", name)
+        if len(value) != n:
+            raise InvalidRequestError(
+                f"{name} has {len(value)} entries for a batch of {n} prompts", name
+            )
+
+
 @dataclass
 class ReqState:
     rid: str
@@ -186,9 +210,17 @@ class TokenizerManager:
         return out.state
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Abort one request (an n > 1 request's rid aborts all its samples) or all of them."""
         if self._ctx is None:
             return
-        await self._send.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+        if abort_all or rid in self.states:
+            await self._send.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+            return
+        samples = [
+            r for r in self.states if r.startswith(f"{rid}-") and r[len(rid) + 1 :].isdigit()
+        ]
+        for r in samples or [rid]:
+            await self._send.send_pyobj(AbortReq(rid=r))
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
@@ -203,6 +235,9 @@ class TokenizerManager:
         if obj.text is not None:
             if not isinstance(obj.text, str):
                 raise InvalidRequestError("text must be a string or a list of strings", "text")
+            if not obj.text:
+                # NOTE: checked on the text: tokenizers that add BOS would encode "" as [bos]
+                raise InvalidRequestError("the prompt is empty", "text")
             ids = self.tokenizer.encode(obj.text)
         elif obj.input_ids is not None:
             ids = obj.input_ids
@@ -260,21 +295,25 @@ class TokenizerManager:
     ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
+        check_per_item_lengths(obj)
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
-        prepared = [
-            (it, *self.tokenize_one(it)) for it in items
-        ]  # all validated before any is sent
+        # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent
+        prepared = [(it, *self.tokenize_one(it)) for it in items]
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
+        shared_prompts: list[list[int]] = []
         for it, ids, sp in prepared:
             if sp.n > 1:
-                await self._cache_prompt(ids)
+                shared_prompts.append(ids)
                 for k in range(sp.n):
                     child = dataclasses.replace(it, rid=f"{it.rid or uuid.uuid4().hex}-{k}")
                     seed = None if sp.seed is None else sp.seed + k  # n distinct samples
                     expanded.append((child, ids, dataclasses.replace(sp, n=1, seed=seed)))
             else:
                 expanded.append((it, ids, sp))
+        self._check_rids([it.rid for it, _, _ in expanded])
         self._check_capacity(len(expanded))
+        for ids in shared_prompts:
+            await self._cache_prompt(ids)
         states = [await self._submit(it, ids, sp) for it, ids, sp in expanded]
         plural = obj.is_batch or len(states) > 1
         try:
@@ -304,6 +343,14 @@ class TokenizerManager:
             await self._wait_final(st)
         finally:
             self.states.pop(st.rid, None)
+
+    def _check_rids(self, rids: list[str | None]) -> None:
+        given = [r for r in rids if r]
+        seen: set[str] = set()
+        for rid in given:
+            if rid in seen or rid in self.states:
+                raise InvalidRequestError(f"request id {rid!r} is already in use", "rid")
+            seen.add(rid)
 
     def _check_capacity(self, n: int) -> None:
         cap = self.args.scheduler.max_queued_requests

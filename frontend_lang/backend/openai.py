@@ -88,6 +88,12 @@ class OpenAI(BaseBackend):
                 extra[name] = value
         if params.stop_token_ids:
             extra["stop_token_ids"] = list(params.stop_token_ids)
+        if params.stop_regex:  # SGLang servers take it as an extra; others will refuse it
+            extra["stop_regex"] = (
+                [params.stop_regex]
+                if isinstance(params.stop_regex, str)
+                else list(params.stop_regex)
+            )
         if params.regex is not None:
             extra["regex"] = params.regex
         if params.choices is not None:

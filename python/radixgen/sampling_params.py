@@ -62,6 +62,11 @@ class SamplingParams:
         kwargs: dict[str, Any] = {}
         for key, value in params.items():
             key = _ALIASES.get(key, key)
+            if key == "stop_regex" and value:
+                _bad(
+                    "stop_regex",
+                    "is not supported by this server; use stop strings, or a regex constraint",
+                )
             if key in _IGNORED_KEYS:
                 continue
             if key not in known:
@@ -93,6 +98,22 @@ class SamplingParams:
             setattr(self, name, _as_float(getattr(self, name), name))
         if self.top_k in (-1, 0):
             self.top_k = TOP_K_DISABLED
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "no_stop_trim",
+            "json_object",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                _bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        for name in ("regex", "ebnf"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                _bad(name, f"must be a string, got {type(getattr(self, name)).__name__}")
+        if self.json_schema is not None and not isinstance(self.json_schema, (str, dict)):
+            _bad("json_schema", "must be a JSON Schema object or its JSON text")
+        if self.stream_interval is not None:
+            self.stream_interval = _as_int(self.stream_interval, "stream_interval")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif isinstance(self.stop, (list, tuple)):
@@ -195,7 +216,8 @@ class SamplingParams:
 
 
 _ALIASES = {"sampling_seed": "seed", "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-# Accepted for compatibility with SGLang clients; they change nothing here.
+# Accepted for compatibility with SGLang clients; they change nothing here (an empty stop_regex
+# is what SGLang's frontend sends by default; a non-empty one is refused above).
 _IGNORED_KEYS = {"stop_regex", "custom_params"}
 
 

@@ -64,8 +64,11 @@ def find_unenforceable(
     if not isinstance(schema, dict):
         return None
     for kw in keywords:
-        if kw in schema and not (kw == "uniqueItems" and schema[kw] is False):
-            return kw, path or "/"
+        if kw not in schema or (kw == "uniqueItems" and schema[kw] is False):
+            continue
+        if kw == "allOf" and isinstance(schema[kw], list) and len(schema[kw]) <= 1:
+            continue  # a single subschema (pydantic's $ref wrapper) is just that subschema
+        return kw, path or "/"
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         return "pattern with minLength/maxLength", path or "/"
     children: list[tuple[str, Any]] = []

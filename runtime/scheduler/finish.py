@@ -26,7 +26,7 @@ def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: T
     if req.grammar is not None and req.grammar.is_terminated():
         req.finish({"type": "stop", "matched": tok})
         return
-    if sp.stop:
+    if sp.stop and len(req.output_ids) >= sp.min_new_tokens:
         matched = _match_stop_string(req, tokenizer)
         if matched is not None:
             req.finish({"type": "stop", "matched": matched})
@@ -39,10 +39,10 @@ def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: T
 
 
 def _match_stop_string(req: Req, tokenizer: Tokenizer) -> str | None:
-    # Each token decodes to at least one character (partial UTF-8 bytes aside), so this many tail
-    # tokens cover any stop string ending at the newest token; an earlier match would have
-    # finished the request at an earlier step.
-    window = req.stop_tail_chars + 4
+    # Each token carries at least one byte (byte-level vocabularies may spell one character in
+    # several tokens), so this many tail tokens cover any stop string ending at the newest token;
+    # an earlier match would have finished the request at an earlier step.
+    window = req.stop_tail_tokens
     tail = tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
     for s in req.sampling_params.stop:
         if s in tail:

@@ -55,9 +55,11 @@ def collect_outputs(outbox: list[Req], stream_interval: int) -> list[BatchTokenI
         seen.add(id(r))
         if not r.finished:
             every = r.sampling_params.stream_interval or stream_interval
+            # the first tokens go out at once (time to first token), then every `every` steps
+            first = r.sent_output_len == 0
             if (
                 not r.stream
-                or r.steps_since_stream < every
+                or (r.steps_since_stream < every and not first)
                 or len(r.output_ids) == r.sent_output_len
             ):
                 continue

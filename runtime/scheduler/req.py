@@ -63,7 +63,11 @@ class Req:
         self.input_top_logprobs: list[Any] | None = None
         self.output_token_logprobs: list[tuple[float | None, int]] = []
         self.output_top_logprobs: list[Any] = []
-        self.stop_tail_chars = max((len(s) for s in self.sampling_params.stop), default=0)
+        # tokens to decode for the stop-string check: one byte per token at least, plus slack for
+        # a match that starts inside a multi-byte token
+        self.stop_tail_tokens = (
+            max((len(s.encode("utf-8")) for s in self.sampling_params.stop), default=0) + 4
+        )
 
     # --- token views ------------------------------------------------------------------------
 

@@ -202,3 +202,32 @@ def test_xgrammar_strict_mode_forbids_undeclared_keys(build, encode):
     g = build("xgrammar", "json_schema", PERSON)
     extra = '{"name":"A","age":1,"x'
     assert g.accept_tokens(encode(extra)) < len(encode(extra))
+
+
+@pytest.mark.parametrize(
+    ("keyword", "schema"),
+    [
+        ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
+        ("not", {"type": "object", "properties": {"a": {"not": {"type": "integer"}}}}),
+        ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b"]}}),
+        ("if", {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}),
+        ("contains", {"type": "array", "contains": {"const": 5}}),
+        ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 5}]}),
+    ],
+)
+def test_xgrammar_refuses_keywords_it_would_not_enforce(compiled, keyword, schema):
+    """Measured: xgrammar's converter lets instances violating these through, so they are refused
+    by name instead of served unenforced."""
+    with pytest.raises(GrammarError, match=f"cannot enforce '{keyword}'"):
+        compiled("xgrammar", "json_schema", json.dumps(schema))
+
+
+def test_xgrammar_serves_a_single_subschema_allof(build, encode):
+    """pydantic wraps a described $ref in a one-item allOf: that is just the subschema."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"allOf": [{"type": "integer"}], "description": "a count"}},
+        "required": ["n"],
+    }
+    grammar = build("xgrammar", "json_schema", schema)
+    assert grammar.accept_tokens(encode('{"n":3}')) == len(encode('{"n":3}'))

@@ -239,3 +239,65 @@ def test_server_info(engine):
     assert info["max_total_num_tokens"] > 0
     assert info["internal_states"][0]["max_total_num_tokens"] == info["max_total_num_tokens"]
     assert info["dtype"] == "bfloat16"  # auto on a CPU with AMX
+
+
+def test_duplicate_rids_are_refused_before_anything_runs(engine):
+    with pytest.raises(InvalidRequestError) as err:
+        engine.generate(["Hello", "Hi"], {"max_new_tokens": 2}, rid=["dup", "dup"])
+    assert err.value.param == "rid"
+    # nothing was sent: the id is free for the next request
+    out = engine.generate("Hello", {"max_new_tokens": 2}, rid="dup")
+    assert out["meta_info"]["id"] == "dup"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"sampling_params": [{"max_new_tokens": 1}]}, "sampling_params"),
+        (
+            {"sampling_params": {"max_new_tokens": 1}, "top_logprobs_num": [1, 2]},
+            "top_logprobs_num",
+        ),
+    ],
+)
+def test_per_item_lists_must_match_the_batch(engine, kwargs, param):
+    with pytest.raises(InvalidRequestError) as err:
+        engine.generate(["a", "b", "c"], **kwargs)
+    assert err.value.param == param
+
+
+def test_empty_text_is_refused_even_where_encoding_adds_tokens(engine):
+    with pytest.raises(InvalidRequestError, match="empty") as err:
+        engine.generate("", {"max_new_tokens": 2})
+    assert err.value.param == "text"
+
+
+def test_first_stream_chunk_is_not_held_back_by_stream_interval(engine, chat_prompt):
+    params = {"temperature": 0, "max_new_tokens": 9, "ignore_eos": True, "stream_interval": 4}
+    counts = [
+        c["meta_info"]["completion_tokens"]
+        for c in engine.generate(chat_prompt("Count to ten."), params, stream=True)
+    ]
+    assert counts[0] == 1  # the first token at once (time to first token)
+    assert counts[-1] == 9 and all(b - a <= 4 for a, b in itertools.pairwise(counts))
+    assert len(counts) < 9  # later chunks are batched
+
+
+def test_stop_string_spelled_in_byte_tokens_is_found(engine):
+    """A byte-level vocabulary can spell one character in several tokens: the stop check must
+    decode enough tail tokens (one byte per token at least)."""
+    from radixgen.io_struct import TokenizedGenerateReq
+    from radixgen.runtime.scheduler.finish import _match_stop_string
+    from radixgen.runtime.scheduler.req import Req
+    from radixgen.runtime.tokenizer import _bytes_to_unicode
+    from radixgen.sampling_params import SamplingParams
+
+    tok = engine.tokenizer
+    stop = "🦀🦀"
+    byte_char = _bytes_to_unicode()
+    byte_ids = [tok.token_to_id(byte_char[b]) for b in stop.encode("utf-8")]
+    assert None not in byte_ids and tok.decode(byte_ids) == stop
+    prompt = tok.encode("Crabs:")
+    req = Req(TokenizedGenerateReq("crab", prompt, SamplingParams.from_dict({"stop": stop})), 0)
+    req.output_ids = tok.encode(" two crabs") + byte_ids
+    assert _match_stop_string(req, tok) == stop

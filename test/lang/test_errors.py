@@ -111,3 +111,15 @@ def test_no_program_threads_are_left_behind(endpoint):
     time.sleep(0.5)
     after = {t for t in threading.enumerate() if t.name == "radixgen-program"}
     assert not (after - before), "worker threads of finished programs must exit"
+
+
+def test_stop_regex_is_refused_by_our_server_not_dropped(backend):
+    """RadixGen does not implement stop_regex: a program that asks for it gets a clear error
+    instead of a generation that ignores it."""
+
+    @rg.function
+    def prog(s):
+        s += "Count: 1, 2," + rg.gen("rest", max_tokens=8, stop_regex=r"\d{2}")
+
+    with pytest.raises(Exception, match="stop_regex"):
+        prog.run(backend=backend)

@@ -186,6 +186,29 @@ def test_fork_gathers_variables_and_concatenates_text(backend):
     assert state.text() == "List three fruits.\nDone. A B"
 
 
+def test_join_keeps_the_parents_variables_as_sglang_does(backend):
+    """A name the parent already has at join time keeps the parent's value; two fork groups
+    joined one after the other each contribute only names that are still new."""
+
+    @rg.function
+    def clash(s):
+        s += "Q:"
+        forks = s.fork(2)
+        forks += rg.gen("y", max_tokens=2, temperature=0)
+        s += rg.gen("y", max_tokens=1, temperature=0)  # the parent sets y after the fork
+        forks.join()
+        first = s.fork(2)
+        second = s.fork(2)
+        first += rg.gen("z", max_tokens=1, temperature=0)
+        second += rg.gen("z", max_tokens=1, temperature=0)
+        first.join()
+        second.join()
+
+    state = clash.run(backend=backend)
+    assert isinstance(state["y"], str)  # the parent's own value, not a list
+    assert isinstance(state["z"], list) and len(state["z"]) == 2
+
+
 def test_copy_var_scope_bind_and_n(backend):
     @rg.function
     def prog(s, topic, other="cats"):

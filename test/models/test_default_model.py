@@ -117,3 +117,15 @@ def test_auto_dtype() -> None:
     assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
     if "amx_bf16" in flags:
         assert resolve_dtype("auto", "cpu") == torch.bfloat16
+
+
+def test_generation_config_adds_end_of_turn_ids(folder: Path, tmp_path: Path) -> None:
+    """Instruct models often list their end-of-turn token only in generation_config.json."""
+    import json
+
+    from radixgen.runtime.model_config import ModelArchConfig
+
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    assert ModelArchConfig.from_folder(tmp_path).eos_token_ids == [2]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    assert ModelArchConfig.from_folder(tmp_path).eos_token_ids == [2, 7]

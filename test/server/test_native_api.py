@@ -275,6 +275,29 @@ def test_abort_request_by_rid(http, base_url):
     assert http.post("/abort_request", json={}).status_code == 400
 
 
+def test_abort_request_by_rid_aborts_every_sample_of_n(http, base_url):
+    result = {}
+
+    def run():
+        with httpx.Client(base_url=base_url, timeout=60) as c:
+            result["r"] = c.post("/generate", json={
+                "text": "Tell me a long story", "rid": "abort-n",
+                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True, "n": 2,
+                                    "temperature": 0.8},
+            })  # fmt: skip
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.0)
+    assert http.post("/abort_request", json={"rid": "abort-n"}).status_code == 200
+    t.join(30)
+    outs = result["r"].json()
+    assert isinstance(outs, list) and len(outs) == 2
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert out["meta_info"]["completion_tokens"] < 2000
+
+
 def _send_raw_request(base_url: str, body: dict) -> socket.socket:
     """A POST on a plain socket, so the test can hang up before any response byte arrives."""
     host, port = base_url.removeprefix("http://").split(":")
