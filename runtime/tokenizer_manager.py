@@ -89,6 +89,7 @@ class ReqState:
     output_token_logprobs: list[Any] = field(default_factory=list)
     output_top_logprobs: list[Any] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
 
     @property
     def finished(self) -> bool:
@@ -191,7 +192,7 @@ class TokenizerManager:
             if out.finished_reasons[i] is not None:
                 st.finish_reason = out.finished_reasons[i]
                 st.finished_time = now
-            if self.metrics is not None:
+            if self.metrics is not None and not st.internal:
                 self.metrics.on_output(st, len(new_ids), now)
             st.event.set()
 
@@ -338,7 +339,9 @@ class TokenizerManager:
         """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache."""
         if self.args.cache.disable_radix_cache:
             return
-        st = await self._submit(GenerateReqInput(), ids, SamplingParams(max_new_tokens=0))
+        st = await self._submit(
+            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True
+        )
         try:
             await self._wait_final(st)
         finally:
@@ -362,7 +365,9 @@ class TokenizerManager:
                 f"too many requests in flight ({in_flight}); max_queued_requests={cap}"
             )
 
-    async def _submit(self, it: GenerateReqInput, ids: list[int], sp: SamplingParams) -> ReqState:
+    async def _submit(
+        self, it: GenerateReqInput, ids: list[int], sp: SamplingParams, internal: bool = False
+    ) -> ReqState:
         rid = it.rid or uuid.uuid4().hex
         if rid in self.states:
             raise InvalidRequestError(f"request id {rid!r} is already in use", "rid")
@@ -376,6 +381,7 @@ class TokenizerManager:
             top_logprobs_num=it.top_logprobs_num or 0,
             return_text=it.return_text_in_logprobs,
             created=time.perf_counter(),
+            internal=internal,
         )
         self.states[rid] = st
         msg = TokenizedGenerateReq(
@@ -389,7 +395,7 @@ class TokenizerManager:
             arrival_time=time.time(),
         )
         await self._send.send_pyobj(msg)
-        if self.metrics is not None:
+        if self.metrics is not None and not internal:
             self.metrics.on_submit(st)
         return st
 

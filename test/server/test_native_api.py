@@ -404,6 +404,22 @@ def test_metrics(http):
         assert "radixgen_grammar_compile_seconds_total" in body
 
 
+def _metric(http, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_metrics_count_n_samples_not_the_internal_prompt_prefill(http):
+    before = _metric(http, "radixgen_requests_received_total")
+    out = generate(
+        http, text="Two samples please", sampling_params={"max_new_tokens": 2, "n": 2}
+    ).json()
+    assert len(out) == 2
+    assert _metric(http, "radixgen_requests_received_total") - before == 2
+
+
 @needs_grammar
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_grammar_is_a_400_before_any_stream(http, stream):

@@ -1,0 +1,45 @@
+"""Incremental detokenization on the default model's byte-level vocabulary: a streamed piece never
+ends inside a UTF-8 character, and the pieces add up to the full text."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixgen.io_struct import BatchTokenIDOut
+from radixgen.runtime.detokenizer_manager import DetokenizerManager
+from radixgen.runtime.model_loader import resolve_model_path
+from radixgen.runtime.tokenizer import Tokenizer, _bytes_to_unicode
+
+TEXT = "Crabs 🦀 like 日本語 and ünïcödé"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(resolve_model_path(None))
+
+
+def _batch(rid: str, ids: list[int], finished: dict | None) -> BatchTokenIDOut:
+    return BatchTokenIDOut(
+        rids=[rid], rollbacks=[0], new_token_ids=[ids], finished_reasons=[finished], metas=[None],
+        skip_special_tokens=[True], spaces_between_special_tokens=[True], stop_strings=[[]],
+        no_stop_trim=[False],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("spelling", ["bpe", "bytes"])
+def test_streamed_pieces_are_whole_characters(tokenizer, spelling):
+    if spelling == "bpe":
+        ids = tokenizer.encode(TEXT)
+    else:  # every UTF-8 byte as its own token: multi-byte characters span several tokens
+        table = _bytes_to_unicode()
+        ids = [tokenizer.token_to_id(table[b]) for b in TEXT.encode("utf-8")]
+    assert tokenizer.decode(ids) == TEXT
+    detok = DetokenizerManager(tokenizer)
+    pieces = []
+    for i, tok in enumerate(ids):
+        done = {"type": "length", "length": len(ids)} if i == len(ids) - 1 else None
+        pieces.append(detok.handle(_batch(spelling, [tok], done)).delta_texts[0])
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == TEXT
+    if spelling == "bytes":
+        assert any(p == "" for p in pieces)  # partial characters were held back, not sent
