@@ -57,6 +57,9 @@ class ModelArchConfig:
     bos_token_id: int | None = None
     # NOTE: per layer, the attention window (keys within the last N positions) or None (full).
     layer_sliding_windows: tuple[int | None, ...] = ()
+    # NOTE: per-frequency rope divisors from a GGUF's rope_freqs tensor (llama.cpp's form of
+    # Llama 3.1+ rope scaling); head_dim / 2 values, or () for none
+    rope_freq_factors: tuple[float, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -109,6 +112,12 @@ class ModelArchConfig:
         rope_theta, rope_scaling = _rope(raw)
         num_layers = int(raw["num_hidden_layers"])
         windows = _layer_windows(raw, model_type, num_layers)
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        factors = tuple(float(f) for f in raw.get("rope_freq_factors") or ())
+        if factors and len(factors) != head_dim // 2:
+            raise _bad(
+                f"rope_freq_factors has {len(factors)} values; head_dim {head_dim} needs {head_dim // 2}"
+            )
         return cls(
             architecture=arch,
             model_type=model_type,
@@ -118,7 +127,7 @@ class ModelArchConfig:
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
@@ -131,6 +140,7 @@ class ModelArchConfig:
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             layer_sliding_windows=windows,
+            rope_freq_factors=factors,
             raw=raw,
         )
 

@@ -132,6 +132,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         _write_tokenizer(gguf_path, meta, config, out_dir)
 
 
+_ROPE_FREQS = "rope_freqs.weight"
+
+
 def convert_gguf_weights(reader: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(HF config dict, HF-named float32 arrays) from an open `gguf.GGUFReader`."""
     meta = _read_metadata(reader)
@@ -141,11 +144,14 @@ def convert_gguf_weights(reader: Any) -> tuple[dict[str, Any], dict[str, np.ndar
             f"GGUF architecture {arch!r} is not supported (supported: {sorted(_ARCHS)})"
         )
     tensor_names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in tensor_names:
-        raise ValueError(
-            "GGUF tensor rope_freqs.weight (per-dimension rope factors) is not supported"
-        )
     config = _hf_config(meta, arch, tensor_names)
+    if _ROPE_FREQS in tensor_names:
+        # Llama 3.1+ rope scaling as llama.cpp stores it: one divisor per rotary frequency
+        import gguf
+
+        (t,) = [t for t in reader.tensors if t.name == _ROPE_FREQS]
+        factors = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+        config["rope_freq_factors"] = [float(f) for f in factors]
     state = dict(_convert_tensors(reader, config, permuted=_ARCHS[arch][2]))
     return config, state
 
@@ -235,6 +241,8 @@ def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
     import gguf
 
     for t in reader.tensors:
+        if t.name == _ROPE_FREQS:
+            continue  # a config value (rope_freq_factors), not a module weight
         arr = gguf.quants.dequantize(t.data, t.tensor_type)
         arr = np.ascontiguousarray(arr.astype(np.float32, copy=False))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

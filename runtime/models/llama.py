@@ -51,6 +51,13 @@ class RMSNorm(nn.Module):
 
 
 def _inv_freq(cfg: ModelArchConfig) -> torch.Tensor:
+    inv = _scaled_inv_freq(cfg)
+    if cfg.rope_freq_factors:  # llama.cpp divides each frequency by its factor
+        inv = inv / torch.tensor(cfg.rope_freq_factors, dtype=inv.dtype)
+    return inv
+
+
+def _scaled_inv_freq(cfg: ModelArchConfig) -> torch.Tensor:
     dim = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = cfg.rope_scaling or {}

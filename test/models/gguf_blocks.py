@@ -154,10 +154,17 @@ def gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(
-    path: Path, arch: str, config: object, state: dict[str, np.ndarray], qtype: Q, seed: int = 0
+    path: Path,
+    arch: str,
+    config: object,
+    state: dict[str, np.ndarray],
+    qtype: Q,
+    seed: int = 0,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write `state` (HF names, float32) as llama.cpp would; return what a correct converter
-    must produce for each HF name (the reference decode of the written bytes, un-permuted)."""
+    must produce for each HF name (the reference decode of the written bytes, un-permuted).
+    `extra_tensors` (GGUF names, float32) are written as they are, e.g. rope_freqs.weight."""
     cfg = config
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads  # type: ignore[attr-defined]
     w = gguf.GGUFWriter(str(path), arch)
@@ -195,6 +202,8 @@ def write_tiny_gguf(
         if arch in ("llama", "mistral") and n_perm:
             decoded = ref_unpermute(decoded, n_perm)
         expected[name] = decoded
+    for gguf_tensor, arr in (extra_tensors or {}).items():
+        w.add_tensor(gguf_tensor, np.ascontiguousarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

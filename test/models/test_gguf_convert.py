@@ -118,6 +118,35 @@ def test_llama_qk_unpermute_with_bias(tmp_path: Path) -> None:
     check_logits(model, expected, folder)
 
 
+def test_llama3_rope_freqs_tensor_matches_hf_llama3_scaling(tmp_path: Path) -> None:
+    """Llama 3.1+ GGUFs carry rope scaling as rope_freqs.weight (one divisor per frequency, as
+    llama.cpp's converter writes it); the result must match HF's llama3 rope scaling."""
+    scaling = {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }  # fmt: skip
+    cfg = LlamaConfig(
+        **_TINY, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_scaling=scaling,
+    )  # fmt: skip
+    model = build_hf_model(cfg, seed=6)
+    head_dim = 64 // 4
+    theta = cfg.rope_parameters["rope_theta"]
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factors = (base / model.model.rotary_emb.inv_freq.float()).numpy()
+    assert factors.max() > 1.5 * factors.min()  # a real, frequency-dependent scaling
+    path = tmp_path / "tiny-llama31.gguf"
+    expected = write_tiny_gguf(
+        path, "llama", cfg, hf_state(model), Q.F32, extra_tensors={"rope_freqs.weight": factors}
+    )
+    out = tmp_path / "converted"
+    out.mkdir()
+    convert_gguf(path, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_freq_factors"] == pytest.approx(factors.tolist())
+    check_logits(model, expected, out)
+
+
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_qwen2_tied_no_permutation(tmp_path: Path, qtype: Q) -> None:
     """qwen2 GGUFs keep HF's q/k row order; a missing output.weight means tied embeddings."""
