@@ -120,9 +120,13 @@ class ServerMetrics:
         last = self._last_output.get(st.rid)
         if new_tokens:
             if last is None:
-                # one output holding all tokens at the finish = a non-streamed request: no TTFT
                 if not (st.finished and new_tokens > 1):
                     self.ttft.observe(now - st.created)
+                else:  # not streamed: all tokens arrive at the finish; use the scheduler's clock
+                    delay = getattr(st.meta, "first_token_delay", None)
+                    if delay is not None:
+                        self.ttft.observe(delay)
+                        self.itl.observe(max(0.0, now - st.created - delay) / (new_tokens - 1))
             else:
                 self.itl.observe((now - last) / new_tokens)
             self._last_output[st.rid] = now

@@ -84,6 +84,9 @@ class RequestMeta:
     cached_tokens: int
     jump_forward_tokens: int = 0
     retractions: int = 0
+    # wall-clock seconds from the API's submit to the first output token (scheduler's view), so
+    # time to first token is known for requests that are not streamed too
+    first_token_delay: float | None = None
 
 
 @dataclass

@@ -59,6 +59,7 @@ class Req:
         self.rollback_pending = 0  # sent tokens since replaced (jump-forward retokenization)
         self.sent_input_logprobs = False
         self.steps_since_stream = 0
+        self.first_token_delay: float | None = None
         self.input_token_logprobs: list[tuple[float | None, int]] | None = None
         self.input_top_logprobs: list[Any] | None = None
         self.output_token_logprobs: list[tuple[float | None, int]] = []
@@ -123,6 +124,7 @@ class Req:
             cached_tokens=self.cached_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
             retractions=self.retractions,
+            first_token_delay=self.first_token_delay,
         )
 
     def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:

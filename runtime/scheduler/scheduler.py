@@ -9,6 +9,7 @@ the queue. `step()` is pure logic; `run_scheduler_process` wraps it with ZMQ I/O
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import Any
 
@@ -441,6 +442,8 @@ class Scheduler:
                     r.finish({"type": "length", "length": 0})
                     continue
                 tok = out.next_ids[i]
+                if not r.output_ids and r.first_token_delay is None and r.arrival_time:
+                    r.first_token_delay = max(0.0, time.time() - r.arrival_time)
                 r.output_ids.append(tok)
                 self.stats["generated_tokens"] += 1
                 if r.return_logprob:

@@ -451,3 +451,12 @@ def test_regex_and_json_schema_through_generate(http):
         sampling_params={"json_schema": json.dumps(schema), "max_new_tokens": 24, "temperature": 0},
     ).json()  # fmt: skip
     assert json.loads(out["text"])["answer"] in ("yes", "no")
+
+
+def test_metrics_time_to_first_token_covers_requests_that_are_not_streamed(http):
+    ttft = "radixgen_time_to_first_token_seconds_count"
+    itl = "radixgen_inter_token_latency_seconds_count"
+    before = (_metric(http, ttft), _metric(http, itl))
+    generate(http, text="No stream here", sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+    assert _metric(http, ttft) == before[0] + 1
+    assert _metric(http, itl) == before[1] + 1
