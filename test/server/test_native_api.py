@@ -254,44 +254,35 @@ def test_malformed_json_and_unknown_route(http):
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
 
 
-def test_abort_request_by_rid(http, base_url):
+def _abort_long_request(http, base_url: str, rid: str, **params) -> object:
+    """Start a 2000-token request in the background, abort it by `rid`, return its JSON reply."""
     result = {}
+    body = {
+        "text": "Tell me a long story", "rid": rid,
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True, **params},
+    }  # fmt: skip
 
     def run():
         with httpx.Client(base_url=base_url, timeout=60) as c:
-            result["r"] = c.post("/generate", json={
-                "text": "Tell me a long story", "rid": "abort-me",
-                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
-            })  # fmt: skip
+            result["r"] = c.post("/generate", json=body)
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.5)
-    assert http.post("/abort_request", json={"rid": "abort-me"}).status_code == 200
+    time.sleep(1.0)
+    assert http.post("/abort_request", json={"rid": rid}).status_code == 200
     t.join(30)
-    out = result["r"].json()
+    return result["r"].json()
+
+
+def test_abort_request_by_rid(http, base_url):
+    out = _abort_long_request(http, base_url, "abort-me")
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert out["meta_info"]["completion_tokens"] < 2000
     assert http.post("/abort_request", json={}).status_code == 400
 
 
 def test_abort_request_by_rid_aborts_every_sample_of_n(http, base_url):
-    result = {}
-
-    def run():
-        with httpx.Client(base_url=base_url, timeout=60) as c:
-            result["r"] = c.post("/generate", json={
-                "text": "Tell me a long story", "rid": "abort-n",
-                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True, "n": 2,
-                                    "temperature": 0.8},
-            })  # fmt: skip
-
-    t = threading.Thread(target=run)
-    t.start()
-    time.sleep(1.0)
-    assert http.post("/abort_request", json={"rid": "abort-n"}).status_code == 200
-    t.join(30)
-    outs = result["r"].json()
+    outs = _abort_long_request(http, base_url, "abort-n", n=2, temperature=0.8)
     assert isinstance(outs, list) and len(outs) == 2
     for out in outs:
         assert out["meta_info"]["finish_reason"]["type"] == "abort"
