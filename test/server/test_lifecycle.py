@@ -16,6 +16,8 @@ import openai
 import psutil
 import pytest
 
+import radixgen as rg
+
 from .server_process import ServerProcess, server_flags, wait_gone
 
 
@@ -67,6 +69,15 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
             openai.OpenAI(base_url=srv.url + "/v1", api_key="no", max_retries=0).models.list()
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
         assert good.models.list().data
+
+        # the DSL's native backend sends the key too
+        @rg.function
+        def hello(s):
+            s += "Say hi:" + rg.gen("out", max_tokens=2, temperature=0)
+
+        assert hello.run(backend=rg.RuntimeEndpoint(srv.url, api_key="sekret"))["out"] is not None
+        with pytest.raises(Exception, match=r"401|[Aa]uth"):
+            rg.RuntimeEndpoint(srv.url, api_key="no")
         _queue_full_503(srv.url, {"Authorization": "Bearer sekret"})
     finally:
         code = srv.stop(signal.SIGTERM)
