@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import requests
+from server_launch import launch_server
 
 import radixgen as rg
 from radixgen.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -190,32 +188,6 @@ def measure(
     return rows
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "radixgen.launch_server", "--port", str(port),
-           "--log-level", "warning", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become healthy")
-
-
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def seconds(workload: str, radix: bool, opt: str) -> float | None:
         for r in rows:
@@ -305,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     for radix in (True, False):
         extra = args.server_args.split() + ([] if radix else ["--disable-radix-cache"])
-        proc, url = start_server(extra)
+        proc, url = launch_server(extra)
         try:
             rows += measure(url, radix, args.items, args.repeats, emit)
         finally:

@@ -19,14 +19,13 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 import aiohttp
+from server_launch import launch_server
 from serving_workload import Result, Sample, build_dataset, summarize
 
 # --- HTTP client ---------------------------------------------------------------------------------
@@ -155,42 +154,6 @@ async def run_load(
 
 
 # --- server launch and CPU accounting ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_server(server_args: list[str]) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixgen.launch_server",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *server_args,
-    ]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become healthy")
 
 
 def cpu_times(pid: int) -> dict[str, float]:

@@ -15,15 +15,12 @@ from typing import Any
 from radixgen.lang.executor import StreamExecutor, program_site
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import (
+    RoleMethods,
     SglConcateAndAppend,
     SglExpr,
-    SglExprList,
-    SglRoleBegin,
-    SglRoleEnd,
     SglSamplingParams,
     SglVarScopeBegin,
     SglVarScopeEnd,
-    as_expr,
 )
 
 
@@ -41,7 +38,7 @@ def resolve_backend(backend: Any) -> Any:
     return backend
 
 
-class ProgramState:
+class ProgramState(RoleMethods):
     """What a program function receives as `s`: append with `+=`, read with `s["name"]`."""
 
     def __init__(self, stream_executor: StreamExecutor) -> None:
@@ -54,28 +51,8 @@ class ProgramState:
         self.stream_executor.submit(other, program_site())
         return self
 
-    def _role(self, name: str, expr: Any = None) -> Any:
-        if expr is not None:
-            role_expr = SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
-            self.stream_executor.submit(role_expr, program_site())
-            return role_expr
-
-        @contextmanager
-        def scope() -> Iterator[None]:
-            self.stream_executor.submit(SglRoleBegin(name), program_site())
-            yield
-            self.stream_executor.submit(SglRoleEnd(name), program_site())
-
-        return scope()
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
+    def _append_expr(self, expr: Any) -> None:
+        self.stream_executor.submit(expr, program_site())
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:

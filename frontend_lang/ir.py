@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _node_ids = itertools.count()
@@ -297,3 +299,34 @@ class SglConcateAndAppend(SglExpr):
 
     def __repr__(self) -> str:
         return f"ConcateAndAppend({len(self.states)} states)"
+
+
+class RoleMethods:
+    """`s.system/user/assistant(expr)` and `with s.user():` for every kind of program state;
+    a state says how it appends one expression (`_append_expr`)."""
+
+    def _append_expr(self, expr: SglExpr) -> None:
+        raise NotImplementedError
+
+    def _role(self, name: str, expr: Any = None) -> Any:
+        if expr is not None:
+            role_expr = SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
+            self._append_expr(role_expr)
+            return role_expr
+
+        @contextmanager
+        def scope() -> Iterator[None]:
+            self._append_expr(SglRoleBegin(name))
+            yield
+            self._append_expr(SglRoleEnd(name))
+
+        return scope()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)

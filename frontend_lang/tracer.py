@@ -15,6 +15,7 @@ from typing import Any
 
 from radixgen.lang.chat_template import ChatTemplate, get_chat_template
 from radixgen.lang.ir import (
+    RoleMethods,
     SglArgument,
     SglConstantText,
     SglExpr,
@@ -53,7 +54,7 @@ def tracing_scope(tracer: TracerProgramState) -> Iterator[None]:
         _scope.tracer = previous
 
 
-class TracerProgramState:
+class TracerProgramState(RoleMethods):
     """Stands in for `ProgramState` while tracing; records nodes instead of executing them."""
 
     def __init__(
@@ -77,27 +78,8 @@ class TracerProgramState:
         self._execute(as_expr(other))
         return self
 
-    def _role(self, name: str, expr: Any = None) -> Any:
-        if expr is not None:
-            self._execute(SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)]))
-            return None
-
-        @contextmanager
-        def scope() -> Iterator[None]:
-            self._execute(SglRoleBegin(name))
-            yield
-            self._execute(SglRoleEnd(name))
-
-        return scope()
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
+    def _append_expr(self, expr: Any) -> None:
+        self._execute(expr)
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:
