@@ -46,30 +46,6 @@ logger = logging.getLogger(__name__)
 MAX_TOP_LOGPROBS = 100
 
 
-_PER_ITEM_FIELDS = (
-    "sampling_params",
-    "return_logprob",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "rid",
-)
-
-
-def check_per_item_lengths(obj: GenerateReqInput) -> None:
-    """Per-item lists must have one entry per prompt (a list on a single prompt is refused)."""
-    n = obj.batch_size() if obj.is_batch else -1
-    for name in _PER_ITEM_FIELDS:
-        value = getattr(obj, name)
-        if not isinstance(value, list):
-            continue
-        if n < 0:
-            raise InvalidRequestError(f"{name} is a list but the prompt is not a batch", name)
-        if len(value) != n:
-            raise InvalidRequestError(
-                f"{name} has {len(value)} entries for a batch of {n} prompts", name
-            )
-
-
 @dataclass
 class ReqState:
     rid: str
@@ -117,6 +93,8 @@ class TokenizerManager:
         self.vocab_size = ready.vocab_size
         self.ports = ports
         self.states: dict[str, ReqState] = {}
+        # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
+        self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
@@ -214,14 +192,8 @@ class TokenizerManager:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them."""
         if self._ctx is None:
             return
-        if abort_all or rid in self.states:
-            await self._send.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
-            return
-        samples = [
-            r for r in self.states if r.startswith(f"{rid}-") and r[len(rid) + 1 :].isdigit()
-        ]
-        for r in samples or [rid]:
-            await self._send.send_pyobj(AbortReq(rid=r))
+        for r in [rid] if abort_all else self.sample_rids.get(rid, [rid]):
+            await self._send.send_pyobj(AbortReq(rid=r, abort_all=abort_all))
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
@@ -296,28 +268,34 @@ class TokenizerManager:
     ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
-        check_per_item_lengths(obj)
+        obj.check_per_item_lengths()
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
         # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent
         prepared = [(it, *self.tokenize_one(it)) for it in items]
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
         shared_prompts: list[list[int]] = []
+        groups: dict[str, list[str]] = {}  # a user's rid of an n > 1 request -> its samples
         for it, ids, sp in prepared:
             if sp.n > 1:
                 shared_prompts.append(ids)
-                for k in range(sp.n):
-                    child = dataclasses.replace(it, rid=f"{it.rid or uuid.uuid4().hex}-{k}")
+                base = it.rid or uuid.uuid4().hex
+                groups[base] = [f"{base}-{k}" for k in range(sp.n)]
+                for k, sample_rid in enumerate(groups[base]):
+                    child = dataclasses.replace(it, rid=sample_rid)
                     seed = None if sp.seed is None else sp.seed + k  # n distinct samples
                     expanded.append((child, ids, dataclasses.replace(sp, n=1, seed=seed)))
             else:
                 expanded.append((it, ids, sp))
-        self._check_rids([it.rid for it, _, _ in expanded])
+        self._check_rids([*groups, *(it.rid for it, _, _ in expanded)])
         self._check_capacity(len(expanded))
         for ids in shared_prompts:
             await self._cache_prompt(ids)
-        states = [await self._submit(it, ids, sp) for it, ids, sp in expanded]
-        plural = obj.is_batch or len(states) > 1
+        self.sample_rids.update(groups)
+        states: list[ReqState] = []
+        plural = obj.is_batch or len(expanded) > 1
         try:
+            for it, ids, sp in expanded:
+                states.append(await self._submit(it, ids, sp))
             if obj.stream:
                 async for chunk in self._stream(states, plural):
                     yield chunk
@@ -326,7 +304,7 @@ class TokenizerManager:
                 if not plural:
                     self._raise_if_rejected(states[0])
                 yield results if plural else results[0]
-        except (asyncio.CancelledError, GeneratorExit):
+        except BaseException:  # cancelled, client gone, or a failed submit: stop what runs
             for st in states:
                 if not st.finished:
                     await self.abort_request(st.rid)
@@ -334,6 +312,8 @@ class TokenizerManager:
         finally:
             for st in states:
                 self.states.pop(st.rid, None)
+            for rid in groups:
+                self.sample_rids.pop(rid, None)
 
     async def _cache_prompt(self, ids: list[int]) -> None:
         """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache."""
@@ -351,7 +331,7 @@ class TokenizerManager:
         given = [r for r in rids if r]
         seen: set[str] = set()
         for rid in given:
-            if rid in seen or rid in self.states:
+            if rid in seen or rid in self.states or rid in self.sample_rids:
                 raise InvalidRequestError(f"request id {rid!r} is already in use", "rid")
             seen.add(rid)
 

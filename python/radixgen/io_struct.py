@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixgen.errors import InvalidRequestError
 from radixgen.sampling_params import SamplingParams
 
 # A finish reason is a plain dict in SGLang's shape:
@@ -125,6 +126,15 @@ class BatchStrOut:
     rollbacks: list[int] = field(default_factory=list)
 
 
+_PER_ITEM_FIELDS = (
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "rid",
+)
+
+
 @dataclass
 class GenerateReqInput:
     """A user's /generate call (or Engine.generate): one prompt or a batch, SGLang's field names."""
@@ -144,6 +154,20 @@ class GenerateReqInput:
         if self.text is not None:
             return isinstance(self.text, list)
         return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def check_per_item_lengths(self) -> None:
+        """Per-item lists must have one entry per prompt (a list on a single prompt is refused)."""
+        n = self.batch_size() if self.is_batch else -1
+        for name in _PER_ITEM_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, list):
+                continue
+            if n < 0:
+                raise InvalidRequestError(f"{name} is a list but the prompt is not a batch", name)
+            if len(value) != n:
+                raise InvalidRequestError(
+                    f"{name} has {len(value)} entries for a batch of {n} prompts", name
+                )
 
     def batch_size(self) -> int:
         if not self.is_batch:

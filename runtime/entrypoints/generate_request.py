@@ -73,19 +73,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_per_item(name: str, value: Any, n: int, ok: Any, what: str) -> None:
-    """A scalar, or (batches only) a list with one value per prompt."""
-    if isinstance(value, list):
-        if n < 0:
-            raise InvalidRequestError(f"{name} is a list but the prompt is not a batch", name)
-        if len(value) != n:
-            raise InvalidRequestError(
-                f"{name} has {len(value)} entries for a batch of {n} prompts", name
-            )
-        items = value
-    else:
-        items = [value]
-    for item in items:
+def _check_per_item(name: str, value: Any, ok: Any, what: str) -> None:
+    """The value's type, or each entry's when it is a per-item list (whose length
+    `GenerateReqInput.check_per_item_lengths` checks)."""
+    for item in value if isinstance(value, list) else [value]:
         if item is not None and not ok(item):
             raise InvalidRequestError(f"{name} must be {what}, got {item!r}", name)
 
@@ -105,14 +96,12 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
 
     text = body.get("text")
     input_ids = body.get("input_ids")
-    batch = -1  # -1: a single prompt
     if text is not None:
         if isinstance(text, list):
             if not text or not all(isinstance(t, str) for t in text):
                 raise InvalidRequestError(
                     "text must be a string or a non-empty list of strings", "text"
                 )
-            batch = len(text)
         elif not isinstance(text, str):
             raise InvalidRequestError("text must be a string or a list of strings", "text")
     if input_ids is not None:
@@ -126,7 +115,6 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
                 raise InvalidRequestError(
                     "input_ids must be lists of integer token ids", "input_ids"
                 )
-            batch = len(input_ids)
         elif not all(map(_is_int, input_ids)):
             raise InvalidRequestError("input_ids must be a list of integer token ids", "input_ids")
     if text is not None and input_ids is not None:
@@ -135,26 +123,23 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         raise InvalidRequestError("a prompt is required: text or input_ids", "text")
 
     sp = body.get("sampling_params")
-    _check_per_item("sampling_params", sp, batch, lambda v: isinstance(v, dict), "an object")
+    _check_per_item("sampling_params", sp, lambda v: isinstance(v, dict), "an object")
     _check_per_item(
         "return_logprob",
         body.get("return_logprob"),
-        batch,
         lambda v: isinstance(v, bool),
         "a boolean",
     )
+    _check_per_item("logprob_start_len", body.get("logprob_start_len"), _is_int, "an integer")
+    _check_per_item("top_logprobs_num", body.get("top_logprobs_num"), _is_int, "an integer")
     _check_per_item(
-        "logprob_start_len", body.get("logprob_start_len"), batch, _is_int, "an integer"
-    )
-    _check_per_item("top_logprobs_num", body.get("top_logprobs_num"), batch, _is_int, "an integer")
-    _check_per_item(
-        "rid", body.get("rid"), batch, lambda v: isinstance(v, str) and v, "a non-empty string"
+        "rid", body.get("rid"), lambda v: isinstance(v, str) and v, "a non-empty string"
     )
     for flag in ("stream", "return_text_in_logprobs"):
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise InvalidRequestError(f"{flag} must be a boolean", flag)
 
-    return GenerateReqInput(
+    obj = GenerateReqInput(
         text=text,
         input_ids=input_ids,
         sampling_params=sp,
@@ -165,3 +150,5 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         rid=body.get("rid"),
         stream=bool(body.get("stream")),
     )
+    obj.check_per_item_lengths()
+    return obj
