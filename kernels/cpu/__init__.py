@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -21,10 +22,20 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["ragged_attention.c", "fused_ops.c"]
+_SOURCES = ["ragged_attention.c", "fused_ops.c", "gemm_bf16.c"]
 _HEADERS = ["cpu_common.h"]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast"]
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+@dataclass(frozen=True)
+class PackedLinearWeight:
+    """A bf16 linear weight laid out for `gemm_bf16` (gemm_bf16.c), with its bias in float32."""
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    bias: torch.Tensor | None
 
 
 class NativeKernels:
@@ -53,6 +64,51 @@ class NativeKernels:
         self._refine = lib.refine_near_max_f32
         self._refine.restype = None
         self._refine.argtypes = [p, i64, p, i64, p, i64, i64, i64]
+        self._gemm_elems = lib.gemm_bf16_packed_elems
+        self._gemm_elems.restype = i64
+        self._gemm_elems.argtypes = [i64, i64]
+        self._gemm_pack = lib.gemm_bf16_pack
+        self._gemm_pack.restype = None
+        self._gemm_pack.argtypes = [p, i64, i64, p]
+        self._gemm = lib.gemm_bf16
+        self._gemm.restype = ctypes.c_int
+        self._gemm.argtypes = [p, i64, i64, p, i64, i64, p, p, i64]
+        self.has_bf16_gemm = bool(lib.gemm_bf16_available())
+
+    # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
+
+    def pack_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> PackedLinearWeight:
+        """Pack a bf16 [out, in] weight (and its bias) once, at load time."""
+        assert self.has_bf16_gemm and weight.dtype == torch.bfloat16 and weight.dim() == 2
+        weight = weight.detach().contiguous()
+        n, k = weight.shape
+        data = torch.empty(self._gemm_elems(n, k), dtype=torch.bfloat16)
+        self._gemm_pack(weight.data_ptr(), n, k, data.data_ptr())
+        b = None if bias is None else bias.detach().float().contiguous()
+        return PackedLinearWeight(data, n, k, b)
+
+    def linear_bf16(self, x: torch.Tensor, packed: PackedLinearWeight) -> torch.Tensor:
+        """x [M, in] bf16 -> x W^T + b as bf16 [M, out]; a row's result never depends on M."""
+        k = packed.in_features
+        assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k
+        if x.stride(1) != 1 or x.stride(0) < k:
+            x = x.contiguous()
+        if k % 2:  # the kernel reads k-pairs: give odd-length rows a zero column
+            x = torch.nn.functional.pad(x, (0, 1))
+        m = x.shape[0]
+        y = torch.empty((m, packed.out_features), dtype=torch.bfloat16)
+        if m == 0:
+            return y
+        bias = 0 if packed.bias is None else packed.bias.data_ptr()
+        rc = self._gemm(
+            x.data_ptr(), m, x.stride(0), packed.data.data_ptr(), packed.out_features, k,
+            bias, y.data_ptr(), packed.out_features,
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native gemm_bf16 failed with code {rc}")
+        return y
 
     # --- logits (see fused_ops.c: exact re-scoring of bf16 near-ties) -------------------------
 

@@ -242,7 +242,7 @@ class LlamaForCausalLM(nn.Module):
         """[M, vocab] in the model dtype (consumers convert the rows they need)."""
         return linear(hidden, self.lm_head_weight, self._lm_head_packed)
 
-    _lm_head_packed: torch.Tensor | None = None
+    _lm_head_packed: Any = None
 
     def prepack(self, use_native: bool = True) -> None:
         """Once the checkpoint is loaded: lay matmul weights out for oneDNN and attach the
