@@ -51,13 +51,13 @@ class NativeKernels:
         f32 = ctypes.c_float
         self._add_rmsnorm = lib.add_rmsnorm
         self._add_rmsnorm.restype = None
-        self._add_rmsnorm.argtypes = [p, p, p, p, i64, i64, f32, i32]
+        self._add_rmsnorm.argtypes = [p, p, p, p, i64, i64, f32, i32, i32]
         self._rope = lib.rope_store_kv
         self._rope.restype = None
-        self._rope.argtypes = [p, i64, p, p, p, p, p, p, p, i64, i32, i32, i32, i32]
+        self._rope.argtypes = [p, i64, p, p, p, p, p, p, p, i64, i32, i32, i32, i32, i32]
         self._silu_mul = lib.silu_mul
         self._silu_mul.restype = None
-        self._silu_mul.argtypes = [p, p, i64, i64, i32]
+        self._silu_mul.argtypes = [p, p, i64, i64, i32, i32]
         self._greedy = lib.greedy_refine_bf16
         self._greedy.restype = None
         self._greedy.argtypes = [p, i64, p, p, p, i64, i64, i64, p, i64, p]
@@ -72,7 +72,7 @@ class NativeKernels:
         self._gemm_pack.argtypes = [p, i64, i64, p]
         self._gemm = lib.gemm_bf16
         self._gemm.restype = ctypes.c_int
-        self._gemm.argtypes = [p, i64, i64, p, i64, i64, p, p, i64]
+        self._gemm.argtypes = [p, i64, i64, p, i64, i64, p, p, i64, i32]
         self.has_bf16_gemm = bool(lib.gemm_bf16_available())
 
     # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
@@ -89,8 +89,11 @@ class NativeKernels:
         b = None if bias is None else bias.detach().float().contiguous()
         return PackedLinearWeight(data, n, k, b)
 
-    def linear_bf16(self, x: torch.Tensor, packed: PackedLinearWeight) -> torch.Tensor:
-        """x [M, in] bf16 -> x W^T + b as bf16 [M, out]; a row's result never depends on M."""
+    def linear_bf16(
+        self, x: torch.Tensor, packed: PackedLinearWeight, out_dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
+        """x [M, in] bf16 -> x W^T + b as [M, out] bf16 (or float32, unrounded); a row's result
+        never depends on M."""
         k = packed.in_features
         assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k
         if x.stride(1) != 1 or x.stride(0) < k:
@@ -98,13 +101,14 @@ class NativeKernels:
         if k % 2:  # the kernel reads k-pairs: give odd-length rows a zero column
             x = torch.nn.functional.pad(x, (0, 1))
         m = x.shape[0]
-        y = torch.empty((m, packed.out_features), dtype=torch.bfloat16)
+        assert out_dtype in (torch.bfloat16, torch.float32)
+        y = torch.empty((m, packed.out_features), dtype=out_dtype)
         if m == 0:
             return y
         bias = 0 if packed.bias is None else packed.bias.data_ptr()
         rc = self._gemm(
             x.data_ptr(), m, x.stride(0), packed.data.data_ptr(), packed.out_features, k,
-            bias, y.data_ptr(), packed.out_features,
+            bias, y.data_ptr(), packed.out_features, int(out_dtype == torch.float32),
         )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"native gemm_bf16 failed with code {rc}")
@@ -158,14 +162,17 @@ class NativeKernels:
     def add_rmsnorm(
         self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> torch.Tensor:
-        """residual += x (in place, float32); returns norm(residual) * weight in weight's dtype."""
+        """residual += x (in place, float32); returns norm(residual) * weight in weight's dtype.
+
+        x: weight's dtype, or float32 (a projection left unrounded for the residual stream)."""
         n, h = residual.shape
         assert residual.dtype == torch.float32 and residual.is_contiguous()
-        assert x is None or (x.is_contiguous() and x.dtype == weight.dtype)
+        assert x is None or (x.is_contiguous() and x.dtype in (weight.dtype, torch.float32))
         out = torch.empty((n, h), dtype=weight.dtype)
         self._add_rmsnorm(
             0 if x is None else x.data_ptr(), residual.data_ptr(), weight.data_ptr(),
             out.data_ptr(), n, h, float(eps), _DTYPE_CODES[weight.dtype],
+            _DTYPE_CODES[weight.dtype if x is None else x.dtype],
         )  # fmt: skip
         return out
 
@@ -182,7 +189,10 @@ class NativeKernels:
         num_kv_heads: int,
         head_dim: int,
     ) -> torch.Tensor:
-        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`."""
+        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`.
+
+        q and the pools have the pools' dtype; float32 qkv (an unrounded projection) under bf16
+        pools is rotated in float32 and rounded once."""
         n = qkv.shape[0]
         assert (
             qkv.stride(1) == 1
@@ -190,22 +200,26 @@ class NativeKernels:
             and out_cache_loc.dtype == torch.long
         )
         assert cos.dtype == torch.float32 and cos.is_contiguous() and k_pool.is_contiguous()
-        q = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype)
+        assert qkv.dtype in (k_pool.dtype, torch.float32) and v_pool.dtype == k_pool.dtype
+        q = torch.empty((n, num_heads, head_dim), dtype=k_pool.dtype)
         self._rope(
             qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out_cache_loc.data_ptr(), n,
-            num_heads, num_kv_heads, head_dim, _DTYPE_CODES[qkv.dtype],
+            num_heads, num_kv_heads, head_dim, _DTYPE_CODES[k_pool.dtype], _DTYPE_CODES[qkv.dtype],
         )  # fmt: skip
         return q
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up for gate_up = [gate | up] rows."""
+    def silu_mul(self, gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """silu(gate) * up for gate_up = [gate | up] rows, in out_dtype (default: gate_up's);
+        float32 in and bf16 out rounds the product once."""
         n, two_i = gate_up.shape
         assert gate_up.is_contiguous()
-        out = torch.empty((n, two_i // 2), dtype=gate_up.dtype)
+        out_dtype = out_dtype or gate_up.dtype
+        out = torch.empty((n, two_i // 2), dtype=out_dtype)
         self._silu_mul(
-            gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, _DTYPE_CODES[gate_up.dtype]
-        )
+            gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, _DTYPE_CODES[out_dtype],
+            _DTYPE_CODES[gate_up.dtype],
+        )  # fmt: skip
         return out
 
     def ragged_attention(

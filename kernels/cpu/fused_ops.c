@@ -31,13 +31,13 @@ static inline void store(void* p, int64_t i, float v, int dtype) {
 /* One row of add_rmsnorm, 16 lanes at a time (H a multiple of 16). The sum of squares is kept in
  * float64 lanes and reduced in a fixed order, so the row's result does not depend on the batch. */
 static void add_rmsnorm_row16(const void* x, float* r, const void* weight, void* out, int64_t H,
-                              float eps, int dtype) {
+                              float eps, int dtype, int x_dtype) {
     __m512d ss0 = _mm512_setzero_pd(), ss1 = _mm512_setzero_pd();
     for (int64_t h = 0; h < H; h += 16) {
         __m512 v = _mm512_loadu_ps(r + h);
         if (x) {
-            v = _mm512_add_ps(v, dtype ? load16_bf16((const uint16_t*)x + h)
-                                       : _mm512_loadu_ps((const float*)x + h));
+            v = _mm512_add_ps(v, x_dtype ? load16_bf16((const uint16_t*)x + h)
+                                         : _mm512_loadu_ps((const float*)x + h));
             _mm512_storeu_ps(r + h, v);
         }
         __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
@@ -59,23 +59,23 @@ static void add_rmsnorm_row16(const void* x, float* r, const void* weight, void*
 }
 #endif
 
-/* residual (float32, [N, H]) += x (dtype, may be NULL); out = (norm(residual) rounded) * w.
- * The norm is x / sqrt(mean(x^2) + eps) in float32, as F.rms_norm on a float32 tensor. */
+/* residual (float32, [N, H]) += x (x_dtype, may be NULL); out = (norm(residual) rounded) * w
+ * (dtype). The norm is x / sqrt(mean(x^2) + eps) in float32, as F.rms_norm on float32. */
 void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, int64_t N,
-                 int64_t H, float eps, int dtype) {
+                 int64_t H, float eps, int dtype, int x_dtype) {
 #pragma omp parallel for if (N * H >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         float* r = residual + n * H;
-        const void* xr = x ? (const char*)x + n * H * (dtype ? 2 : 4) : NULL;
+        const void* xr = x ? (const char*)x + n * H * (x_dtype ? 2 : 4) : NULL;
         void* o = (char*)out + n * H * (dtype ? 2 : 4);
 #ifdef __AVX512F__
         if (H % 16 == 0) {
-            add_rmsnorm_row16(xr, r, weight, o, H, eps, dtype);
+            add_rmsnorm_row16(xr, r, weight, o, H, eps, dtype, x_dtype);
             continue;
         }
 #endif
         if (xr)
-            for (int64_t h = 0; h < H; ++h) r[h] += load(xr, h, dtype);
+            for (int64_t h = 0; h < H; ++h) r[h] += load(xr, h, x_dtype);
         double ss = 0.0;
         for (int64_t h = 0; h < H; ++h) ss += (double)r[h] * r[h];
         float inv = 1.0f / sqrtf((float)(ss / (double)H) + eps);
@@ -87,13 +87,17 @@ void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, 
     }
 }
 
-/* qkv: [N, (H + 2 Hkv) * D] rows (row stride qkv_stride). Rotates q (half-split / NeoX layout)
- * into q_out [N, H, D]; rotates k and copies v into the pools at slot loc[n] ([S, Hkv, D]).
- * cos/sin: float32 tables [max_pos, D]; in bf16 they are rounded first, and each product and
- * the sum are rounded, as `x * cos + rotate_half(x) * sin` in bf16. */
+/* qkv: [N, (H + 2 Hkv) * D] rows (row stride qkv_stride) in in_dtype. Rotates q (half-split /
+ * NeoX layout) into q_out [N, H, D]; rotates k and copies v into the pools at slot loc[n]
+ * ([S, Hkv, D]); outputs in dtype. cos/sin: float32 tables [max_pos, D]. bf16 in and out: the
+ * tables are rounded first, and each product and the sum are rounded, as
+ * `x * cos + rotate_half(x) * sin` in bf16; float32 in (an unrounded projection): the rotation
+ * is float32 and each output is rounded once. */
 void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, const float* cos_t,
                    const float* sin_t, void* q_out, void* k_pool, void* v_pool,
-                   const int64_t* loc, int64_t N, int H, int Hkv, int D, int dtype) {
+                   const int64_t* loc, int64_t N, int H, int Hkv, int D, int dtype,
+                   int in_dtype) {
+    const int bf16_math = dtype && in_dtype; /* round as torch does in bf16 */
     int half = D / 2;
 #pragma omp parallel for if (N * (H + 2 * Hkv) * D >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
@@ -117,7 +121,7 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                 for (; d < D; d += 16) {
                     int partner = d < half ? d + half : d - half;
                     __m512 xv, pv;
-                    if (dtype) {
+                    if (in_dtype) {
                         xv = load16_bf16((const uint16_t*)qkv + src + d);
                         pv = load16_bf16((const uint16_t*)qkv + src + partner);
                     } else {
@@ -126,23 +130,27 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                     }
                     __m512 rot = d < half ? _mm512_sub_ps(_mm512_setzero_ps(), pv) : pv;
                     __m512 cv = _mm512_loadu_ps(c + d), sv = _mm512_loadu_ps(s + d);
-                    if (dtype) {
+                    if (bf16_math) {
                         __m512 a = round16_bf16(_mm512_mul_ps(xv, round16_bf16(cv)));
                         __m512 b = round16_bf16(_mm512_mul_ps(rot, round16_bf16(sv)));
                         store16_bf16((uint16_t*)dst + doff + d, _mm512_add_ps(a, b));
                     } else {
-                        _mm512_storeu_ps((float*)dst + doff + d,
-                                         _mm512_fmadd_ps(xv, cv, _mm512_mul_ps(rot, sv)));
+                        __m512 o = _mm512_fmadd_ps(xv, cv, _mm512_mul_ps(rot, sv));
+                        if (dtype)
+                            store16_bf16((uint16_t*)dst + doff + d, o);
+                        else
+                            _mm512_storeu_ps((float*)dst + doff + d, o);
                     }
                 }
             }
 #endif
             for (; d < D; ++d) {
-                float xv = load(qkv, src + d, dtype);
-                float rot = d < half ? -load(qkv, src + d + half, dtype) : load(qkv, src + d - half, dtype);
+                float xv = load(qkv, src + d, in_dtype);
+                float rot = d < half ? -load(qkv, src + d + half, in_dtype)
+                                     : load(qkv, src + d - half, in_dtype);
                 float cv = c[d], sv = s[d];
                 float out;
-                if (dtype) {
+                if (bf16_math) {
                     out = rbf(xv * rbf(cv)) + rbf(rot * rbf(sv));
                 } else {
                     out = xv * cv + rot * sv;
@@ -152,13 +160,20 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
         }
         int64_t vsrc = base + (int64_t)(H + Hkv) * D;
         int64_t vdst = loc[n] * Hkv * (int64_t)D;
-        size_t bytes = (size_t)Hkv * D * (dtype ? 2 : 4);
-        memcpy((char*)v_pool + vdst * (dtype ? 2 : 4), (const char*)qkv + vsrc * (dtype ? 2 : 4), bytes);
+        if (in_dtype == dtype) {
+            size_t bytes = (size_t)Hkv * D * (dtype ? 2 : 4);
+            memcpy((char*)v_pool + vdst * (dtype ? 2 : 4), (const char*)qkv + vsrc * (dtype ? 2 : 4), bytes);
+        } else {
+            for (int64_t e = 0; e < (int64_t)Hkv * D; ++e)
+                store(v_pool, vdst + e, load(qkv, vsrc + e, in_dtype), dtype);
+        }
     }
 }
 
-/* gate_up: [N, 2 I] (gate then up); out: [N, I] = silu(gate) * up, rounding after each op in bf16. */
-void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype) {
+/* gate_up: [N, 2 I] (gate then up) in in_dtype; out: [N, I] = silu(gate) * up in dtype. bf16 in
+ * and out rounds after each op, as torch in bf16; float32 in rounds the product once. */
+void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype, int in_dtype) {
+    const int bf16_math = dtype && in_dtype;
 #pragma omp parallel for if (N * I >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         int64_t i = 0;
@@ -167,7 +182,7 @@ void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype) {
         for (; i + 16 <= I; i += 16) {
             int64_t gi = n * 2 * I + i, ui = gi + I, oi = n * I + i;
             __m512 g, u;
-            if (dtype) {
+            if (in_dtype) {
                 g = load16_bf16((const uint16_t*)gate_up + gi);
                 u = load16_bf16((const uint16_t*)gate_up + ui);
             } else {
@@ -175,17 +190,19 @@ void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype) {
                 u = _mm512_loadu_ps((const float*)gate_up + ui);
             }
             __m512 a = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-            if (dtype)
+            if (bf16_math)
                 store16_bf16((uint16_t*)out + oi, _mm512_mul_ps(round16_bf16(a), u));
+            else if (dtype)
+                store16_bf16((uint16_t*)out + oi, _mm512_mul_ps(a, u));
             else
                 _mm512_storeu_ps((float*)out + oi, _mm512_mul_ps(a, u));
         }
 #endif
         for (; i < I; ++i) {
-            float g = load(gate_up, n * 2 * I + i, dtype);
-            float u = load(gate_up, n * 2 * I + I + i, dtype);
+            float g = load(gate_up, n * 2 * I + i, in_dtype);
+            float u = load(gate_up, n * 2 * I + I + i, in_dtype);
             float a = g / (1.0f + expf(-g));
-            if (dtype) a = rbf(a);
+            if (bf16_math) a = rbf(a);
             store(out, n * I + i, a * u, dtype);
         }
     }

@@ -54,8 +54,8 @@ void gemm_bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
 /* One tile: `mr` (<= TILE_M, a constant after inlining) rows x one panel, over all k-pairs. */
 static inline __attribute__((always_inline)) void tile(const int mr, const uint16_t* x,
                                                        int64_t ldx, const uint16_t* panel,
-                                                       int64_t k2, const float* bias, uint16_t* y,
-                                                       int64_t ldy, int ncols) {
+                                                       int64_t k2, const float* bias, void* y,
+                                                       int64_t ldy, int ncols, int out_f32) {
     __m512 acc[TILE_M][3];
 #pragma GCC unroll 8
     for (int m = 0; m < mr; ++m)
@@ -82,15 +82,20 @@ static inline __attribute__((always_inline)) void tile(const int mr, const uint1
             __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
             __m512 v = acc[m][j];
             if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, bias + j * 16));
-            /* VCVTNEPS2BF16 rounds to nearest even, as torch does */
-            _mm256_mask_storeu_epi16(y + m * ldy + j * 16, keep, (__m256i)_mm512_cvtneps_pbh(v));
+            if (out_f32) {
+                _mm512_mask_storeu_ps((float*)y + m * ldy + j * 16, keep, v);
+            } else { /* VCVTNEPS2BF16 rounds to nearest even, as torch does */
+                _mm256_mask_storeu_epi16((uint16_t*)y + m * ldy + j * 16, keep,
+                                         (__m256i)_mm512_cvtneps_pbh(v));
+            }
         }
 }
 
 /* x: [m, k] bf16 with row stride ldx, readable up to k rounded up to even (callers pad odd k);
- * packed: from gemm_bf16_pack; bias: float32 [n] or NULL; y: [m, n] bf16 with row stride ldy. */
+ * packed: from gemm_bf16_pack; bias: float32 [n] or NULL; y: [m, n] with row stride ldy, bf16
+ * or (out_f32) float32, for outputs that go straight into the float32 residual stream. */
 int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed, int64_t n,
-              int64_t k, const float* bias, uint16_t* y, int64_t ldy) {
+              int64_t k, const float* bias, void* y, int64_t ldy, int out_f32) {
     int64_t k2 = (k + 1) / 2, panels = (n + PANEL - 1) / PANEL;
     int64_t blocks = (m + BLOCK_M - 1) / BLOCK_M, items = blocks * panels;
 #pragma omp parallel for schedule(static)
@@ -102,16 +107,17 @@ int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed,
         int64_t end = (blk + 1) * BLOCK_M < m ? (blk + 1) * BLOCK_M : m;
         for (int64_t r = blk * BLOCK_M; r < end; r += TILE_M) {
             const uint16_t* xr = x + r * ldx;
-            uint16_t* yr = y + r * ldy + p * PANEL;
+            int64_t yoff = r * ldy + p * PANEL;
+            void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
             switch (end - r < TILE_M ? (int)(end - r) : TILE_M) {
-                case 8: tile(8, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 7: tile(7, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 6: tile(6, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 5: tile(5, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 4: tile(4, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 3: tile(3, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                case 2: tile(2, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
-                default: tile(1, xr, ldx, panel, k2, pb, yr, ldy, ncols); break;
+                case 8: tile(8, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 7: tile(7, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 6: tile(6, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 5: tile(5, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 4: tile(4, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 3: tile(3, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                case 2: tile(2, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                default: tile(1, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
             }
         }
     }
@@ -127,8 +133,9 @@ void gemm_bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
 }
 
 int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed, int64_t n,
-              int64_t k, const float* bias, uint16_t* y, int64_t ldy) {
+              int64_t k, const float* bias, void* y, int64_t ldy, int out_f32) {
     (void)x; (void)m; (void)ldx; (void)packed; (void)n; (void)k; (void)bias; (void)y; (void)ldy;
+    (void)out_f32;
     return -1;
 }
 #endif

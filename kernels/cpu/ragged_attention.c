@@ -168,6 +168,144 @@ static void NAME(const T* q, int64_t q_head_stride, const T* k, const T* v,     
 }
 DEFINE_BLOCK_AVX512(block_f32_avx512, float, load16_f32)
 DEFINE_BLOCK_AVX512(block_bf16_avx512, uint16_t, load16_bf16)
+
+
+#if defined(__AVX512BF16__)
+/* acc[g, :] = sum_j p[g, j] v_j over bf16 value rows, float32 accumulation in key order. With
+ * G and C (= D / 16) constant after inlining the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void value_pass(
+    const int G, const int C, const uint16_t* v, const int64_t* idx, int64_t n,
+    int64_t tok_stride, const float* p, float* acc) {
+    __m512 av[MAX_GROUP * (MAX_DIM / 16)];
+#pragma GCC unroll 64
+    for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t* vr = v + idx[j] * tok_stride;
+        if (j + 8 < n) {
+            const char* pf = (const char*)(v + idx[j + 8] * tok_stride);
+#pragma GCC unroll 8
+            for (int b_ = 0; b_ < C * 32; b_ += 64) __builtin_prefetch(pf + b_);
+        }
+        __m512 pv[MAX_GROUP];
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g) pv[g] = _mm512_set1_ps(p[g * n + j]);
+#pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) {
+            __m512 vv = load16_bf16(vr + c * 16);
+#pragma GCC unroll 16
+            for (int g = 0; g < G; ++g) av[g * C + c] = _mm512_fmadd_ps(pv[g], vv, av[g * C + c]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * C * 16 + c * 16, av[g * C + c]);
+}
+#endif
+
+#if defined(__AVX512BF16__)
+/* bf16 storage with D a multiple of 32: q.k by VDPBF16PS straight from the bf16 rows (products
+ * of bf16 values are exact in float32), scaled after the sum; values as in value_pass. G and
+ * C2 (= D / 32) are constants after inlining for the common shapes, which keeps q and the
+ * accumulators in registers. */
+static inline __attribute__((always_inline)) void block_dp(
+    const int G, const int C2, const uint16_t* q, int64_t q_head_stride, const uint16_t* k,
+    const uint16_t* v, const int64_t* idx, int64_t n, int64_t tok_stride, float scale,
+    float* acc, float* m_out, float* l_out, float* scores) {
+    __m512bh qv[MAX_GROUP * (MAX_DIM / 32)];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+        for (int c = 0; c < C2; ++c)
+            qv[g * C2 + c] = (__m512bh)_mm512_loadu_si512(q + g * q_head_stride + c * 32);
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 mx[MAX_GROUP];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-INFINITY);
+    __m512 part[MAX_GROUP][16];
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        int nj = n - j0 < 16 ? (int)(n - j0) : 16;
+        for (int jj = 0; jj < 16; ++jj) {
+            if (jj >= nj) {
+#pragma GCC unroll 16
+                for (int g = 0; g < G; ++g) part[g][jj] = _mm512_setzero_ps();
+                continue;
+            }
+            int64_t j = j0 + jj;
+            const uint16_t* kr = k + idx[j] * tok_stride;
+            if (j + 8 < n) {
+                const char* pf = (const char*)(k + idx[j + 8] * tok_stride);
+#pragma GCC unroll 8
+                for (int b_ = 0; b_ < C2 * 64; b_ += 64) __builtin_prefetch(pf + b_);
+            }
+            __m512bh kv[MAX_DIM / 32];
+#pragma GCC unroll 8
+            for (int c = 0; c < C2; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * 32);
+#pragma GCC unroll 16
+            for (int g = 0; g < G; ++g) {
+                __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g * C2], kv[0]);
+#pragma GCC unroll 8
+                for (int c = 1; c < C2; ++c) s = _mm512_dpbf16_ps(s, qv[g * C2 + c], kv[c]);
+                part[g][jj] = s;
+            }
+        }
+        __mmask16 valid = (__mmask16)((1u << nj) - 1u);
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g) {
+            __m512 sc = _mm512_mul_ps(reduce16(part[g]), sv);
+            _mm512_mask_storeu_ps(scores + g * n + j0, valid, sc);
+            mx[g] = _mm512_mask_max_ps(mx[g], valid, mx[g], sc);
+        }
+    }
+    float m[MAX_GROUP], l[MAX_GROUP];
+    for (int g = 0; g < G; ++g) {
+        m[g] = _mm512_reduce_max_ps(mx[g]);
+        __m512 mv = _mm512_set1_ps(m[g]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            int nj = n - j0 < 16 ? (int)(n - j0) : 16;
+            __mmask16 valid = (__mmask16)((1u << nj) - 1u);
+            __m512 s = _mm512_maskz_loadu_ps(valid, scores + g * n + j0);
+            __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, mv)));
+            _mm512_mask_storeu_ps(scores + g * n + j0, valid, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        l[g] = _mm512_reduce_add_ps(sum);
+    }
+    value_pass(G, 2 * C2, v, idx, n, tok_stride, scores, acc);
+    for (int g = 0; g < G; ++g) {
+        m_out[g] = m[g];
+        l_out[g] = l[g];
+    }
+}
+
+static void block_dp_any(int G, int C2, const uint16_t* q, int64_t q_head_stride,
+                         const uint16_t* k, const uint16_t* v, const int64_t* idx, int64_t n,
+                         int64_t tok_stride, float scale, float* acc, float* m_out, float* l_out,
+                         float* scores) {
+    block_dp(G, C2, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out, l_out, scores);
+}
+
+#define BLOCK_DP_CASE(G_, C2_)                                                                 \
+    case G_ * 16 + C2_:                                                                        \
+        block_dp(G_, C2_, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out, l_out, \
+                 scores);                                                                      \
+        break;
+
+static void block_bf16_dp(const uint16_t* q, int64_t q_head_stride, const uint16_t* k,
+                          const uint16_t* v, const int64_t* idx, int64_t n, int64_t tok_stride,
+                          int G, int D, float scale, float* acc, float* m_out, float* l_out,
+                          float* scores) {
+    switch (G * 16 + D / 32) {
+        BLOCK_DP_CASE(1, 2) BLOCK_DP_CASE(2, 2) BLOCK_DP_CASE(3, 2) BLOCK_DP_CASE(4, 2)
+        BLOCK_DP_CASE(5, 2) BLOCK_DP_CASE(6, 2) BLOCK_DP_CASE(1, 4) BLOCK_DP_CASE(2, 4)
+        BLOCK_DP_CASE(3, 4)
+        default:
+            block_dp_any(G, D / 32, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out,
+                         l_out, scores);
+    }
+}
+#endif
 #endif
 
 /* Keys are processed in blocks of this many tokens, counted from the first visible key, whatever
@@ -197,6 +335,14 @@ static void run_block(const void* q, int64_t qoff, const void* k, const void* v,
                       const int64_t* idx, int64_t n, int64_t tok_stride, int G, float scale,
                       int dtype, float* acc, float* m, float* l, float* scores) {
 #ifdef __AVX512F__
+#if defined(__AVX512BF16__)
+    if (dtype == 1 && D % 32 == 0) {
+        block_bf16_dp((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
+                      (const uint16_t*)v + h * D, idx, n, tok_stride, G, D, scale, acc, m, l,
+                      scores);
+        return;
+    }
+#endif
     if (D % 16 == 0) {
         if (dtype == 0)
             block_f32_avx512((const float*)q + qoff, D, (const float*)k + h * D,

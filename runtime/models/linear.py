@@ -62,10 +62,17 @@ def prepack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> An
         return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: Any, bias=None) -> torch.Tensor:
-    """y = x W^T + b with the prepacked weight when there is one."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: Any, bias=None, unrounded: bool = False
+) -> torch.Tensor:
+    """y = x W^T + b with the prepacked weight when there is one.
+
+    unrounded: the native GEMM may return float32 instead of rounding to bf16 (for outputs that
+    only feed the float32 residual stream); other paths return the input dtype regardless.
+    """
     if packed is not None and not isinstance(packed, torch.Tensor):
-        return _native_gemm().linear_bf16(x, packed)  # the bias was packed with the weight
+        out = torch.float32 if unrounded else torch.bfloat16
+        return _native_gemm().linear_bf16(x, packed, out)  # the bias was packed with the weight
     single = x.shape[0] == 1 and x.dtype == torch.bfloat16
     if single:
         x = torch.cat((x, x))
@@ -83,5 +90,6 @@ class Linear(nn.Linear):
         """Call once the weights are loaded (and whenever they change)."""
         self.packed = prepack_weight(self.weight, self.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.packed, self.bias)
+    def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:
+        """unrounded: the caller takes float32 (see `linear`)."""
+        return linear(x, self.weight, self.packed, self.bias, unrounded)

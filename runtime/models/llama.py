@@ -127,7 +127,10 @@ class Attention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any
     ):
         n = x.shape[0]
-        qkv = self.qkv_proj(x)
+        # NOTE: the native path takes float32 projections where the GEMM can give them: rotary
+        # runs in float32 and q, k, v are rounded to bf16 once instead of three times (the
+        # residual stream, o_proj and down_proj likewise stay float32; see `linear`).
+        qkv = self.qkv_proj(x, unrounded=self.native is not None)
         if self.native is not None:  # rotary + KV store in one call, straight into the pool
             k_buf, v_buf = batch.attn_backend.kv_pool.get_kv_buffer(self.info.layer_id)
             q = self.native.rope_store_kv(
@@ -135,7 +138,7 @@ class Attention(nn.Module):
                 self.h, self.hkv, self.d,
             )  # fmt: skip
             out = batch.attn_backend.forward(q.view(n, self.q_size), None, None, self.info, batch)
-            return self.o_proj(out)
+            return self.o_proj(out, unrounded=True)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = rotary(positions, q.view(n, self.h, self.d), k.view(n, self.hkv, self.d))
         out = batch.attn_backend.forward(
@@ -154,9 +157,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:  # float32 between the two matmuls (see Attention.forward)
+            gate_up = self.gate_up_proj(x, unrounded=True)
+            return self.down_proj(self.native.silu_mul(gate_up, x.dtype), unrounded=True)
         gate_up = self.gate_up_proj(x)
-        if self.native is not None:
-            return self.down_proj(self.native.silu_mul(gate_up))
         gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

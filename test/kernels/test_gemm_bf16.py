@@ -38,6 +38,18 @@ def test_matches_float64_reference_to_bf16_rounding(m, n, k, bias):
     assert bool((err <= ref.abs() * 2**-8 + 1e-3).all()), float(err.max())
 
 
+def test_float32_output_is_the_unrounded_accumulator():
+    torch.manual_seed(4)
+    x = torch.randn(11, 96).bfloat16()
+    w = (torch.randn(60, 96) * 0.1).bfloat16()
+    b = torch.randn(60).bfloat16()
+    packed = native.pack_linear(w, b)
+    y32 = native.linear_bf16(x, packed, torch.float32)
+    assert y32.dtype == torch.float32
+    assert torch.equal(y32.bfloat16(), native.linear_bf16(x, packed))  # one rounding apart
+    assert float((y32.double() - _reference(x, w, b)).abs().max()) < 1e-4
+
+
 def test_each_row_is_bitwise_the_same_alone_or_in_any_batch():
     torch.manual_seed(1)
     w = (torch.randn(200, 1536) * 0.05).bfloat16()

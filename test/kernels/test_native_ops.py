@@ -61,6 +61,39 @@ def test_rope_store_kv_matches_torch(dtype):
     assert not k_pool[untouched].any() and not v_pool[untouched].any()
 
 
+def test_float32_projections_are_rounded_once_into_bf16():
+    """Unrounded (float32) qkv / gate_up under a bf16 model: float32 math, one rounding."""
+    torch.manual_seed(5)
+    n, h, hkv, d = 3, 4, 2, 32
+    qkv = torch.randn(n, (h + 2 * hkv) * d) * 3
+    pos = torch.tensor([1, 4, 9])
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.outer(torch.arange(16).float(), inv).repeat(1, 2)
+    cos, sin = emb.cos(), emb.sin()
+    k_pool = torch.zeros(12, hkv, d, dtype=torch.bfloat16)
+    v_pool = torch.zeros(12, hkv, d, dtype=torch.bfloat16)
+    loc = torch.tensor([3, 0, 7])
+    q = native.rope_store_kv(qkv, pos, cos, sin, k_pool, v_pool, loc, h, hkv, d)
+    assert q.dtype == torch.bfloat16
+
+    def rotate(x):
+        c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+        return x * c + torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1) * s
+
+    qr, kr, vr = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    # the exact float32 rotation rounded once: at most half a bf16 ulp away (float32 slack)
+    for got, want in ((q, rotate(qr.view(n, h, d))), (k_pool[loc], rotate(kr.view(n, hkv, d)))):
+        err = (got.float() - want).abs()
+        assert bool((err <= want.abs() * 2**-8 + 1e-6).all())
+    assert torch.equal(v_pool[loc], vr.reshape(n, hkv, d).bfloat16())
+    gate_up = torch.randn(n, 64) * 4
+    out = native.silu_mul(gate_up, torch.bfloat16)
+    gate, up = gate_up.split(32, dim=-1)
+    want = F.silu(gate) * up
+    assert out.dtype == torch.bfloat16
+    assert bool(((out.float() - want).abs() <= want.abs() * 2**-8 + 1e-5).all())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_matches_torch(dtype):
     torch.manual_seed(2)

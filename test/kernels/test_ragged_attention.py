@@ -10,12 +10,16 @@ from radixgen.kernels.cpu import load_native_kernels
 native = load_native_kernels()
 pytestmark = pytest.mark.skipif(native is None, reason="no C compiler for the native kernels")
 
-H, HKV, D = 6, 2, 32
+# (heads, kv heads, head dim): the generic kernel and the shapes compiled with constant group
+# size and head dim (SmolLM2's 9/3/64, Qwen-like 12/4/128), grouped and ungrouped
+SHAPES = [(6, 2, 32), (9, 3, 64), (12, 4, 128), (8, 8, 64), (16, 2, 64)]
 # (prefix, extend): decode rows, short and long prefill chunks, keys past the 256-key block
 REQS = [(0, 37), (300, 1), (5, 600), (0, 1), (40, 3), (700, 2)]
 
 
 def _reference(q, k_pool, v_pool, kv, reqs, window=None):
+    _, H, D = q.shape
+    HKV = k_pool.shape[1]
     out = torch.empty(q.shape, dtype=torch.float64)
     row = 0
     for r, (prefix, ext) in enumerate(reqs):
@@ -44,7 +48,8 @@ def _layout(reqs, pool_size):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 100])
-def test_matches_reference(dtype, window):
+@pytest.mark.parametrize(("H", "HKV", "D"), SHAPES)
+def test_matches_reference(dtype, window, H, HKV, D):
     torch.manual_seed(0)
     k_pool = torch.randn(6000, HKV, D).to(dtype)
     v_pool = torch.randn(6000, HKV, D).to(dtype)
@@ -61,7 +66,8 @@ def test_matches_reference(dtype, window):
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
 
-def test_a_row_is_the_same_alone_or_batched():
+@pytest.mark.parametrize(("H", "HKV", "D"), SHAPES)
+def test_a_row_is_the_same_alone_or_batched(H, HKV, D):
     """Prefill row, decode row: bitwise equal whatever batch or chunking computed them."""
     torch.manual_seed(1)
     k_pool = torch.randn(6000, HKV, D).bfloat16()
