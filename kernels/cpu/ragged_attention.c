@@ -171,20 +171,20 @@ DEFINE_BLOCK_AVX512(block_bf16_avx512, uint16_t, load16_bf16)
 
 
 #if defined(__AVX512BF16__)
+#define PF_DIST 16 /* tokens ahead to prefetch (random slots: DRAM latency) */
 /* acc[g, :] = sum_j p[g, j] v_j over bf16 value rows, float32 accumulation in key order. With
  * G and C (= D / 16) constant after inlining the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void value_pass(
     const int G, const int C, const uint16_t* v, const int64_t* idx, int64_t n,
-    int64_t tok_stride, const float* p, float* acc) {
+    int64_t tok_stride, int pf_bytes, const float* p, float* acc) {
     __m512 av[MAX_GROUP * (MAX_DIM / 16)];
 #pragma GCC unroll 64
     for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
         const uint16_t* vr = v + idx[j] * tok_stride;
-        if (j + 8 < n) {
-            const char* pf = (const char*)(v + idx[j + 8] * tok_stride);
-#pragma GCC unroll 8
-            for (int b_ = 0; b_ < C * 32; b_ += 64) __builtin_prefetch(pf + b_);
+        if (j + PF_DIST < n) {
+            const char* pf = (const char*)(v + idx[j + PF_DIST] * tok_stride);
+            for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
         }
         __m512 pv[MAX_GROUP];
 #pragma GCC unroll 16
@@ -210,8 +210,8 @@ static inline __attribute__((always_inline)) void value_pass(
  * accumulators in registers. */
 static inline __attribute__((always_inline)) void block_dp(
     const int G, const int C2, const uint16_t* q, int64_t q_head_stride, const uint16_t* k,
-    const uint16_t* v, const int64_t* idx, int64_t n, int64_t tok_stride, float scale,
-    float* acc, float* m_out, float* l_out, float* scores) {
+    const uint16_t* v, const int64_t* idx, int64_t n, int64_t tok_stride, int pf_bytes,
+    float scale, float* acc, float* m_out, float* l_out, float* scores) {
     __m512bh qv[MAX_GROUP * (MAX_DIM / 32)];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g)
@@ -233,10 +233,9 @@ static inline __attribute__((always_inline)) void block_dp(
             }
             int64_t j = j0 + jj;
             const uint16_t* kr = k + idx[j] * tok_stride;
-            if (j + 8 < n) {
-                const char* pf = (const char*)(k + idx[j + 8] * tok_stride);
-#pragma GCC unroll 8
-                for (int b_ = 0; b_ < C2 * 64; b_ += 64) __builtin_prefetch(pf + b_);
+            if (j + PF_DIST < n) {
+                const char* pf = (const char*)(k + idx[j + PF_DIST] * tok_stride);
+                for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
             }
             __m512bh kv[MAX_DIM / 32];
 #pragma GCC unroll 8
@@ -272,7 +271,7 @@ static inline __attribute__((always_inline)) void block_dp(
         }
         l[g] = _mm512_reduce_add_ps(sum);
     }
-    value_pass(G, 2 * C2, v, idx, n, tok_stride, scores, acc);
+    value_pass(G, 2 * C2, v, idx, n, tok_stride, pf_bytes, scores, acc);
     for (int g = 0; g < G; ++g) {
         m_out[g] = m[g];
         l_out[g] = l[g];
@@ -281,28 +280,32 @@ static inline __attribute__((always_inline)) void block_dp(
 
 static void block_dp_any(int G, int C2, const uint16_t* q, int64_t q_head_stride,
                          const uint16_t* k, const uint16_t* v, const int64_t* idx, int64_t n,
-                         int64_t tok_stride, float scale, float* acc, float* m_out, float* l_out,
-                         float* scores) {
-    block_dp(G, C2, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out, l_out, scores);
+                         int64_t tok_stride, int pf_bytes, float scale, float* acc, float* m_out,
+                         float* l_out, float* scores) {
+    block_dp(G, C2, q, q_head_stride, k, v, idx, n, tok_stride, pf_bytes, scale, acc, m_out,
+             l_out, scores);
 }
 
 #define BLOCK_DP_CASE(G_, C2_)                                                                 \
     case G_ * 16 + C2_:                                                                        \
-        block_dp(G_, C2_, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out, l_out, \
-                 scores);                                                                      \
+        block_dp(G_, C2_, q, q_head_stride, k, v, idx, n, tok_stride, pf_bytes, scale, acc,      \
+                 m_out, l_out, scores);                                                        \
         break;
 
+/* pf_bytes: how much of each upcoming token's row to prefetch from k / v: the first kv head
+ * fetches the whole row (every head's part) so the other heads, run next on the same thread,
+ * find it in cache; whole rows are what the memory system streams well. */
 static void block_bf16_dp(const uint16_t* q, int64_t q_head_stride, const uint16_t* k,
                           const uint16_t* v, const int64_t* idx, int64_t n, int64_t tok_stride,
-                          int G, int D, float scale, float* acc, float* m_out, float* l_out,
-                          float* scores) {
+                          int pf_bytes, int G, int D, float scale, float* acc, float* m_out,
+                          float* l_out, float* scores) {
     switch (G * 16 + D / 32) {
         BLOCK_DP_CASE(1, 2) BLOCK_DP_CASE(2, 2) BLOCK_DP_CASE(3, 2) BLOCK_DP_CASE(4, 2)
         BLOCK_DP_CASE(5, 2) BLOCK_DP_CASE(6, 2) BLOCK_DP_CASE(1, 4) BLOCK_DP_CASE(2, 4)
         BLOCK_DP_CASE(3, 4)
         default:
-            block_dp_any(G, D / 32, q, q_head_stride, k, v, idx, n, tok_stride, scale, acc, m_out,
-                         l_out, scores);
+            block_dp_any(G, D / 32, q, q_head_stride, k, v, idx, n, tok_stride, pf_bytes, scale,
+                         acc, m_out, l_out, scores);
     }
 }
 #endif
@@ -337,9 +340,10 @@ static void run_block(const void* q, int64_t qoff, const void* k, const void* v,
 #ifdef __AVX512F__
 #if defined(__AVX512BF16__)
     if (dtype == 1 && D % 32 == 0) {
+        int pf_bytes = h == 0 ? (int)(tok_stride * 2) : D * 2;
         block_bf16_dp((const uint16_t*)q + qoff, D, (const uint16_t*)k + h * D,
-                      (const uint16_t*)v + h * D, idx, n, tok_stride, G, D, scale, acc, m, l,
-                      scores);
+                      (const uint16_t*)v + h * D, idx, n, tok_stride, pf_bytes, G, D, scale, acc,
+                      m, l, scores);
         return;
     }
 #endif
@@ -416,11 +420,14 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
         }
     int64_t tok_stride = (int64_t)Hkv * D;
     int64_t jobs = ntasks * Hkv;
+    /* a thread takes every head of a task in turn (the first prefetches whole token rows for the
+     * rest) unless there are too few tasks to keep the threads busy */
+    int chunk = ntasks >= 2 * (int64_t)omp_get_max_threads() ? Hkv : 1;
 #pragma omp parallel
     {
         float* scores = (float*)malloc(sizeof(float) * G * KEY_BLOCK);
         float acc[MAX_GROUP * MAX_DIM], m[MAX_GROUP], l[MAX_GROUP];
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, chunk)
         for (int64_t j = 0; j < jobs; ++j) {
             const Task* tk = &tasks[j / Hkv];
             int h = (int)(j % Hkv);
