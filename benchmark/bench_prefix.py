@@ -3,7 +3,9 @@
 Workloads on the default model:
   (a) shared few-shot prefix: 64 requests sharing a ~1,500-token prefix, distinct ~30-token
       questions, 32 output tokens each;
-  (b) multi-turn chat: 16 conversations x 4 turns (each turn resends the whole conversation);
+  (b) multi-turn chat, 16 conversations x 4 turns (each turn resends the whole conversation):
+      short user turns (~20 tokens), and long ones (256-512 tokens of text, the shape of SGLang's
+      benchmark/multi_turn_chat, whose answers are 4-8 tokens; ours stay 32);
   (c) tree of prompts: a 3-level branching program where children extend their parent's text;
   (d) no sharing: random distinct prompts (the cache's overhead).
 For each: throughput (output tokens/s and requests/s), mean time to first token, token hit rate.
@@ -71,18 +73,24 @@ async def few_shot(r: Runner, n: int, prefix_words: int) -> None:
     await asyncio.gather(*(r.one(prefix + q) for q in questions))
 
 
-async def multi_turn(r: Runner, conversations: int, turns: int) -> None:
+async def multi_turn(r: Runner, conversations: int, turns: int, long_turns: bool = False) -> None:
     tok = r.engine.tokenizer
+
+    def user_turn(c: int, t: int) -> str:
+        text = f"Conversation {c}, turn {t}: tell me one more thing about topic {c}."
+        if not long_turns:
+            return text
+        rng = random.Random(1000 * c + t)  # the same text for cache on and off
+        target = rng.randint(256, 512)  # tokens, as SGLang's --min-len-q / --max-len-q
+        words = [text]
+        while len(tok.encode(" ".join(words))) < target:
+            words += [rng.choice(WORDS) + str(rng.randint(0, 99)) for _ in range(8)]
+        return " ".join(words)
 
     async def conversation(c: int) -> None:
         messages: list[dict[str, str]] = []
         for t in range(turns):
-            messages.append(
-                {
-                    "role": "user",
-                    "content": f"Conversation {c}, turn {t}: tell me one more thing about topic {c}.",
-                }
-            )
+            messages.append({"role": "user", "content": user_turn(c, t)})
             reply = await r.one(tok.apply_chat_template(messages))
             messages.append({"role": "assistant", "content": reply})
 
@@ -107,22 +115,13 @@ async def tree(r: Runner, branching: int, depth: int) -> None:
     await expand(root, 0)
 
 
+WORDS = ["alpha", "river", "stone", "cloud", "maple", "delta", "ember", "quartz", "lunar", "fable"]
+
+
 async def distinct(r: Runner, n: int) -> None:
     rng = random.Random(1)
-    words = [
-        "alpha",
-        "river",
-        "stone",
-        "cloud",
-        "maple",
-        "delta",
-        "ember",
-        "quartz",
-        "lunar",
-        "fable",
-    ]
     prompts = [
-        " ".join(rng.choice(words) + str(rng.randint(0, 99)) for _ in range(60)) for _ in range(n)
+        " ".join(rng.choice(WORDS) + str(rng.randint(0, 99)) for _ in range(60)) for _ in range(n)
     ]
     await asyncio.gather(*(r.one(p) for p in prompts))
 
@@ -193,7 +192,10 @@ def main() -> int:
     q = args.quick
     workloads = {
         "(a) shared few-shot prefix": lambda r: few_shot(r, 16 if q else 64, 400 if q else 1100),
-        "(b) multi-turn chat": lambda r: multi_turn(r, 4 if q else 16, 4),
+        "(b) multi-turn chat, short user turns": lambda r: multi_turn(r, 4 if q else 16, 4),
+        "(b) multi-turn chat, 256-512-token user turns": lambda r: multi_turn(
+            r, 4 if q else 16, 4, long_turns=True
+        ),
         "(c) tree of prompts": lambda r: tree(r, 3, 2 if q else 3),
         "(d) no sharing": lambda r: distinct(r, 16 if q else 64),
     }
