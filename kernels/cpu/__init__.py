@@ -301,14 +301,24 @@ def _cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "radixgen") / "kernels"
 
 
-def _cpu_signature() -> str:
+@cache
+def _cpu_flags_line() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 return line
     except OSError:
         pass
-    return os.uname().machine
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return frozenset(_cpu_flags_line().partition(":")[2].split())
+
+
+def _cpu_signature() -> str:
+    return _cpu_flags_line() or os.uname().machine
 
 
 def _build(sources: list[Path], out: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,14 +25,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def cpu_has_bf16() -> bool:
     """AMX-BF16 or AVX512-BF16 makes bf16 matmuls fast on this CPU."""
-    try:
-        flags = next(
-            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")),
-            "",
-        )
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    from radixgen.kernels.cpu import cpu_flags
+
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def resolve_device(device: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,19 +28,12 @@ _PACK_BATCH_HINT = 2  # other hints (16, 64) made single rows differ from batche
 
 
 @cache
-def _cpu_has_amx() -> bool:
-    try:
-        return " amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-@cache
 def _native_gemm() -> Any:
     """The native kernels when their bf16 GEMM should serve the linear layers, else None."""
-    if os.environ.get("RADIXGEN_NATIVE_GEMM", "1") == "0" or _cpu_has_amx():
+    from radixgen.kernels.cpu import cpu_flags, load_native_kernels
+
+    if os.environ.get("RADIXGEN_NATIVE_GEMM", "1") == "0" or "amx_bf16" in cpu_flags():
         return None
-    from radixgen.kernels.cpu import load_native_kernels
 
     native = load_native_kernels()
     return native if native is not None and native.has_bf16_gemm else None
