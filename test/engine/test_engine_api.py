@@ -238,7 +238,7 @@ def test_server_info(engine):
     info = engine.get_server_info()
     assert info["max_total_num_tokens"] > 0
     assert info["internal_states"][0]["max_total_num_tokens"] == info["max_total_num_tokens"]
-    assert info["dtype"] == "bfloat16"  # auto on a CPU with AMX
+    assert info["dtype"] == "bfloat16"  # auto on a CPU with AVX512-BF16 or AMX-BF16
 
 
 def test_duplicate_rids_are_refused_before_anything_runs(engine):

@@ -121,5 +121,5 @@ def test_stop_regex_is_refused_by_our_server_not_dropped(backend):
     def prog(s):
         s += "Count: 1, 2," + rg.gen("rest", max_tokens=8, stop_regex=r"\d{2}")
 
-    with pytest.raises(Exception, match="stop_regex"):
+    with pytest.raises(rg.ProgramError, match="stop_regex"):
         prog.run(backend=backend)
