@@ -30,6 +30,7 @@ from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.runtime.scheduler.scheduler import Scheduler
+from radixgen.runtime.scheduler.scheduler_process import build_scheduler
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import GrammarConfig, ServerArgs
 
@@ -309,7 +310,7 @@ def main() -> None:
     server_args = ServerArgs.from_kwargs(
         dtype=args.dtype, max_total_tokens=16384, grammar_backend=args.backend
     )
-    s = Scheduler(server_args, resolve_model_path(None))
+    s = build_scheduler(server_args, resolve_model_path(None))
     results = [measure(s, args, n) for n in args.documents]
     if args.results:
         write_results(args.results, results, "python " + " ".join(sys.argv))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
 from radixgen.runtime.tokenizer import Tokenizer, load_tokenizer
 
@@ -74,8 +75,8 @@ class DetokenizerManager:
             end = len(st.text)
             stops = batch.stop_strings[i]
             if finished is not None:
-                matched = finished.get("matched") if finished.get("type") == "stop" else None
-                if isinstance(matched, str) and not batch.no_stop_trim[i]:
+                matched = finished.matched_stop_string
+                if matched is not None and not batch.no_stop_trim[i]:
                     pos = st.text.find(matched)
                     if pos != -1:
                         end = pos
@@ -134,12 +135,8 @@ class DetokenizerManager:
         st.prefix_offset = max(0, st.read_offset - _CONTEXT_TOKENS)
 
 
-def _trims_last_token(finished: dict, no_stop_trim: bool) -> bool:
-    return (
-        finished.get("type") == "stop"
-        and isinstance(finished.get("matched"), int)
-        and not no_stop_trim
-    )
+def _trims_last_token(finished: FinishReason, no_stop_trim: bool) -> bool:
+    return finished.matched_token_id is not None and not no_stop_trim
 
 
 def _held_back(text: str, stops: list[str]) -> int:

@@ -134,7 +134,7 @@ class ServerMetrics:
         if st.finished:
             self._last_output.pop(st.rid, None)
             self.e2e.observe(now - st.created)
-            reason = (st.finish_reason or {}).get("type", "unknown")
+            reason = st.finish_reason.kind if st.finish_reason else "unknown"
             self.requests.labels(finish_reason=reason).inc()
             if st.meta is not None:
                 self.cached_tokens.inc(st.meta.cached_tokens)

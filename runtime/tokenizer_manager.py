@@ -25,6 +25,7 @@ from radixgen.errors import (
     PromptTooLongError,
     QueueFullError,
 )
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -56,7 +57,7 @@ class ReqState:
     created: float
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     meta: Any = None
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -127,7 +128,7 @@ class TokenizerManager:
         logger.error("engine is dead: %s", reason)
         for st in self.states.values():
             if not st.finished:
-                st.finish_reason = {"type": "abort", "message": reason, "status_code": 503}
+                st.finish_reason = FinishReason.abort(reason, 503)
                 st.event.set()
 
     async def _recv_loop(self) -> None:
@@ -413,18 +414,20 @@ class TokenizerManager:
                 w.cancel()
 
     def _raise_if_rejected(self, st: ReqState) -> None:
-        fr = st.finish_reason or {}
-        if fr.get("type") == "abort" and fr.get("status_code") == 400:
-            raise InvalidRequestError(fr.get("message", "request rejected"), None)
-        if fr.get("type") == "abort" and fr.get("status_code") == 503:
-            raise EngineDeadError(fr.get("message", "engine unavailable"))
+        fr = st.finish_reason
+        if fr is None or not fr.is_abort:
+            return
+        if fr.status_code == 400:
+            raise InvalidRequestError(fr.message or "request rejected", None)
+        if fr.status_code == 503:
+            raise EngineDeadError(fr.message or "engine unavailable")
 
     def build_output(self, st: ReqState, output_lp_from: int) -> dict[str, Any]:
         """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""
         meta = st.meta
         info: dict[str, Any] = {
             "id": st.rid,
-            "finish_reason": st.finish_reason,
+            "finish_reason": st.finish_reason.to_dict() if st.finish_reason else None,
             "prompt_tokens": st.prompt_tokens,
             "completion_tokens": meta.completion_tokens if meta else 0,
             "cached_tokens": meta.cached_tokens if meta else 0,

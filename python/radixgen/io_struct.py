@@ -10,12 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixgen.errors import InvalidRequestError
+from radixgen.finish_reason import FinishReason
 from radixgen.sampling_params import SamplingParams
-
-# A finish reason is a plain dict in SGLang's shape:
-#   {"type": "stop", "matched": str | int}, {"type": "length", "length": N},
-#   {"type": "abort", "message": str, "status_code": int}
-FinishReason = dict[str, Any]
 
 # (logprob, token_id) pairs; the API process adds token text when asked.
 LogprobList = list[tuple[float | None, int]]

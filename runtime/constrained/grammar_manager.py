@@ -12,12 +12,14 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from radixgen.errors import GrammarError
+from radixgen.finish_reason import FinishReason
+from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
@@ -32,6 +34,19 @@ logger = logging.getLogger(__name__)
 
 COMPILE_WORKERS = 2
 CACHE_MAX_ENTRIES = 1024
+
+
+@dataclass(frozen=True)
+class JumpForwardEdit:
+    """A jump-forward's result for the scheduler: replace output_ids[keep:] by `tokens`.
+
+    The grammar has already accepted `tokens`; `added` counts the tokens gained without a model
+    step (a re-tokenization that merges tokens can shrink the tail: 0 then).
+    """
+
+    keep: int
+    tokens: list[int]
+    added: int
 
 
 @dataclass
@@ -126,13 +141,12 @@ class GrammarManager:
                 self.counters["grammar_compile_timeouts"] += 1
                 kind = pending.key[0]
                 req.finish(
-                    {
-                        "type": "abort",
-                        "message": f"compiling the {kind} constraint took longer than "
+                    FinishReason.abort(
+                        f"compiling the {kind} constraint took longer than "
                         f"{self.config.grammar_compile_timeout:g} s (grammar_compile_timeout); "
                         "simplify it",
-                        "status_code": 400,
-                    }
+                        400,
+                    )
                 )
                 failed.append(req)
         if len(self._pending) > len(reqs):  # drop compiles of requests aborted while waiting
@@ -147,7 +161,7 @@ class GrammarManager:
         else:
             kind = req.grammar_key[0] if req.grammar_key else "grammar"
             message, status = f"compiling the {kind} constraint failed: {error}", 500
-        req.finish({"type": "abort", "message": message, "status_code": status})
+        req.finish(FinishReason.abort(message, status))
 
     # --- per step -----------------------------------------------------------------------------
 
@@ -186,42 +200,47 @@ class GrammarManager:
             len(req.output_ids) - 1,
         )
         req.finish(
-            {
-                "type": "abort",
-                "message": f"internal error: the grammar rejected sampled token {token_id}",
-                "status_code": 500,
-            }
+            FinishReason.abort(
+                f"internal error: the grammar rejected sampled token {token_id}", 500
+            )
         )
 
-    def jump_forward(self, req: Req, scheduler: Any) -> None:
-        """Append the text the grammar forces next, re-tokenized at the boundary (no model step)."""
+    def jump_forward(self, req: Req, max_output_len: int) -> JumpForwardEdit | None:
+        """Advance the grammar over the text it forces next, re-tokenized at the boundary.
+
+        Returns the edit of the request's output for the scheduler to apply (no model step), or
+        None when there is nothing to jump. `max_output_len`: output tokens the request may
+        hold afterwards (one fewer than it may generate, so it still samples its last token).
+        """
         if self.config.disable_jump_forward or req.return_logprob:
-            return  # with logprobs, every output token needs its own model step
+            return None  # with logprobs, every output token needs its own model step
         grammar = req.grammar
+        assert grammar is not None
         if grammar.is_terminated():
-            return
+            return None
         forced = grammar.find_jump_forward_string()
         if not forced:
-            return
+            return None
         start = time.perf_counter()
         try:
-            self._jump(req, grammar, forced, scheduler)
+            return self._jump(req, grammar, forced, max_output_len)
         finally:
             self.counters["jump_forward_seconds_total"] += time.perf_counter() - start
 
-    def _jump(self, req: Req, grammar: Any, forced: str, scheduler: Any) -> None:
+    def _jump(
+        self, req: Req, grammar: BaseGrammarObject, forced: str, max_len: int
+    ) -> JumpForwardEdit | None:
         sp = req.sampling_params
         prompt_len = len(req.origin_input_ids)
         out = req.output_ids
-        max_len = min(sp.max_new_tokens, scheduler.context_length - prompt_len) - 1
         min_keep = max(0, req.cache_protected_len - prompt_len)
         plan = plan_jump_forward(out, forced, self.vocab, min_keep, max_len)
         if plan is None:
-            return
+            return None
         if sp.stop_token_ids and not set(plan.tokens).isdisjoint(sp.stop_token_ids):
-            return  # finish checks see only the newest token: let the model emit stop ids
+            return None  # finish checks see only the newest token: let the model emit stop ids
         if sp.stop and self._adds_stop_string(out, plan.keep, plan.tokens, sp.stop):
-            return
+            return None
         replaced = out[plan.keep :]
         grammar.rollback(len(replaced))
         tokens = plan.tokens[:-1] if plan.last_may_grow else plan.tokens
@@ -237,25 +256,17 @@ class GrammarManager:
             grammar.rollback(accepted)
             if grammar.accept_tokens(replaced) != len(replaced):
                 logger.error("grammar of %s could not restore its state after a jump", req.rid)
-                req.finish(
-                    {
-                        "type": "abort",
-                        "message": "internal error: grammar state lost",
-                        "status_code": 500,
-                    }
-                )
-            return
-        scheduler.replace_output_tail(req, plan.keep, tokens)
+                req.finish(FinishReason.abort("internal error: grammar state lost", 500))
+            return None
         # tokens gained without a model step (a merge can also shrink the tail: count 0 then)
         added = max(0, len(tokens) - len(replaced))
-        req.jump_forward_tokens += added
-        scheduler.stats["jump_forward_tokens"] += added
         c = self.counters
         c["jump_forward_calls"] += 1
         c["jump_forward_tokens"] += added
         c["jump_forward_retokenized_tokens"] += len(replaced)
+        return JumpForwardEdit(plan.keep, tokens, added)
 
-    def _longer_token_allowed(self, grammar: Any, token_id: int) -> bool:
+    def _longer_token_allowed(self, grammar: BaseGrammarObject, token_id: int) -> bool:
         """Whether the grammar, here, allows a token that strictly extends `token_id`'s bytes."""
         probe = self._longer_probes.get(token_id)
         if probe is None:  # numpy, not torch: a handful of ids, where torch's per-op cost dominates

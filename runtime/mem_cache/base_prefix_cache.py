@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
+    from radixgen.runtime.mem_cache.radix_cache import TreeNode
     from radixgen.runtime.scheduler.req import Req
 
 
@@ -17,7 +18,7 @@ class MatchResult:
     """KV slots of the longest cached prefix of a key, and the node to lock while using them."""
 
     indices: torch.Tensor
-    last_node: Any
+    last_node: TreeNode | None  # None: nothing to lock (no radix tree)
 
 
 class BasePrefixCache(ABC):
@@ -31,10 +32,10 @@ class BasePrefixCache(ABC):
     def match_prefix(self, key: list[int]) -> MatchResult: ...
 
     @abstractmethod
-    def inc_lock_ref(self, node: Any) -> None: ...
+    def inc_lock_ref(self, node: TreeNode | None) -> None: ...
 
     @abstractmethod
-    def dec_lock_ref(self, node: Any) -> None: ...
+    def dec_lock_ref(self, node: TreeNode | None) -> None: ...
 
     @abstractmethod
     def cache_finished_req(self, req: Req) -> None:
@@ -57,9 +58,10 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None: ...
 
-    def total_size(self) -> int:
-        return self.evictable_size() + self.protected_size()
-
     def cached_slots(self) -> list[torch.Tensor]:
         """Every KV slot the cache holds (debug accounting)."""
         return []
+
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Debug: the cache's own bookkeeping is consistent (raises AssertionError if not)."""

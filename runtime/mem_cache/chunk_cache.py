@@ -5,7 +5,7 @@ Runs in the scheduler process; exists so RadixCache can be measured against doin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +13,7 @@ from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache, MatchR
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 
 if TYPE_CHECKING:
+    from radixgen.runtime.mem_cache.radix_cache import TreeNode
     from radixgen.runtime.scheduler.req import Req
 
 _EMPTY = torch.empty(0, dtype=torch.long)
@@ -26,10 +27,10 @@ class ChunkCache(BasePrefixCache):
     def match_prefix(self, key: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, None)
 
-    def inc_lock_ref(self, node: Any) -> None:
+    def inc_lock_ref(self, node: TreeNode | None) -> None:
         pass
 
-    def dec_lock_ref(self, node: Any) -> None:
+    def dec_lock_ref(self, node: TreeNode | None) -> None:
         pass
 
     def cache_finished_req(self, req: Req) -> None:
@@ -53,3 +54,6 @@ class ChunkCache(BasePrefixCache):
 
     def reset(self) -> None:
         pass
+
+    def check_invariants(self) -> None:
+        pass  # no bookkeeping of its own: requests own every slot

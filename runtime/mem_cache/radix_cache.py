@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -76,6 +77,9 @@ class RadixCache(BasePrefixCache):
         self.root.lock_ref = 1  # the root is never evicted
         self._evictable = 0
         self._protected = 0
+        # NOTE: exactly the unlocked childless non-root nodes, kept up to date by every change
+        # of children or lock count, so eviction never scans the whole tree
+        self._evictable_leaves: set[TreeNode] = set()
 
     def _child_key(self, key: list[int]) -> int | tuple[int, ...]:
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
@@ -140,6 +144,8 @@ class RadixCache(BasePrefixCache):
                 leaf.key, leaf.value = list(key), value.clone()
                 leaf.last_access = now
                 node.children[self._child_key(key)] = leaf
+                self._evictable_leaves.discard(node)
+                self._evictable_leaves.add(leaf)
                 self._evictable += len(key)
                 return matched
             child.last_access = now
@@ -153,21 +159,26 @@ class RadixCache(BasePrefixCache):
 
     # --- locking ----------------------------------------------------------------------------
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def inc_lock_ref(self, node: TreeNode | None) -> None:
+        assert node is not None, "radix matches always return a node"
         while node is not self.root:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
+                self._evictable_leaves.discard(node)
             node.lock_ref += 1
             assert node.parent is not None
             node = node.parent
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
+    def dec_lock_ref(self, node: TreeNode | None) -> None:
+        assert node is not None, "radix matches always return a node"
         while node is not self.root:
             assert node.lock_ref > 0, "unlocking an unlocked radix node"
             if node.lock_ref == 1:
                 self._evictable += len(node.key)
                 self._protected -= len(node.key)
+                if not node.children:
+                    self._evictable_leaves.add(node)
             node.lock_ref -= 1
             assert node.parent is not None
             node = node.parent
@@ -212,7 +223,9 @@ class RadixCache(BasePrefixCache):
     # --- eviction and sizes -------------------------------------------------------------------
 
     def evict(self, num_tokens: int) -> int:
-        leaves = [n for n in self._iter_nodes() if not n.children and n.lock_ref == 0]
+        if num_tokens <= 0 or not self._evictable_leaves:
+            return 0
+        leaves = list(self._evictable_leaves)
         heapq.heapify(leaves)
         freed = 0
         while freed < num_tokens and leaves:
@@ -220,10 +233,12 @@ class RadixCache(BasePrefixCache):
             self.kv_pool.free(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
+            self._evictable_leaves.remove(leaf)
             parent = leaf.parent
             assert parent is not None
             del parent.children[self._child_key(leaf.key)]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                self._evictable_leaves.add(parent)
                 heapq.heappush(leaves, parent)
         return freed
 
@@ -233,7 +248,7 @@ class RadixCache(BasePrefixCache):
     def protected_size(self) -> int:
         return self._protected
 
-    def _iter_nodes(self):
+    def _iter_nodes(self) -> Iterator[TreeNode]:
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
@@ -243,5 +258,7 @@ class RadixCache(BasePrefixCache):
     def cached_slots(self) -> list[torch.Tensor]:
         return [n.value for n in self._iter_nodes()]
 
-    def num_nodes(self) -> int:
-        return sum(1 for _ in self._iter_nodes())
+    def check_invariants(self) -> None:
+        """Debug: the kept evictable-leaf set equals what a full scan finds."""
+        scanned = {n for n in self._iter_nodes() if not n.children and n.lock_ref == 0}
+        assert scanned == self._evictable_leaves, "evictable-leaf set out of date"

@@ -37,5 +37,6 @@ def check_kv_accounting(
     assert total == kv_pool.size, (
         f"KV accounting: {len(free)} free + {len(owned_set)} used != {kv_pool.size}"
     )
+    cache.check_invariants()
     cache_total = cache.evictable_size() + cache.protected_size()
     assert cache_total == sum(t.numel() for t in cache.cached_slots())

@@ -9,36 +9,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixgen.finish_reason import FinishReason
+
 if TYPE_CHECKING:
+    from radixgen.runtime.scheduler.interfaces import TextDecoder
     from radixgen.runtime.scheduler.req import Req
-    from radixgen.runtime.tokenizer import Tokenizer
 
 
-def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: Tokenizer) -> None:
+def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: TextDecoder) -> None:
     sp = req.sampling_params
     tok = req.output_ids[-1]
     if not sp.ignore_eos and tok in eos_ids:
-        req.finish({"type": "stop", "matched": tok})
+        req.finish(FinishReason.stop(tok))
         return
     if tok in sp.stop_token_ids:
-        req.finish({"type": "stop", "matched": tok})
+        req.finish(FinishReason.stop(tok))
         return
     if req.grammar is not None and req.grammar.is_terminated():
-        req.finish({"type": "stop", "matched": tok})
+        req.finish(FinishReason.stop(tok))
         return
     if sp.stop and len(req.output_ids) >= sp.min_new_tokens:
         matched = _match_stop_string(req, tokenizer)
         if matched is not None:
-            req.finish({"type": "stop", "matched": matched})
+            req.finish(FinishReason.stop(matched))
             return
     if len(req.output_ids) >= sp.max_new_tokens:
-        req.finish({"type": "length", "length": sp.max_new_tokens})
+        req.finish(FinishReason.length(sp.max_new_tokens))
         return
     if req.seq_len >= context_length:
-        req.finish({"type": "length", "length": len(req.output_ids)})
+        req.finish(FinishReason.length(len(req.output_ids)))
 
 
-def _match_stop_string(req: Req, tokenizer: Tokenizer) -> str | None:
+def _match_stop_string(req: Req, tokenizer: TextDecoder) -> str | None:
     # Each token carries at least one byte (byte-level vocabularies may spell one character in
     # several tokens), so this many tail tokens cover any stop string ending at the newest token;
     # an earlier match would have finished the request at an earlier step.

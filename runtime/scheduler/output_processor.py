@@ -14,7 +14,7 @@ from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import StepBatch
 
 
-def record_input_logprobs(batch: StepBatch, logits: LogitsOutput, vocab_size: int) -> None:
+def record_input_logprobs(batch: StepBatch, logits: LogitsOutput) -> None:
     """Append this step's prompt logprobs to each request that asked for them."""
     for r, lay in zip(batch.reqs, batch.layouts, strict=True):
         if r.input_logprob_start < 0:

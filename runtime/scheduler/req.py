@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from radixgen.io_struct import FinishReason, RequestMeta, TokenizedGenerateReq
+from radixgen.finish_reason import FinishReason
+from radixgen.io_struct import RequestMeta, TokenizedGenerateReq
 from radixgen.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+    from radixgen.runtime.mem_cache.radix_cache import TreeNode
+
+# one position's top alternatives: (logprob, token id) pairs, best first
+TopLogprobs = list[tuple[float, int]]
 
 
 class Req:
@@ -40,7 +46,7 @@ class Req:
         self.req_pool_idx: int | None = None
         self.kv_len = 0
         self.cache_protected_len = 0
-        self.last_node: Any = None
+        self.last_node: TreeNode | None = None  # the locked cache node (radix cache only)
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.admitted_once = False
 
@@ -48,7 +54,7 @@ class Req:
         self.extend_len = 0
 
         # grammar
-        self.grammar: Any = None
+        self.grammar: BaseGrammarObject | None = None
         self.grammar_key: tuple[str, str] | None = None
         self.jump_forward_tokens = 0
 
@@ -61,9 +67,9 @@ class Req:
         self.steps_since_stream = 0
         self.first_token_delay: float | None = None
         self.input_token_logprobs: list[tuple[float | None, int]] | None = None
-        self.input_top_logprobs: list[Any] | None = None
+        self.input_top_logprobs: list[TopLogprobs | None] | None = None
         self.output_token_logprobs: list[tuple[float | None, int]] = []
-        self.output_top_logprobs: list[Any] = []
+        self.output_top_logprobs: list[TopLogprobs | None] = []
         # tokens to decode for the stop-string check: one byte per token at least, plus slack for
         # a match that starts inside a multi-byte token
         self.stop_tail_tokens = (
@@ -126,10 +132,6 @@ class Req:
             retractions=self.retractions,
             first_token_delay=self.first_token_delay,
         )
-
-    def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
-        assert self.req_pool_idx is not None
-        return req_to_token[self.req_pool_idx, : self.kv_len]
 
     def __repr__(self) -> str:
         return f"Req({self.rid}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, kv={self.kv_len})"

@@ -3,7 +3,9 @@
 Every step: admit waiting requests (prefix match, lock, allocate, chunked-prefill budget), run one
 forward over the mixed batch (decodes + prefill chunks), sample, then finish or stream each request.
 When the pool is short it evicts unlocked cache first and then retracts the newest requests back to
-the queue. `step()` is pure logic; `run_scheduler_process` wraps it with ZMQ I/O.
+the queue. `step()` is pure logic over injected collaborators (model runner, tokenizer, prefix cache,
+grammar manager; `scheduler_process.build_scheduler` makes the real ones), so planning is
+unit-tested with a fake runner; `run_scheduler_process` wraps it with ZMQ I/O.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -23,12 +27,11 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
 )
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
-from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
-from radixgen.runtime.model_executor.model_runner import LogitsOutput, ModelRunner
 from radixgen.runtime.sampling.sampler import Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
 from radixgen.runtime.scheduler.finish import check_finish
+from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
 from radixgen.runtime.scheduler.output_processor import collect_outputs, record_input_logprobs
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import (
@@ -38,8 +41,11 @@ from radixgen.runtime.scheduler.schedule_batch import (
     pages_needed,
 )
 from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
-from radixgen.runtime.tokenizer import load_tokenizer
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
+    from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
 logger = logging.getLogger(__name__)
 
@@ -50,44 +56,49 @@ RESERVE_CLIP = 1024  # future tokens reserved per running request are capped at 
 IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many tokens with one being prefilled
 
 
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the scheduler must know of the model: where sequences end and how large logits are."""
+
+    context_length: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since start, reported by /server_info and the metrics."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    retractions: int = 0
+    evicted_tokens: int = 0
+    jump_forward_tokens: int = 0
+
+
 class Scheduler:
-    def __init__(self, args: ServerArgs, model_folder: str) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_runner: StepRunner,
+        tokenizer: TextDecoder,
+        cache: BasePrefixCache,
+        grammar_manager: GrammarManager | None,
+        limits: ModelLimits,
+    ) -> None:
         self.args = args
-        self.tokenizer = load_tokenizer(
-            model_folder, args.model.tokenizer_path, args.model.chat_template
-        )
-        context = args.model.context_length
-        from radixgen.runtime.model_config import ModelArchConfig
-
-        cfg = ModelArchConfig.from_folder(model_folder)
-        self.context_length = min(
-            context or cfg.max_position_embeddings, cfg.max_position_embeddings
-        )
-        if context and context > cfg.max_position_embeddings:
-            logger.warning(
-                "context_length %d exceeds the model's %d", context, cfg.max_position_embeddings
-            )
-            self.context_length = context
-        self.model_runner = ModelRunner(model_folder, args, self.context_length)
-        self.kv_pool = self.model_runner.kv_pool
-        self.req_to_token_pool = self.model_runner.req_to_token_pool
+        self.model_runner = model_runner
+        self.tokenizer = tokenizer
+        self.cache = cache
+        self.grammar_manager = grammar_manager
+        self.context_length = limits.context_length
+        self.vocab_size = limits.vocab_size
+        self.eos_token_ids = list(limits.eos_token_ids)
+        self.kv_pool = model_runner.kv_pool
+        self.req_to_token_pool = model_runner.req_to_token_pool
         self.page_size = args.cache.page_size
-        self.cache: BasePrefixCache
-        if args.cache.disable_radix_cache:
-            self.cache = ChunkCache(self.req_to_token_pool, self.kv_pool)
-        else:
-            self.cache = RadixCache(self.req_to_token_pool, self.kv_pool, self.page_size)
-        eos = cfg.eos_token_ids or self.tokenizer.eos_token_ids
-        self.eos_token_ids: list[int] = list(eos)
-        self.sampler = Sampler(cfg.vocab_size, self.eos_token_ids)
-        self.vocab_size = cfg.vocab_size
-        self.grammar_manager: Any = None
-        if args.grammar.grammar_backend != "none":
-            from radixgen.runtime.constrained.grammar_manager import GrammarManager
-
-            self.grammar_manager = GrammarManager(
-                args.grammar, self.tokenizer, self.vocab_size, self.eos_token_ids
-            )
+        self.sampler = Sampler(self.vocab_size, self.eos_token_ids)
 
         sched = args.scheduler
         self.max_running = min(sched.max_running_requests, self.req_to_token_pool.size)
@@ -99,18 +110,13 @@ class Scheduler:
         self.grammar_waiting: list[Req] = []
         self.outbox: list[Req] = []  # requests with something to send this step
         self.forward_steps = 0
-        self.stats = {
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "generated_tokens": 0,
-            "retractions": 0,
-            "evicted_tokens": 0,
-            "jump_forward_tokens": 0,
-        }
+        self.stats = SchedulerStats()
 
     # --- requests in --------------------------------------------------------------------------
 
-    def handle(self, msg: Any) -> Any:
+    def handle(
+        self, msg: TokenizedGenerateReq | AbortReq | FlushCacheReq | GetInternalStateReq
+    ) -> FlushCacheOut | GetInternalStateOut | None:
         """Handle one control or generate message; returns a direct reply for control messages."""
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
@@ -130,15 +136,14 @@ class Scheduler:
         limit = min(self.context_length, self.kv_pool.size)
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         if not req.origin_input_ids:
-            req.finish({"type": "abort", "message": "the prompt is empty", "status_code": 400})
+            req.finish(FinishReason.abort("the prompt is empty", 400))
         elif total > limit:
             req.finish(
-                {
-                    "type": "abort",
-                    "message": f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
+                FinishReason.abort(
+                    f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
                     f"({req.sampling_params.max_new_tokens}) exceeds the limit of {limit} tokens",
-                    "status_code": 400,
-                }
+                    400,
+                )
             )
         if req.finished:
             self.outbox.append(req)
@@ -146,11 +151,7 @@ class Scheduler:
         if req.sampling_params.constraint is not None:
             if self.grammar_manager is None:
                 req.finish(
-                    {
-                        "type": "abort",
-                        "message": "constrained decoding is off (grammar_backend=none)",
-                        "status_code": 400,
-                    }
+                    FinishReason.abort("constrained decoding is off (grammar_backend=none)", 400)
                 )
                 self.outbox.append(req)
                 return
@@ -160,7 +161,7 @@ class Scheduler:
         self.waiting.append(req)
 
     def _poll_grammars(self) -> None:
-        if not self.grammar_waiting:
+        if not self.grammar_waiting or self.grammar_manager is None:
             return
         ready, failed = self.grammar_manager.poll(self.grammar_waiting)
         for req in failed:
@@ -171,7 +172,7 @@ class Scheduler:
         self.grammar_waiting = [r for r in self.grammar_waiting if id(r) not in done]
 
     def abort(self, msg: AbortReq) -> None:
-        reason = {"type": "abort", "message": msg.message, "status_code": 499}
+        reason = FinishReason.abort(msg.message, 499)
         for queue in (self.waiting, self.grammar_waiting):
             keep = []
             for r in queue:
@@ -218,9 +219,7 @@ class Scheduler:
                 logger.error("step failed: %s\n%s", e, traceback.format_exc())
                 for r in plan:
                     if not r.finished:
-                        r.finish(
-                            {"type": "abort", "message": f"internal error: {e}", "status_code": 500}
-                        )
+                        r.finish(FinishReason.abort(f"internal error: {e}", 500))
                         self._release(r)
                         self.outbox.append(r)
             self.forward_steps += 1
@@ -249,7 +248,7 @@ class Scheduler:
         free = self.kv_pool.available_size()
         if free >= needed:
             return True
-        self.stats["evicted_tokens"] += self.cache.evict(needed - free)
+        self.stats.evicted_tokens += self.cache.evict(needed - free)
         return self.kv_pool.available_size() >= needed
 
     def _plan_step(self) -> list[Req]:
@@ -349,8 +348,8 @@ class Scheduler:
             if not req.admitted_once:
                 req.admitted_once = True
                 req.cached_tokens = prefix_len
-                self.stats["prompt_tokens"] += len(req.origin_input_ids)
-                self.stats["cached_tokens"] += prefix_len
+                self.stats.prompt_tokens += len(req.origin_input_ids)
+                self.stats.cached_tokens += prefix_len
             req.extend_len = n
             budget -= n
             reserved += need
@@ -389,15 +388,27 @@ class Scheduler:
         """Send a running request back to the queue; its KV goes to the cache (evictable)."""
         self.cache.cache_finished_req(req)
         self.running.remove(req)
-        req.reset_for_retract()
-        if req.grammar is not None:
-            pass  # the grammar state follows output_ids, which are kept
+        req.reset_for_retract()  # NOTE: output_ids are kept, so a grammar's state stays valid
         self.waiting.append(req)
-        self.stats["retractions"] += 1
+        self.stats.retractions += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
         logger.info("retracted %s (pool short): %d running", req.rid, len(self.running))
 
-    def replace_output_tail(self, req: Req, keep: int, new_tokens: list[int]) -> None:
+    def _jump_forward(self, req: Req) -> None:
+        """Let the grammar append the text it forces (no model step) and apply its edit."""
+        assert self.grammar_manager is not None
+        sp = req.sampling_params
+        max_len = min(sp.max_new_tokens, self.context_length - len(req.origin_input_ids)) - 1
+        edit = self.grammar_manager.jump_forward(req, max_len)
+        if edit is not None and not req.finished:
+            self._apply_jump_forward(req, edit)
+
+    def _apply_jump_forward(self, req: Req, edit: JumpForwardEdit) -> None:
+        self._replace_output_tail(req, edit.keep, edit.tokens)
+        req.jump_forward_tokens += edit.added
+        self.stats.jump_forward_tokens += edit.added
+
+    def _replace_output_tail(self, req: Req, keep: int, new_tokens: list[int]) -> None:
         """Replace output_ids[keep:] by `new_tokens` (jump-forward after retokenization).
 
         KV of the replaced tokens is dropped so the next step recomputes them as one extend; tokens
@@ -429,32 +440,33 @@ class Scheduler:
     def _process(self, batch: StepBatch, logits: LogitsOutput) -> None:
         for r in batch.reqs:
             r.kv_len += r.extend_len
-        self._record_input_logprobs(batch, logits)
+        record_input_logprobs(batch, logits)
         sample_reqs = batch.sampling_reqs
         if sample_reqs:
             rows = batch.sample_rows
+            grammars = self.grammar_manager
             grammar_mask = grammar_rows = None
-            if self.grammar_manager is not None and any(r.grammar is not None for r in sample_reqs):
-                grammar_mask, grammar_rows = self.grammar_manager.fill_mask(sample_reqs)
+            if grammars is not None and any(r.grammar is not None for r in sample_reqs):
+                grammar_mask, grammar_rows = grammars.fill_mask(sample_reqs)
             out = self.sampler.sample(logits, rows, sample_reqs, grammar_mask, grammar_rows)
             for i, r in enumerate(sample_reqs):
                 if r.sampling_params.max_new_tokens == 0:
-                    r.finish({"type": "length", "length": 0})
+                    r.finish(FinishReason.length(0))
                     continue
                 tok = out.next_ids[i]
                 if not r.output_ids and r.first_token_delay is None and r.arrival_time:
                     r.first_token_delay = max(0.0, time.time() - r.arrival_time)
                 r.output_ids.append(tok)
-                self.stats["generated_tokens"] += 1
+                self.stats.generated_tokens += 1
                 if r.return_logprob:
                     r.output_token_logprobs.append((out.logprobs[i], tok))
                     if r.top_logprobs_num:
                         r.output_top_logprobs.append(out.top_logprobs[i])
-                if r.grammar is not None:
-                    self.grammar_manager.accept(r, tok)
+                if grammars is not None and r.grammar is not None:
+                    grammars.accept(r, tok)
                 check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
                 if not r.finished and r.grammar is not None:
-                    self.grammar_manager.jump_forward(r, self)
+                    self._jump_forward(r)
         for r in batch.reqs:
             if r.finished:
                 self._release(r)
@@ -462,9 +474,6 @@ class Scheduler:
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.outbox.append(r)
-
-    def _record_input_logprobs(self, batch: StepBatch, logits: LogitsOutput) -> None:
-        record_input_logprobs(batch, logits, self.vocab_size)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
         out = collect_outputs(self.outbox, self.args.scheduler.stream_interval)
@@ -475,7 +484,7 @@ class Scheduler:
 
     def internal_state(self) -> dict[str, Any]:
         st = self.stats
-        hit = st["cached_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0
+        hit = st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
         used = self.kv_pool.size - self.kv_pool.available_size()
         return {
             "running_requests": len(self.running),
@@ -488,7 +497,7 @@ class Scheduler:
             "cache_hit_rate": hit,
             "forward_steps": self.forward_steps,
             "new_token_ratio": self.new_token_ratio,
-            **st,
+            **asdict(st),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
         }
 

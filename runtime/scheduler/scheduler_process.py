@@ -1,15 +1,21 @@
-"""Entry point of the scheduler process: ZMQ in, `Scheduler.step()` loop, ZMQ out."""
+"""Entry point of the scheduler process: build the scheduler's parts, then ZMQ in, `step()`, ZMQ out."""
 
 from __future__ import annotations
 
 import logging
 import time
 import traceback
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.process_utils import PortArgs, configure_child_process
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +32,52 @@ def choose_num_threads(args: ServerArgs) -> int:
     return available_cores()
 
 
+def resolve_context_length(requested: int | None, model_max: int) -> int:
+    """The flag if given (a warning past the model's own limit), else the model's limit."""
+    if requested and requested > model_max:
+        logger.warning("context_length %d exceeds the model's %d", requested, model_max)
+    return requested or model_max
+
+
+def create_prefix_cache(
+    args: ServerArgs, req_to_token_pool: ReqToTokenPool, kv_pool: TokenToKVPool
+) -> BasePrefixCache:
+    """The radix tree, or the no-sharing chunk cache with `--disable-radix-cache`."""
+    from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
+    from radixgen.runtime.mem_cache.radix_cache import RadixCache
+
+    if args.cache.disable_radix_cache:
+        return ChunkCache(req_to_token_pool, kv_pool)
+    return RadixCache(req_to_token_pool, kv_pool, args.cache.page_size)
+
+
+def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
+    """Load the model, tokenizer, cache and grammar backend, and hand them to a Scheduler."""
+    from radixgen.runtime.model_config import ModelArchConfig
+    from radixgen.runtime.model_executor.model_runner import ModelRunner
+    from radixgen.runtime.scheduler.scheduler import ModelLimits, Scheduler
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, args.model.chat_template)
+    arch = ModelArchConfig.from_folder(model_folder)
+    context_length = resolve_context_length(args.model.context_length, arch.max_position_embeddings)
+    runner = ModelRunner(model_folder, args, context_length)
+    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
+    limits = ModelLimits(
+        context_length, arch.vocab_size, list(arch.eos_token_ids or tokenizer.eos_token_ids)
+    )
+    grammar_manager = None
+    if args.grammar.grammar_backend != "none":
+        from radixgen.runtime.constrained.grammar_manager import GrammarManager
+
+        grammar_manager = GrammarManager(
+            args.grammar, tokenizer, limits.vocab_size, limits.eos_token_ids
+        )
+    return Scheduler(args, runner, tokenizer, cache, grammar_manager, limits)
+
+
 def run_scheduler_process(
-    args: ServerArgs, model_folder: str, ports: PortArgs, ready_pipe: Any
+    args: ServerArgs, model_folder: str, ports: PortArgs, ready_pipe: Connection
 ) -> None:
     configure_child_process("scheduler", args.http.log_level)
     t0 = time.perf_counter()
@@ -37,9 +87,9 @@ def run_scheduler_process(
 
         threads = choose_num_threads(args)
         torch.set_num_threads(threads)
-        from radixgen.runtime.scheduler.scheduler import Scheduler
+        from radixgen.runtime.model_executor.model_runner import ModelRunner
 
-        scheduler = Scheduler(args, model_folder)
+        scheduler = build_scheduler(args, model_folder)
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)
         recv.bind(ports.scheduler_input_ipc)
@@ -48,6 +98,7 @@ def run_scheduler_process(
         to_tokenizer = ctx.socket(zmq.PUSH)
         to_tokenizer.connect(ports.tokenizer_ipc)
         runner = scheduler.model_runner
+        assert isinstance(runner, ModelRunner)
         ready = SchedulerReadyOut(
             max_total_num_tokens=runner.kv_pool.size,
             max_req_input_len=min(scheduler.context_length, runner.kv_pool.size) - 1,

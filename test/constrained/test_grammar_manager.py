@@ -8,6 +8,7 @@ import pytest
 import torch
 from grammar_helpers import VOCAB_SIZE, make_req
 
+from radixgen.finish_reason import FinishReason
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.constrained.xgrammar_backend import XGrammarBackend
@@ -64,11 +65,11 @@ def test_bad_specs_fail_alone_with_clear_messages(manager):
     assert {r.rid for r in ready} == {"ok", "ok_regex"}
     assert all(r.grammar is not None and not r.finished for r in ready)
     reasons = {r.rid: r.finished_reason for r in failed}
-    assert all(fr["type"] == "abort" and fr["status_code"] == 400 for fr in reasons.values())
-    assert reasons["bad_json"]["message"].startswith("invalid json_schema: not valid JSON")
-    assert 'invalid json_schema: Unsupported type "wat"' in reasons["bad_type"]["message"]
-    assert reasons["bad_regex"]["message"].startswith("invalid regex:")
-    assert 'Rule "missing" is not defined' in reasons["bad_ebnf"]["message"]
+    assert all(fr.kind == "abort" and fr.status_code == 400 for fr in reasons.values())
+    assert reasons["bad_json"].message.startswith("invalid json_schema: not valid JSON")
+    assert 'invalid json_schema: Unsupported type "wat"' in reasons["bad_type"].message
+    assert reasons["bad_regex"].message.startswith("invalid regex:")
+    assert 'Rule "missing" is not defined' in reasons["bad_ebnf"].message
     assert all(r.grammar is None for r in failed)
 
 
@@ -96,8 +97,8 @@ def test_unsupported_kind_is_refused(tokenizer):
     try:
         _, failed = settle(gm, submit_all(gm, [make_req("e", ebnf='root ::= "a"')]))
         reason = failed[0].finished_reason
-        assert reason["status_code"] == 400
-        assert "outlines grammar backend does not support ebnf" in reason["message"]
+        assert reason.status_code == 400
+        assert "outlines grammar backend does not support ebnf" in reason.message
         assert gm.stats()["grammar_compiles"] == 0
     finally:
         gm.shutdown()
@@ -114,10 +115,8 @@ def test_compile_timeout_fails_request_and_later_success_is_cached(tokenizer, mo
     gm = new_manager(tokenizer, grammar_compile_timeout=0.1)
     try:
         _, failed = settle(gm, submit_all(gm, [make_req("slow", regex="[0-9]+")]))
-        message = failed[0].finished_reason["message"]
-        assert (
-            "took longer than 0.1 s" in message and failed[0].finished_reason["status_code"] == 400
-        )
+        message = failed[0].finished_reason.message
+        assert "took longer than 0.1 s" in message and failed[0].finished_reason.status_code == 400
         time.sleep(0.8)  # the compile itself finishes in the background and is kept
         ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[0-9]+")]))
         assert ready and gm.stats()["grammar_compile_timeouts"] == 1
@@ -189,7 +188,9 @@ def test_rejected_token_aborts_only_that_request(manager, encode):
     assert not req.finished
     before = manager.stats()["grammar_rejected_tokens"]
     manager.accept(req, encode("x")[0])
-    assert req.finished_reason["type"] == "abort" and req.finished_reason["status_code"] == 500
+    assert req.finished_reason == FinishReason.abort(
+        f"internal error: the grammar rejected sampled token {encode('x')[0]}", 500
+    )
     assert manager.stats()["grammar_rejected_tokens"] == before + 1
 
 

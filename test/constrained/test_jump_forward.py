@@ -7,7 +7,7 @@ import time
 import pytest
 from grammar_helpers import VOCAB_SIZE, make_req, mask_of
 
-from radixgen.runtime.constrained.grammar_manager import GrammarManager
+from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.server_args import GrammarConfig
 
@@ -18,18 +18,18 @@ PERSON = {
 }
 
 
-class FakeScheduler:
-    """The two things jump_forward uses: limits/stats and the output-tail replacement."""
+class EditRecorder:
+    """Applies jump-forward edits to a request's output as the scheduler does (no KV here)."""
 
     def __init__(self, context_length: int = 8192) -> None:
         self.context_length = context_length
-        self.stats = {"jump_forward_tokens": 0}
-        self.calls: list[tuple[int, list[int]]] = []
+        self.edits: list[JumpForwardEdit] = []
 
-    def replace_output_tail(self, req, keep, new_tokens):
-        self.calls.append((keep, list(new_tokens)))
-        del req.output_ids[keep:]
-        req.output_ids.extend(new_tokens)
+    def apply(self, req, edit: JumpForwardEdit) -> None:
+        self.edits.append(edit)
+        del req.output_ids[edit.keep :]
+        req.output_ids.extend(edit.tokens)
+        req.jump_forward_tokens += edit.added
 
 
 @pytest.fixture(scope="module", params=["xgrammar", "outlines", "llguidance"])
@@ -57,19 +57,21 @@ def sample(gm, req, sched, token_id):
     req.output_ids.append(token_id)
     gm.accept(req, token_id)
     if not req.finished:
-        gm.jump_forward(req, sched)
+        sp = req.sampling_params
+        max_len = min(sp.max_new_tokens, sched.context_length - len(req.origin_input_ids)) - 1
+        edit = gm.jump_forward(req, max_len)
+        if edit is not None:
+            sched.apply(req, edit)
 
 
 def test_brace_is_retokenized_with_the_forced_key(manager, tokenizer, encode):
-    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON), EditRecorder()
     sample(manager, req, sched, encode("{")[0])
     text = tokenizer.decode(req.output_ids)
     assert text.startswith('{"name"') and req.output_ids[0] == encode('{"')[0]  # `{` merged away
-    assert sched.calls[0][0] == 0, "the sampled `{` is replaced, not kept"
-    assert (
-        req.jump_forward_tokens > 0
-        and sched.stats["jump_forward_tokens"] == req.jump_forward_tokens
-    )
+    assert sched.edits[0].keep == 0, "the sampled `{` is replaced, not kept"
+    # one sampled token was replaced: every other token of the edit came without a model step
+    assert req.jump_forward_tokens == sched.edits[0].added == len(req.output_ids) - 1 > 0
     # the matcher now stands exactly where a fresh walk over the new tokens stands
     fresh = manager.backend.create_grammar(manager.cache.get(req.grammar_key).result())
     assert fresh.accept_tokens(req.output_ids) == len(req.output_ids)
@@ -77,7 +79,7 @@ def test_brace_is_retokenized_with_the_forced_key(manager, tokenizer, encode):
 
 
 def test_whole_object_walk_with_jumps_stays_valid(manager, tokenizer, encode):
-    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON), EditRecorder()
     target = '{"name":"Bob","age":42}'
     while tokenizer.decode(req.output_ids) != target:
         done = tokenizer.decode(req.output_ids)
@@ -89,7 +91,7 @@ def test_whole_object_walk_with_jumps_stays_valid(manager, tokenizer, encode):
 
 
 def test_choice_tail_is_forced(manager, tokenizer, encode):
-    req, sched = ready_req(manager, choices=["positive", "negative"]), FakeScheduler()
+    req, sched = ready_req(manager, choices=["positive", "negative"]), EditRecorder()
     sample(manager, req, sched, encode("neg")[0])
     assert tokenizer.decode(req.output_ids) == "negative"
 
@@ -97,18 +99,18 @@ def test_choice_tail_is_forced(manager, tokenizer, encode):
 def test_no_jump_when_disabled_or_logprobs_wanted(tokenizer, encode):
     gm = GrammarManager(GrammarConfig(disable_jump_forward=True), tokenizer, VOCAB_SIZE, [2])
     try:
-        req, sched = ready_req(gm, json_schema=PERSON), FakeScheduler()
+        req, sched = ready_req(gm, json_schema=PERSON), EditRecorder()
         sample(gm, req, sched, encode("{")[0])
-        assert req.output_ids == encode("{") and not sched.calls
+        assert req.output_ids == encode("{") and not sched.edits
     finally:
         gm.shutdown()
 
 
 def test_no_jump_with_logprobs(manager, encode):
-    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON), EditRecorder()
     req.return_logprob = True
     sample(manager, req, sched, encode("{")[0])
-    assert req.output_ids == encode("{") and not sched.calls
+    assert req.output_ids == encode("{") and not sched.edits
 
 
 def test_jump_is_truncated_before_max_new_tokens(manager, encode):
@@ -117,7 +119,7 @@ def test_jump_is_truncated_before_max_new_tokens(manager, encode):
         "properties": {"a_very_long_property_name_here": {"type": "integer"}},
     }
     long_key["required"] = ["a_very_long_property_name_here"]
-    req, sched = ready_req(manager, json_schema=long_key, max_new_tokens=4), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=long_key, max_new_tokens=4), EditRecorder()
     sample(manager, req, sched, encode("{")[0])
     assert len(req.output_ids) <= 3, "one token must be left for the model to sample"
 
@@ -130,20 +132,20 @@ def _at(manager, req, text, encode):
 
 
 def test_jump_keeps_tokens_shared_with_the_cache(manager, encode):
-    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON), EditRecorder()
     _at(manager, req, '{"name":"Bob', encode)
     req.cache_protected_len = len(req.origin_input_ids) + len(req.output_ids)  # all cached
     kept = len(req.output_ids)
     sample(manager, req, sched, encode('","')[0])
-    assert sched.calls, "the forced key should have been appended"
-    assert sched.calls[-1][0] >= kept
+    assert sched.edits, "the forced key should have been appended"
+    assert sched.edits[-1].keep >= kept
 
 
 def test_no_jump_into_a_stop_string(manager, encode):
-    req, sched = ready_req(manager, json_schema=PERSON, stop=["age"]), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON, stop=["age"]), EditRecorder()
     _at(manager, req, '{"name":"Bob', encode)
     sample(manager, req, sched, encode('","')[0])  # the grammar now forces `age":`
-    assert not sched.calls and b"age" not in manager.vocab.join(req.output_ids)
+    assert not sched.edits and b"age" not in manager.vocab.join(req.output_ids)
 
 
 def test_plan_flags_a_tail_token_that_could_grow(vocab, encode):
@@ -158,7 +160,7 @@ def test_plan_flags_a_tail_token_that_could_grow(vocab, encode):
 
 def test_tail_token_kept_only_when_the_grammar_forbids_longer_ones(manager, tokenizer, encode):
     # after `"age` an integer follows: `":"` is impossible, so `":` may end the jump
-    req, sched = ready_req(manager, json_schema=PERSON), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=PERSON), EditRecorder()
     _at(manager, req, '{"name":"Bob', encode)
     sample(manager, req, sched, encode('","')[0])
     assert tokenizer.decode(req.output_ids) == '{"name":"Bob","age":'
@@ -169,7 +171,7 @@ def test_tail_token_kept_only_when_the_grammar_forbids_longer_ones(manager, toke
     }
     tags["required"] = ["tags"]
     before = manager.stats()["jump_forward_tail_tokens_left"]
-    req, sched = ready_req(manager, json_schema=tags), FakeScheduler()
+    req, sched = ready_req(manager, json_schema=tags), EditRecorder()
     sample(manager, req, sched, encode("{")[0])
     assert tokenizer.decode(req.output_ids) == '{"tags":'
     assert manager.stats()["jump_forward_tail_tokens_left"] == before + 1

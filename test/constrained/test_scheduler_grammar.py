@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from grammar_cases import ALL_CASES, Case
 
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.scheduler.scheduler import Scheduler
+from radixgen.runtime.scheduler.scheduler_process import build_scheduler
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import GrammarConfig, ServerArgs
 
@@ -40,7 +42,7 @@ SEED = 7
 class Result:
     text: str
     tokens: list[int]
-    finish: dict[str, Any]
+    finish: FinishReason
     jump_forward_tokens: int
     completion_tokens: int
 
@@ -58,7 +60,7 @@ def scheduler(default_model_folder) -> Scheduler:
     args = ServerArgs.from_kwargs(
         dtype="bfloat16", max_total_tokens=24000, grammar_backend="xgrammar", debug_invariants=True
     )
-    return Scheduler(args, default_model_folder)
+    return build_scheduler(args, default_model_folder)
 
 
 def run_batch(
@@ -120,8 +122,8 @@ def assert_valid(results: BatchResults, cases: list[Case]) -> None:
         name, temp = rid.rsplit("@", 1)
         case = by_name[name]
         sampled += float(temp) > 0
-        assert res.finish["type"] in ("stop", "length"), (rid, res.finish)
-        if res.finish["type"] == "stop":
+        assert res.finish.kind in ("stop", "length"), (rid, res.finish)
+        if res.finish.kind == "stop":
             try:
                 case.check(res.text)
             except Exception as e:
@@ -240,7 +242,7 @@ def test_outlines_outputs_are_valid_and_refusals_clear(scheduler, outlines_on, o
 
 def test_budget_exhaustion_ends_with_length(xgrammar_on):
     res = xgrammar_on["long@0.0"]
-    assert res.finish == {"type": "length", "length": 12}
+    assert res.finish == FinishReason.length(12)
     assert res.completion_tokens == 12 and res.text.startswith('{"items":[')
 
 
@@ -248,7 +250,7 @@ def test_invalid_schema_fails_only_its_request(xgrammar_on):
     reason = xgrammar_on["broken@0.0"].finish
     assert reason["type"] == "abort" and reason["status_code"] == 400
     assert reason["message"].startswith("invalid json_schema:")
-    assert sum(r.finish["type"] == "stop" for r in xgrammar_on.values()) >= len(ALL_CASES)
+    assert sum(r.finish.kind == "stop" for r in xgrammar_on.values()) >= len(ALL_CASES)
 
 
 def test_llguidance_end_to_end(scheduler):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchTokenIDOut
 from radixgen.runtime.detokenizer_manager import DetokenizerManager
 from radixgen.runtime.model_loader import resolve_model_path
@@ -18,7 +19,7 @@ def tokenizer() -> Tokenizer:
     return Tokenizer(resolve_model_path(None))
 
 
-def _batch(rid: str, ids: list[int], finished: dict | None) -> BatchTokenIDOut:
+def _batch(rid: str, ids: list[int], finished: FinishReason | None) -> BatchTokenIDOut:
     return BatchTokenIDOut(
         rids=[rid], rollbacks=[0], new_token_ids=[ids], finished_reasons=[finished], metas=[None],
         skip_special_tokens=[True], spaces_between_special_tokens=[True], stop_strings=[[]],
@@ -37,7 +38,7 @@ def test_streamed_pieces_are_whole_characters(tokenizer, spelling):
     detok = DetokenizerManager(tokenizer)
     pieces = []
     for i, tok in enumerate(ids):
-        done = {"type": "length", "length": len(ids)} if i == len(ids) - 1 else None
+        done = FinishReason.length(len(ids)) if i == len(ids) - 1 else None
         pieces.append(detok.handle(_batch(spelling, [tok], done)).delta_texts[0])
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == TEXT

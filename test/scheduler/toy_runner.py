@@ -1,0 +1,110 @@
+"""A toy model runner over real KV pools, so the Scheduler's planning is tested in milliseconds.
+
+`ToyRunner.forward` writes each new token's id into its KV slot and predicts the next token from
+the whole sequence *read back through req_to_token* (a position-weighted sum of its ids). A scheduling
+bug that loses, shares or reorders KV (a wrong prefix match, a retraction, a chunk boundary, an
+eviction of a locked node) changes the outputs, which `reference_output` computes from the token
+list alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+from radixgen.runtime.model_executor.model_runner import LogitsOutput
+from radixgen.runtime.scheduler.scheduler import ModelLimits, Scheduler
+from radixgen.runtime.scheduler.scheduler_process import create_prefix_cache
+from radixgen.sampling_params import SamplingParams
+from radixgen.server_args import ServerArgs
+
+VOCAB = 50
+EOS = 0
+CONTEXT = 4096
+
+
+def next_token(ids: list[int]) -> int:
+    """The toy model: a function of the whole sequence and its order, never EOS."""
+    return sum((i + 1) * t for i, t in enumerate(ids)) % (VOCAB - 1) + 1
+
+
+def reference_output(prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        ids.append(next_token(ids))
+    return ids[len(prompt) :]
+
+
+class ToyRunner:
+    """Implements the scheduler's `StepRunner` protocol."""
+
+    def __init__(self, kv_pool: TokenToKVPool, req_to_token_pool: ReqToTokenPool) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.batches: list[ForwardBatch] = []
+
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        self.batches.append(batch)
+        k = self.kv_pool.k_buffer[0]
+        k[batch.out_cache_loc, 0, 0] = batch.input_ids.float()
+        assert batch.logits_indices is not None
+        rows = []
+        for flat in batch.logits_indices.tolist():
+            i = max(j for j, s in enumerate(batch.extend_start_loc) if s <= flat)
+            pos = batch.prefix_lens[i] + flat - batch.extend_start_loc[i]
+            row = batch.req_pool_indices_cpu[i]
+            slots = self.req_to_token_pool.req_to_token[row, : pos + 1]
+            ids = [int(x) for x in k[slots, 0, 0].tolist()]
+            rows.append(next_token(ids))
+        logits = torch.zeros(len(rows), VOCAB)
+        logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 1.0
+        empty = torch.empty(0)
+        return LogitsOutput(logits, empty, empty, VOCAB, None)
+
+
+class ToyDecoder:
+    """Implements `TextDecoder`: token i is the letter chr(ord('a') + i % 26)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def make_scheduler(pool_tokens: int = 2048, **flags: object) -> tuple[Scheduler, ToyRunner]:
+    """A Scheduler over real pools and cache with the toy runner; flags as engine kwargs."""
+    flags.setdefault("grammar_backend", "none")
+    flags.setdefault("debug_invariants", True)
+    args = ServerArgs.from_kwargs(max_total_tokens=pool_tokens, **flags)
+    page = args.cache.page_size
+    kv = TokenToKVPool(pool_tokens, page, 1, 1, 1, torch.float32)
+    rows = ReqToTokenPool(args.scheduler.max_running_requests + 8, CONTEXT + 8)
+    runner = ToyRunner(kv, rows)
+    cache = create_prefix_cache(args, rows, kv)
+    limits = ModelLimits(CONTEXT, VOCAB, [EOS])
+    return Scheduler(args, runner, ToyDecoder(), cache, None, limits), runner
+
+
+def submit(s: Scheduler, rid: str, prompt: list[int], max_new_tokens: int = 8, **params) -> None:
+    sp = SamplingParams.from_dict({"max_new_tokens": max_new_tokens, "temperature": 0, **params})
+    s.add_request(TokenizedGenerateReq(rid, list(prompt), sp, arrival_time=time.time()))
+
+
+def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[int], object]]:
+    """Step until idle; return {rid: (output ids, finish reason)}."""
+    out: dict[str, tuple[list[int], object]] = {}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not s.has_work:
+            return out
+        for batch in s.step():
+            for i, rid in enumerate(batch.rids):
+                toks = tokens.setdefault(rid, [])
+                if batch.rollbacks[i]:
+                    del toks[len(toks) - batch.rollbacks[i] :]
+                toks.extend(batch.new_token_ids[i])
+                if batch.finished_reasons[i] is not None:
+                    out[rid] = (toks, batch.finished_reasons[i])
+    raise AssertionError("the scheduler did not go idle")
