@@ -1,17 +1,17 @@
 """Map the product's fixed top-level folders onto one import package, `radixgen`.
 
-python/radixgen -> radixgen, frontend_lang -> radixgen.lang, runtime -> radixgen.runtime,
-kernels -> radixgen.kernels. Subpackages are discovered, never listed by hand.
+The map itself lives in python/radixgen/package_layout.py (also read by the packaging and
+layering tests). Subpackages are discovered, never listed by hand.
 """
+
+import runpy
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
-ROOTS = {
-    "radixgen": "python/radixgen",
-    "radixgen.lang": "frontend_lang",
-    "radixgen.runtime": "runtime",
-    "radixgen.kernels": "kernels",
-}
+# the one folder -> import-name map (python/radixgen/package_layout.py), read without importing
+_LAYOUT = Path(__file__).parent / "python" / "radixgen" / "package_layout.py"
+ROOTS: dict[str, str] = runpy.run_path(str(_LAYOUT))["PACKAGE_ROOTS"]
 
 
 def discover() -> tuple[list[str], dict[str, str]]:

@@ -3,7 +3,8 @@
 Runs in the API process (server) or the user's process (offline Engine). The model path is
 resolved (and a GGUF converted) here once, before any child starts; each child is a fresh
 interpreter (`radixgen.runtime.child_main`) that reports ready or its start-up error over ZMQ;
-shutdown stops every child, and children die with the parent (PR_SET_PDEATHSIG).
+shutdown stops every child, and children exit when the parent dies (they watch its pid: see
+`process_utils.configure_child_process`).
 """
 
 from __future__ import annotations

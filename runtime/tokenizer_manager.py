@@ -91,6 +91,8 @@ class TokenizerManager:
         self.served_model_name = served_model_name
         self.context_length = ready.context_length
         self.max_total_tokens = ready.max_total_num_tokens
+        # prompt + max_new_tokens may not exceed this (the scheduler's own limit, from its ready)
+        self.max_request_tokens = ready.max_req_input_len + 1
         self.vocab_size = ready.vocab_size
         self.ports = ports
         self.states: dict[str, ReqState] = {}
@@ -233,7 +235,7 @@ class TokenizerManager:
             )
         sp = SamplingParams.from_dict(obj.sampling_params)
         sp.verify_vocab(self.vocab_size)
-        limit = min(self.context_length, self.max_total_tokens)
+        limit = self.max_request_tokens
         if len(ids) >= limit:
             raise PromptTooLongError(
                 f"the prompt has {len(ids)} tokens; the maximum is {limit - 1} "

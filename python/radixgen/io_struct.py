@@ -15,6 +15,8 @@ from radixgen.sampling_params import SamplingParams
 
 # (logprob, token_id) pairs; the API process adds token text when asked.
 LogprobList = list[tuple[float | None, int]]
+# one position's top alternatives, best first (every logprob known)
+TopLogprobList = list[tuple[float, int]]
 
 
 @dataclass
@@ -101,9 +103,9 @@ class BatchTokenIDOut:
     no_stop_trim: list[bool]
     # logprobs (delta for output; input ones are sent once, with the first output)
     output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[LogprobList] | None] = field(default_factory=list)
+    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
     input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[LogprobList | None] | None] = field(default_factory=list)
+    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -116,9 +118,9 @@ class BatchStrOut:
     finished_reasons: list[FinishReason | None]
     metas: list[RequestMeta]
     output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[LogprobList] | None] = field(default_factory=list)
+    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
     input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[LogprobList | None] | None] = field(default_factory=list)
+    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
     rollbacks: list[int] = field(default_factory=list)
 
 

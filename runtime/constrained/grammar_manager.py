@@ -12,7 +12,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ class JumpForwardEdit:
 @dataclass
 class _PendingCompile:
     key: GrammarKey
-    future: Future
+    future: Future[Any]  # the backend's compiled grammar
     deadline: float  # time.monotonic() after which the request gives up
 
 
@@ -171,9 +171,10 @@ class GrammarManager:
         Rows whose mask allows every token are left out (nothing to apply).
         """
         start = time.perf_counter()
-        idx = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        grammars = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
+        idx = [i for i, _ in grammars]
         bitmask = torch.empty((len(idx), self.bitmask_words), dtype=torch.int32)
-        restricts = self.backend.fill_bitmask([reqs[i].grammar for i in idx], bitmask)
+        restricts = self.backend.fill_bitmask([g for _, g in grammars], bitmask)
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
             self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
@@ -188,6 +189,7 @@ class GrammarManager:
 
     def accept(self, req: Req, token_id: int) -> None:
         """Advance the request's matcher; a rejected token is a bug, so the request is aborted."""
+        assert req.grammar is not None, "accept() is for constrained requests"
         if req.grammar.accept_token(token_id):
             return
         self.counters["grammar_rejected_tokens"] += 1

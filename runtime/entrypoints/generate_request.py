@@ -1,6 +1,6 @@
 """Parse and check the body of SGLang's native `POST /generate` into a `GenerateReqInput`.
 
-The shape follows SGLang's contract (reference doc 2.3): `text` or `input_ids`, single or batch,
+The shape follows SGLang's /generate contract: `text` or `input_ids`, single or batch,
 `sampling_params` as one object or one per item, explicit nulls accepted. Keys SGLang knows but
 this server does not do are accepted while unset (null / false / empty) and refused otherwise;
 unknown keys are refused, naming the key.

@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API (reference doc section 2): /generate, health, info, cache, abort, tokenize.
+"""SGLang's native HTTP API (API process): /generate, health, info, cache, abort, tokenize.
 
 What `sglang.RuntimeEndpoint` and SGLang's HTTP clients call. Streaming sends SSE chunks with the
 cumulative text, delta output logprobs and cumulative token counters, one chunk per scheduler

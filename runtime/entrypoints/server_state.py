@@ -1,10 +1,10 @@
 """The API process's engine lifecycle: start the children after the port is up, watch, stop.
 
 Loading the model takes seconds, so the children start on a dedicated thread once uvicorn has
-bound its socket: `/health` answers 503 meanwhile, then 200 after a one-token warm-up. The thread
-that spawns the children lives until shutdown because the children's parent-death signal
-(PR_SET_PDEATHSIG) fires when that *thread* exits. A watchdog task polls the children; when one
-dies the TokenizerManager fails everything in flight with 503 and the server is told to exit.
+bound its socket: `/health` answers 503 meanwhile, then 200 after a one-token warm-up; that thread
+then waits for shutdown and stops the children (which also exit by themselves if this process
+dies: they watch its pid). A watchdog task polls the children; when one dies the
+TokenizerManager fails everything in flight with 503 and the server is told to exit.
 """
 
 from __future__ import annotations

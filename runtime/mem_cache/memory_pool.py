@@ -113,7 +113,9 @@ class TokenToKVPool:
             if in_tail:
                 parts.append(torch.arange(last + 1, last + 1 + in_tail, dtype=torch.long))
             if fresh:
-                parts.append(self.alloc(fresh))
+                pages = self.alloc(fresh)
+                assert pages is not None, "free pages were counted above"
+                parts.append(pages)
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
 
     def free(self, slots: torch.Tensor) -> None:

@@ -37,6 +37,7 @@ def record_input_logprobs(batch: StepBatch, logits: LogitsOutput) -> None:
         vals = lp.gather(1, torch.tensor(targets)[:, None]).squeeze(1).tolist()
         r.input_token_logprobs.extend(zip(vals, targets, strict=True))
         if r.top_logprobs_num:
+            assert r.input_top_logprobs is not None  # set with input_token_logprobs above
             tv, ti = lp.topk(r.top_logprobs_num, dim=-1)
             r.input_top_logprobs.extend(
                 list(zip(v, i, strict=True)) for v, i in zip(tv.tolist(), ti.tolist(), strict=True)

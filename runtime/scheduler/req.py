@@ -6,15 +6,12 @@ import random
 from typing import TYPE_CHECKING
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import RequestMeta, TokenizedGenerateReq
+from radixgen.io_struct import LogprobList, RequestMeta, TokenizedGenerateReq, TopLogprobList
 from radixgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
-
-# one position's top alternatives: (logprob, token id) pairs, best first
-TopLogprobs = list[tuple[float, int]]
 
 
 class Req:
@@ -66,10 +63,10 @@ class Req:
         self.sent_input_logprobs = False
         self.steps_since_stream = 0
         self.first_token_delay: float | None = None
-        self.input_token_logprobs: list[tuple[float | None, int]] | None = None
-        self.input_top_logprobs: list[TopLogprobs | None] | None = None
-        self.output_token_logprobs: list[tuple[float | None, int]] = []
-        self.output_top_logprobs: list[TopLogprobs | None] = []
+        self.input_token_logprobs: LogprobList | None = None
+        self.input_top_logprobs: list[TopLogprobList | None] | None = None
+        self.output_token_logprobs: LogprobList = []
+        self.output_top_logprobs: list[TopLogprobList | None] = []
         # tokens to decode for the stop-string check: one byte per token at least, plus slack for
         # a match that starts inside a multi-byte token
         self.stop_tail_tokens = (

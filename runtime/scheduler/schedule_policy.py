@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 
 if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
@@ -40,13 +40,15 @@ def _fcfs_key(r: Req) -> tuple[int, float]:
     return (0 if r.retractions else 1, r.arrival_time)
 
 
-def _dfs_weight_order(reqs: list[Req], nodes: dict[int, object], cache: RadixCache) -> list[Req]:
+def _dfs_weight_order(
+    reqs: list[Req], nodes: dict[int, TreeNode | None], cache: RadixCache
+) -> list[Req]:
     """Visit the tree depth-first, heavier subtrees (more waiting requests) first."""
     by_node: dict[int, list[Req]] = defaultdict(list)
     for r in reqs:
         by_node[id(nodes[id(r)])].append(r)
     weight: dict[int, int] = {}
-    post_order: list = []
+    post_order: list[TreeNode] = []
     stack = [cache.root]
     while stack:  # iterative: chat trees can be deep
         node = stack.pop()

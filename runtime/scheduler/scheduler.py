@@ -98,6 +98,7 @@ class Scheduler:
         self.kv_pool = model_runner.kv_pool
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.page_size = args.cache.page_size
+        self.max_request_tokens = min(self.context_length, self.kv_pool.size)
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids)
 
         sched = args.scheduler
@@ -133,7 +134,10 @@ class Scheduler:
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.args.model.random_seed)
-        limit = min(self.context_length, self.kv_pool.size)
+        # NOTE: the TokenizerManager refuses these with precise 4xx errors first (its limit is
+        # `max_request_tokens`, sent in SchedulerReadyOut); this guard keeps a request that could
+        # never fit out of the queue whatever the caller.
+        limit = self.max_request_tokens
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         if not req.origin_input_ids:
             req.finish(FinishReason.abort("the prompt is empty", 400))

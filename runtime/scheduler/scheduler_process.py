@@ -101,7 +101,7 @@ def run_scheduler_process(
         assert isinstance(runner, ModelRunner)
         ready = SchedulerReadyOut(
             max_total_num_tokens=runner.kv_pool.size,
-            max_req_input_len=min(scheduler.context_length, runner.kv_pool.size) - 1,
+            max_req_input_len=scheduler.max_request_tokens - 1,
             context_length=scheduler.context_length,
             vocab_size=scheduler.vocab_size,
             num_threads=threads,

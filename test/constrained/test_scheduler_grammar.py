@@ -236,8 +236,8 @@ def test_outlines_outputs_are_valid_and_refusals_clear(scheduler, outlines_on, o
     for case in ALL_CASES:
         if not case.outlines_ok:
             reason = outlines_on[f"{case.name}@0.0"].finish
-            assert reason["type"] == "abort" and reason["status_code"] == 400, (case.name, reason)
-            assert "outlines grammar backend" in reason["message"]
+            assert reason.kind == "abort" and reason.status_code == 400, (case.name, reason)
+            assert "outlines grammar backend" in reason.message
 
 
 def test_budget_exhaustion_ends_with_length(xgrammar_on):
@@ -248,8 +248,8 @@ def test_budget_exhaustion_ends_with_length(xgrammar_on):
 
 def test_invalid_schema_fails_only_its_request(xgrammar_on):
     reason = xgrammar_on["broken@0.0"].finish
-    assert reason["type"] == "abort" and reason["status_code"] == 400
-    assert reason["message"].startswith("invalid json_schema:")
+    assert reason.kind == "abort" and reason.status_code == 400
+    assert reason.message.startswith("invalid json_schema:")
     assert sum(r.finish.kind == "stop" for r in xgrammar_on.values()) >= len(ALL_CASES)
 
 

@@ -66,7 +66,7 @@ class ChatPlan:
         if self.forced:
             text += tc.CALL_OPEN + "\n"
         self.input_ids = tok.encode(text, add_special_tokens=False)
-        limit = min(tm.context_length, tm.max_total_tokens)
+        limit = tm.max_request_tokens
         max_new = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
