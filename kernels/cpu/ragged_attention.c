@@ -1,4 +1,4 @@
-/* Attention over a paged KV pool for CPUs (compiled at first use by kernels/cpu/__init__.py).
+/* Attention over a paged KV pool for CPUs (compiled at first use by kernels/cpu/build.py).
  *
  * One code path serves every query row, decode or prefill: each row attends to the pool slots
  * of its own request's visible keys, read in place (no gather copy). Work is split over
