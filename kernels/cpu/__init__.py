@@ -3,7 +3,7 @@ and called through ctypes.
 
 - `cpu_features`: this CPU's flags (AMX, AVX512-BF16), read once.
 - `build`: compiler lookup, the cache key, compiling and installing the shared object.
-- `bindings`: the ABI table and the typed `NativeKernels`.
+- `bindings`: the ABI table (mirrors radixgen_kernels.h) and the typed `NativeKernels`.
 - `loader`: load and bind the library, or None for the torch path (RADIXGEN_DISABLE_NATIVE=1, or
   no compiler).
 

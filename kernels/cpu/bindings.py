@@ -1,8 +1,8 @@
 """Typed Python entry points over the compiled library (ctypes), whose ABI is declared as data;
 called from the scheduler process's model step.
 
-`SIGNATURES` gives every exported function's C types in one table; the methods of
-`NativeKernels` check shapes and dtypes, then pass pointers.
+`SIGNATURES` mirrors radixgen_kernels.h prototype by prototype (test/kernels/test_native_abi.py
+checks both ways); the methods of `NativeKernels` check shapes and dtypes, then pass pointers.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from .cpu_features import cpu_signature
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("ragged_attention.c", "fused_ops.c", "gemm_bf16.c")
-HEADERS = ("cpu_common.h",)
+HEADERS = ("cpu_common.h", "radixgen_kernels.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast")
 LDLIBS = ("-lm",)
 

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include "cpu_common.h"
+#include "radixgen_kernels.h"
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
