@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,10 +18,17 @@ from radixgen.utils import cache_root
 
 from .cpu_features import cpu_signature
 
+logger = logging.getLogger(__name__)
+
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("ragged_attention.c", "fused_ops.c", "gemm_bf16.c")
 HEADERS = ("cpu_common.h", "radixgen_kernels.h")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast")
+# NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
+# and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.
+CFLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast",
+    "-Wall",
+)  # fmt: skip
 LDLIBS = ("-lm",)
 
 
@@ -30,7 +38,7 @@ class NativeBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Compiler:
-    """A C compiler as found on this machine."""
+    """A C compiler as found on this machine; `identity` is part of the cache key."""
 
     path: str  # as invoked (found on PATH or given by $CC)
     resolved: str  # symlinks followed
@@ -60,11 +68,12 @@ def find_compiler() -> Compiler:
 
 
 def cache_key(compiler: Compiler, cflags: Sequence[str] = CFLAGS) -> str:
-    """Hash of what the library's bytes depend on: sources, flags and CPU."""
+    """Hash of everything the library's bytes depend on: sources, flags, compiler and CPU."""
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes())
     h.update(" ".join(cflags).encode())
+    h.update(compiler.identity.encode())
     h.update(cpu_signature().encode())
     return h.hexdigest()
 
@@ -80,9 +89,9 @@ def compile_command(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAG
     return [compiler.path, *cflags, *sources, "-o", str(out), *LDLIBS]
 
 
-def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> None:
+def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> str:
     """Compile into a temporary file beside `out`, then rename it into place (atomic: a
-    concurrent loader sees no library or a whole one)."""
+    concurrent loader sees no library or a whole one). Returns the compiler's warnings."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
@@ -97,14 +106,17 @@ def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS)
                 f"{' '.join(cmd)}\n{proc.stderr.strip()}"
             )
         os.replace(tmp_out, out)
+    return proc.stderr.strip()
 
 
 def open_library() -> ctypes.CDLL:
-    """The compiled library for these sources, flags and CPU, built on first use."""
+    """The compiled library for this source, flags, compiler and CPU, built on first use."""
     compiler = find_compiler()
     path = library_path(cache_key(compiler))
     if not path.exists():
-        build_library(compiler, path)
+        warnings = build_library(compiler, path)
+        if warnings:
+            logger.warning("native CPU kernels compiled with warnings:\n%s", warnings[:2000])
     try:
         return ctypes.CDLL(str(path))
     except OSError as e:
