@@ -5,7 +5,7 @@ and called through ctypes.
 - `build`: compiler lookup, the cache key, compiling and installing the shared object.
 - `bindings`: the ABI table (mirrors radixgen_kernels.h) and the typed `NativeKernels`.
 - `loader`: load and bind the library, or None for the torch path (RADIXGEN_DISABLE_NATIVE=1, or
-  no compiler).
+  a failed build, which RADIXGEN_REQUIRE_NATIVE=1 turns into an error).
 
 The shared object is built with OpenMP and links the same `libgomp.so.1` that torch has already
 loaded, so kernels share torch's thread pool and thread count.
