@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 LOAD = (
-    "from radixgen.kernels.cpu import load_native_kernels\n"
-    "print('kernels:', load_native_kernels())\n"
+    "from radixgen.kernels.cpu import select_native_kernels\n"
+    "import torch\n"
+    "print('kernels:', select_native_kernels('cpu', torch.float32))\n"
 )
 
 
