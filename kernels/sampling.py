@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 # Re-exported: the sampler applies grammar masks through this module.
-from radixgen.kernels.grammar_mask import apply_token_bitmask as apply_token_bitmask
+from .grammar_mask import apply_token_bitmask as apply_token_bitmask
 
 # top-k below this reads only the k largest probabilities instead of sorting the vocabulary
 _PARTIAL_SORT_K = 1024

@@ -1,9 +1,19 @@
 """Attention backends: `create_attention_backend(name)` picks one by name or device."""
 
-from radixgen.kernels.attention.base import (
+from .base import (
     AttentionBackend,
+    AttentionBatch,
     AttentionLayerInfo,
+    KVPool,
+    ReqToTokenPool,
     create_attention_backend,
 )
 
-__all__ = ["AttentionBackend", "AttentionLayerInfo", "create_attention_backend"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionBatch",
+    "AttentionLayerInfo",
+    "KVPool",
+    "ReqToTokenPool",
+    "create_attention_backend",
+]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from ..cpu import NativeKernels
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,32 @@ class AttentionLayerInfo:
     sliding_window: int | None = None
 
 
+class KVPool(Protocol):
+    """The per-layer K/V tensors of the pool, [slots, kv heads, head dim] each."""
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def set_kv(
+        self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None: ...
+
+
+class ReqToTokenPool(Protocol):
+    """Request slot -> the KV pool slot of each of its positions."""
+
+    req_to_token: torch.Tensor  # [request slots, max context] long
+
+
+class AttentionBatch(Protocol):
+    """What a backend reads of one step's batch (the runtime's ForwardBatch has all of it)."""
+
+    out_cache_loc: torch.Tensor  # [N] KV slot of each new token
+    req_pool_indices_cpu: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    extend_start_loc: list[int]
+
+
 class AttentionBackend(ABC):
     """One implementation per device family.
 
@@ -30,8 +58,10 @@ class AttentionBackend(ABC):
     attention output for the new tokens, each attending to its own request's whole prefix.
     """
 
+    kv_pool: KVPool
+
     @abstractmethod
-    def init_forward_metadata(self, batch: Any) -> None: ...
+    def init_forward_metadata(self, batch: AttentionBatch) -> None: ...
 
     @abstractmethod
     def forward(
@@ -40,7 +70,7 @@ class AttentionBackend(ABC):
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         layer: AttentionLayerInfo,
-        batch: Any,
+        batch: AttentionBatch,
     ) -> torch.Tensor:
         """q: [N, H*D], k/v: [N, Hkv*D] for the batch's N new tokens -> [N, H*D].
 
@@ -49,11 +79,17 @@ class AttentionBackend(ABC):
         """
 
 
-def create_attention_backend(name: str, kv_pool: Any, req_to_token_pool: Any) -> AttentionBackend:
+def create_attention_backend(
+    name: str,
+    kv_pool: KVPool,
+    req_to_token_pool: ReqToTokenPool,
+    native: NativeKernels | None = None,
+) -> AttentionBackend:
+    """native: the CPU kernels the model runner chose (None: the pure-torch path)."""
     if name == "torch":
-        from radixgen.kernels.attention.torch_backend import TorchAttentionBackend
+        from .torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(kv_pool, req_to_token_pool)
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, native)
     # NOTE: the GPU path (flashinfer / Triton) plugs in here; it is not written yet, and the
     # model runner refuses non-CPU devices before reaching this point.
     raise ValueError(f"unknown attention backend {name!r} (available: torch)")

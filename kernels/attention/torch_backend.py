@@ -15,45 +15,49 @@ rows get a banded mask. The per-window decode layout is built once per step and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from radixgen.kernels.attention.base import AttentionBackend, AttentionLayerInfo
+from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
+
+if TYPE_CHECKING:
+    from ..cpu import NativeKernels
 
 
 @dataclass
 class TorchAttentionMetadata:
-    # decode rows: positions in the flat token array, and their KV slots (CSR over the pool)
+    # decode rows (torch path): positions in the flat token array, their padded KV slots
     decode_token_idx: torch.Tensor | None
-    decode_kv_indices: torch.Tensor | None  # [sum(seq_len)] slots of all decode rows
-    decode_kv_indptr: torch.Tensor | None  # [num_decode + 1]
-    decode_padded_idx: torch.Tensor | None  # [num_decode, max_len] (torch fallback)
+    decode_padded_idx: torch.Tensor | None  # [num_decode, max_len]
     decode_mask: torch.Tensor | None  # [num_decode, max_len] True where a key exists
     # extend rows: (token start, extend_len, prefix_len, kv slots of the whole sequence)
     extend_rows: list[tuple[int, int, int, torch.Tensor]]
     # decode rows' (request slot, sequence length), and their layout per sliding window
     decode_rows: list[tuple[int, int]] = field(default_factory=list)
-    windowed: dict[int, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)
+    windowed: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # native path: every row of the batch in one ragged call
-    ragged: tuple[torch.Tensor, ...] | None = None
+    ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, kv_pool: Any, req_to_token_pool: Any, use_native: bool = True) -> None:
+    """native: the CPU kernels the model runner chose, or None for the pure-torch path."""
+
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token_pool: ReqToTokenPool,
+        native: NativeKernels | None = None,
+    ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token_pool.req_to_token
-        self.native = None
-        if use_native:
-            from radixgen.kernels.cpu import load_native_kernels
-
-            self.native = load_native_kernels()
+        self.native = native
         self.meta: TorchAttentionMetadata | None = None
 
-    def init_forward_metadata(self, batch: Any) -> None:
-        extend_lens: list[int] = batch.extend_lens
-        prefix_lens: list[int] = batch.prefix_lens
+    def init_forward_metadata(self, batch: AttentionBatch) -> None:
+        extend_lens = batch.extend_lens
+        prefix_lens = batch.prefix_lens
         req_rows = batch.req_pool_indices_cpu
         if self.native is not None:
             self.meta = self._ragged_metadata(req_rows, prefix_lens, extend_lens)
@@ -67,19 +71,13 @@ class TorchAttentionBackend(AttentionBackend):
                 extend_rows.append(
                     (starts[i], e, prefix_lens[i], self.req_to_token[req_rows[i], :seq_len])
                 )
-        meta = TorchAttentionMetadata(None, None, None, None, None, extend_rows)
+        meta = TorchAttentionMetadata(None, None, None, extend_rows)
         if decode_rows:
             seq_lens = [prefix_lens[i] + 1 for i in decode_rows]
             rows = [req_rows[i] for i in decode_rows]
             meta.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long)
             meta.decode_rows = list(zip(rows, seq_lens, strict=True))
-            layout = self._decode_layout(meta.decode_rows, None)
-            (
-                meta.decode_kv_indices,
-                meta.decode_kv_indptr,
-                meta.decode_padded_idx,
-                meta.decode_mask,
-            ) = layout
+            meta.decode_padded_idx, meta.decode_mask = self._decode_layout(meta.decode_rows, None)
         self.meta = meta
 
     def _ragged_metadata(
@@ -101,29 +99,23 @@ class TorchAttentionBackend(AttentionBackend):
             torch.tensor(q_indptr, dtype=torch.long),
             torch.tensor(prefix_lens, dtype=torch.long),
         )
-        return TorchAttentionMetadata(None, None, None, None, None, [], ragged=ragged)
+        return TorchAttentionMetadata(None, None, None, [], ragged=ragged)
 
     def _decode_layout(
         self, rows: list[tuple[int, int]], window: int | None
-    ) -> tuple[torch.Tensor | None, ...]:
-        """(CSR indices, indptr) for the native kernel or (padded slots, mask) for torch.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(padded slots, mask) of the decode rows for the torch path.
 
         With a window, each row keeps only the slots of its last `window` positions.
         """
         spans = [(r, 0 if window is None else max(0, n - window), n) for r, n in rows]
-        if self.native is not None:
-            indices = torch.cat([self.req_to_token[r, lo:hi] for r, lo, hi in spans])
-            indptr = [0]
-            for _, lo, hi in spans:
-                indptr.append(indptr[-1] + hi - lo)
-            return indices, torch.tensor(indptr, dtype=torch.long), None, None
         max_len = max(hi for _, _, hi in spans)
         pos = torch.arange(max_len)[None, :]
-        lo = torch.tensor([lo for _, lo, _ in spans])[:, None]
-        hi = torch.tensor([hi for _, _, hi in spans])[:, None]
-        mask = (pos >= lo) & (pos < hi)
+        lows = torch.tensor([lo for _, lo, _ in spans])[:, None]
+        highs = torch.tensor([hi for _, _, hi in spans])[:, None]
+        mask = (pos >= lows) & (pos < highs)
         padded = self.req_to_token[torch.tensor([r for r, _, _ in spans]), :max_len]
-        return None, None, padded.masked_fill(~mask, 0), mask
+        return padded.masked_fill(~mask, 0), mask
 
     def _decode_meta(
         self, meta: TorchAttentionMetadata, window: int | None
@@ -133,18 +125,18 @@ class TorchAttentionBackend(AttentionBackend):
             return meta
         if window not in meta.windowed:
             meta.windowed[window] = self._decode_layout(meta.decode_rows, window)
-        idx, indptr, padded, mask = meta.windowed[window]
+        padded, mask = meta.windowed[window]
         return TorchAttentionMetadata(
-            meta.decode_token_idx, idx, indptr, padded, mask, meta.extend_rows, meta.decode_rows
+            meta.decode_token_idx, padded, mask, meta.extend_rows, meta.decode_rows
         )
 
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         layer: AttentionLayerInfo,
-        batch: Any,
+        batch: AttentionBatch,
     ) -> torch.Tensor:
         meta = self.meta
         assert meta is not None
@@ -152,12 +144,13 @@ class TorchAttentionBackend(AttentionBackend):
         h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
         if k is not None:  # else the caller already wrote k/v into the pool (fused rotary)
+            assert v is not None
             k = k.view(n, hkv, d)
             v = v.view(n, hkv, d)
             self.kv_pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
         q = q.view(n, h, d)
         window = layer.sliding_window
-        if meta.ragged is not None:
+        if meta.ragged is not None and self.native is not None:
             out = torch.empty((n, h, d), dtype=q.dtype)
             self.native.ragged_attention(q, k_buf, v_buf, *meta.ragged, out, layer.scaling, window)
             return out.view(n, h * d)
@@ -184,12 +177,7 @@ class TorchAttentionBackend(AttentionBackend):
         layer: AttentionLayerInfo,
         meta: TorchAttentionMetadata,
     ) -> torch.Tensor:
-        if self.native is not None:
-            out = torch.empty_like(q)
-            self.native.decode_attention(
-                q, k_buf, v_buf, meta.decode_kv_indices, meta.decode_kv_indptr, out, layer.scaling
-            )
-            return out
+        assert meta.decode_padded_idx is not None and meta.decode_mask is not None
         return decode_attention_reference(
             q, k_buf, v_buf, meta.decode_padded_idx, meta.decode_mask, layer
         )

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "cpu_common.h"
+#include "radixgen_kernels.h"
 
 static inline float load(const void* p, int64_t i, int dtype) {
     return dtype ? bf16f(((const uint16_t*)p)[i]) : ((const float*)p)[i];

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <omp.h>
 
+#include "radixgen_kernels.h"
+
 #define PANEL 48 /* output columns per packed panel: 3 vectors of 16 float32 lanes */
 #define TILE_M 8 /* rows per register tile */
 #define BLOCK_M 64 /* rows per work item (the A block a panel is reused over) */

@@ -1,4 +1,4 @@
-/* Attention over a paged KV pool for CPUs (compiled at first use by kernels/cpu/__init__.py).
+/* Attention over a paged KV pool for CPUs (compiled at first use by kernels/cpu/build.py).
  *
  * One code path serves every query row, decode or prefill: each row attends to the pool slots
  * of its own request's visible keys, read in place (no gather copy). Work is split over
@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include "cpu_common.h"
+#include "radixgen_kernels.h"
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
@@ -186,7 +187,10 @@ static inline __attribute__((always_inline)) void value_pass(
             const char* pf = (const char*)(v + idx[j + PF_DIST] * tok_stride);
             for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
         }
-        __m512 pv[MAX_GROUP];
+        /* NOTE: zero-filled so every lane is defined on every path: with a run-time G (the
+         * generic path) gcc cannot match the unrolled writes to the unrolled reads and warns
+         * (-Wmaybe-uninitialized); with a constant G the unused zeroes are dropped. */
+        __m512 pv[MAX_GROUP] = {0};
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) pv[g] = _mm512_set1_ps(p[g * n + j]);
 #pragma GCC unroll 16
@@ -237,7 +241,7 @@ static inline __attribute__((always_inline)) void block_dp(
                 const char* pf = (const char*)(k + idx[j + PF_DIST] * tok_stride);
                 for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
             }
-            __m512bh kv[MAX_DIM / 32];
+            __m512bh kv[MAX_DIM / 32] = {0}; /* zero-filled: see value_pass's pv */
 #pragma GCC unroll 8
             for (int c = 0; c < C2; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * 32);
 #pragma GCC unroll 16
@@ -282,6 +286,10 @@ static void block_dp_any(int G, int C2, const uint16_t* q, int64_t q_head_stride
                          const uint16_t* k, const uint16_t* v, const int64_t* idx, int64_t n,
                          int64_t tok_stride, int pf_bytes, float scale, float* acc, float* m_out,
                          float* l_out, float* scores) {
+    /* NOTE: ragged_attention rejects G > MAX_GROUP before any block runs. Saying so here keeps
+     * gcc from unrolling this run-time G past MAX_GROUP into copies that index outside `part`
+     * (a false -Warray-bounds for code that never runs). */
+    if (G > MAX_GROUP) __builtin_unreachable();
     block_dp(G, C2, q, q_head_stride, k, v, idx, n, tok_stride, pf_bytes, scale, acc, m_out,
              l_out, scores);
 }

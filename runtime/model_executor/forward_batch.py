@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from radixgen.kernels.attention import AttentionBackend
 
 
 @dataclass
@@ -24,7 +27,7 @@ class ForwardBatch:
     extend_lens: list[int]
     extend_start_loc: list[int]
     logits_indices: torch.Tensor | None  # flat positions whose logits are needed
-    attn_backend: Any = None
+    attn_backend: AttentionBackend | None = None  # set by ModelRunner.forward
 
     @property
     def batch_size(self) -> int:

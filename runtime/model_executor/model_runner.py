@@ -5,12 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention import create_attention_backend
+from radixgen.kernels.cpu import (
+    NativeKernels,
+    has_fast_bf16,
+    select_linear_gemm,
+    select_native_kernels,
+)
 from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_config import ModelArchConfig
@@ -25,9 +30,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def cpu_has_bf16() -> bool:
     """AMX-BF16 or AVX512-BF16 makes bf16 matmuls fast on this CPU."""
-    from radixgen.kernels.cpu import cpu_flags
-
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    return has_fast_bf16()
 
 
 def resolve_device(device: str) -> str:
@@ -66,9 +69,15 @@ class ModelRunner:
         self.dtype = resolve_dtype(args.model.dtype, self.device)
         self.cfg = ModelArchConfig.from_folder(model_folder)
         self.context_length = context_length
+        # NOTE: the one native-or-torch decision (device, dtype, environment, CPU features):
+        # the model, its linear layers, the attention backend and the logits are handed it.
+        self.native: NativeKernels | None = select_native_kernels(self.device, self.dtype)
+        gemm = select_linear_gemm(self.native)
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
-        self.model = load_model(model_folder, self.cfg, self.dtype, self.device, context_length + 1)
+        self.model = load_model(
+            model_folder, self.cfg, self.dtype, self.device, context_length + 1, self.native, gemm
+        )
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache
@@ -85,17 +94,18 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             args.scheduler.max_running_requests + 8, context_length + 8
         )
-        self.attn_backend = create_attention_backend("torch", self.kv_pool, self.req_to_token_pool)
-        from radixgen.kernels.cpu import load_native_kernels
-
-        self.native = load_native_kernels()
+        self.attn_backend = create_attention_backend(
+            "torch", self.kv_pool, self.req_to_token_pool, self.native
+        )
         self.load_seconds = time.perf_counter() - t0
         logger.info(
-            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens",
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels%s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
             self.kv_pool.size,
+            "native" if self.native is not None else "torch",
+            ", native GEMM" if gemm is not None else "",
         )
 
     def _kv_capacity(self) -> int:
@@ -140,7 +150,7 @@ class LogitsOutput:
         hidden: torch.Tensor,
         weight: torch.Tensor,
         vocab_size: int,
-        native: Any,
+        native: NativeKernels | None,
     ) -> None:
         self.raw = raw  # [M, >= vocab]
         self.hidden = hidden

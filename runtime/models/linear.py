@@ -11,77 +11,84 @@ Runs in the scheduler process.
   it uses the tile unit, which this kernel does not): every M >= 2 computes each row
   identically (torch 2.13), a single row (M = 1) may not (K = 1536), so one row is padded to two.
   MKL's float32 GEMM changes row results with M, so float32 is exact but not batch-invariant.
-- RADIXGEN_NATIVE_GEMM=0 forces oneDNN (for comparisons).
+- RADIXGEN_NATIVE_GEMM=0 forces oneDNN (for comparisons). The model runner makes the choice once
+  (`radixgen.kernels.cpu.select_linear_gemm`) and hands it to `prepack`.
 """
 
 from __future__ import annotations
-
-import os
-from functools import cache
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight
+
 _PACK_BATCH_HINT = 2  # other hints (16, 64) made single rows differ from batched ones
 
-
-@cache
-def _native_gemm() -> Any:
-    """The native kernels when their bf16 GEMM should serve the linear layers, else None."""
-    from radixgen.kernels.cpu import cpu_flags, load_native_kernels
-
-    if os.environ.get("RADIXGEN_NATIVE_GEMM", "1") == "0" or "amx_bf16" in cpu_flags():
-        return None
-
-    native = load_native_kernels()
-    return native if native is not None and native.has_bf16_gemm else None
+# A weight laid out once at load time: for the native GEMM, or oneDNN's blocked tensor.
+PackedWeight = PackedLinearWeight | torch.Tensor
 
 
-def prepack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
-    """The weight laid out for the fastest batch-invariant path, or None where there is none."""
+def prepack_weight(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, gemm: NativeKernels | None = None
+) -> PackedWeight | None:
+    """The weight laid out for the fastest batch-invariant path, or None where there is none.
+
+    gemm: the native kernels when their GEMM serves the linear layers (the model runner's
+    choice, `select_linear_gemm`), else None for oneDNN."""
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
         return None
-    native = _native_gemm()
-    if native is not None:
-        return native.pack_linear(weight, bias)
+    if gemm is not None:
+        return gemm.pack_linear(weight, bias)
     if not torch.backends.mkldnn.is_available():
         return None
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_BATCH_HINT)
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+            weight.detach(), _PACK_BATCH_HINT
+        )
     except (RuntimeError, AttributeError):
         return None
+    return packed
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, packed: Any, bias=None, unrounded: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    packed: PackedWeight | None,
+    bias: torch.Tensor | None = None,
+    unrounded: bool = False,
+    gemm: NativeKernels | None = None,
 ) -> torch.Tensor:
     """y = x W^T + b with the prepacked weight when there is one.
 
+    gemm: the kernels that packed `packed` when it is a PackedLinearWeight.
     unrounded: the native GEMM may return float32 instead of rounding to bf16 (for outputs that
     only feed the float32 residual stream); other paths return the input dtype regardless.
     """
-    if packed is not None and not isinstance(packed, torch.Tensor):
+    if isinstance(packed, PackedLinearWeight):
+        assert gemm is not None, "a natively packed weight needs the kernels that packed it"
         out = torch.float32 if unrounded else torch.bfloat16
-        return _native_gemm().linear_bf16(x, packed, out)  # the bias was packed with the weight
+        return gemm.linear_bf16(x, packed, out)  # the bias was packed with the weight
     single = x.shape[0] == 1 and x.dtype == torch.bfloat16
     if single:
         x = torch.cat((x, x))
     if packed is not None:
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     else:
         y = F.linear(x, weight, bias)
     return y[:1] if single else y
 
 
 class Linear(nn.Linear):
-    packed: Any = None
+    packed: PackedWeight | None = None
+    gemm: NativeKernels | None = None  # the native GEMM serving this layer (set by `prepack`)
 
-    def prepack(self) -> None:
-        """Call once the weights are loaded (and whenever they change)."""
-        self.packed = prepack_weight(self.weight, self.bias)
+    def prepack(self, gemm: NativeKernels | None = None) -> None:
+        """Call once the weights are loaded (and whenever they change); gemm: see
+        `prepack_weight`."""
+        self.gemm = gemm
+        self.packed = prepack_weight(self.weight, self.bias, gemm)
 
     def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:
         """unrounded: the caller takes float32 (see `linear`)."""
-        return linear(x, self.weight, self.packed, self.bias, unrounded)
+        return linear(x, self.weight, self.packed, self.bias, unrounded, self.gemm)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,11 @@ from torch import nn
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.runtime.model_config import ModelArchConfig
-from radixgen.runtime.models.linear import Linear, linear, prepack_weight
+from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
+
+if TYPE_CHECKING:
+    from radixgen.kernels.cpu import NativeKernels
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -26,7 +30,7 @@ def _bad(message: str) -> InvalidRequestError:
 
 
 class RMSNorm(nn.Module):
-    native: Any = None  # NativeKernels: fused add + norm in one call (set by `prepack`)
+    native: NativeKernels | None = None  # fused add + norm in one call (set by `prepack`)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -112,7 +116,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    native: Any = None  # NativeKernels: rotary + KV store fused (set by `prepack`)
+    native: NativeKernels | None = None  # rotary + KV store fused (set by `prepack`)
 
     def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
         super().__init__()
@@ -124,31 +128,37 @@ class Attention(nn.Module):
         self.info = AttentionLayerInfo(layer_id, self.h, self.hkv, self.d, self.d**-0.5, window)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: Any
-    ):
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
         n = x.shape[0]
+        backend = batch.attn_backend
+        assert backend is not None  # set by ModelRunner.forward
         # NOTE: the native path takes float32 projections where the GEMM can give them: rotary
         # runs in float32 and q, k, v are rounded to bf16 once instead of three times (the
         # residual stream, o_proj and down_proj likewise stay float32; see `linear`).
         qkv = self.qkv_proj.forward(x, unrounded=self.native is not None)
         if self.native is not None:  # rotary + KV store in one call, straight into the pool
-            k_buf, v_buf = batch.attn_backend.kv_pool.get_kv_buffer(self.info.layer_id)
+            k_buf, v_buf = backend.kv_pool.get_kv_buffer(self.info.layer_id)
             q = self.native.rope_store_kv(
                 qkv, positions, rotary.cos, rotary.sin, k_buf, v_buf, batch.out_cache_loc,
                 self.h, self.hkv, self.d,
             )  # fmt: skip
-            out = batch.attn_backend.forward(q.view(n, self.q_size), None, None, self.info, batch)
+            out = backend.forward(q.view(n, self.q_size), None, None, self.info, batch)
             return self.o_proj.forward(out, unrounded=True)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = rotary(positions, q.view(n, self.h, self.d), k.view(n, self.hkv, self.d))
-        out = batch.attn_backend.forward(
+        out = backend.forward(
             q.reshape(n, self.q_size), k.reshape(n, self.kv_size), v, self.info, batch
         )
         return self.o_proj(out)
 
 
 class MLP(nn.Module):
-    native: Any = None  # NativeKernels: silu(gate) * up in one call (set by `prepack`)
+    native: NativeKernels | None = None  # silu(gate) * up in one call (set by `prepack`)
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
@@ -173,7 +183,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, residual, positions, rotary, batch):
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x.float()
             h = self.input_layernorm.forward(x)
@@ -230,7 +247,9 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
         """Hidden states (after the final norm) at `batch.logits_indices` -> [M, hidden].
 
         NOTE: below this point submodules are called through `.forward`: `nn.Module.__call__`
@@ -248,24 +267,24 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, vocab] in the model dtype (consumers convert the rows they need)."""
-        return linear(hidden, self.lm_head_weight, self._lm_head_packed)
+        return linear(hidden, self.lm_head_weight, self._lm_head_packed, gemm=self._lm_head_gemm)
 
-    _lm_head_packed: Any = None
+    _lm_head_packed: PackedWeight | None = None
+    _lm_head_gemm: NativeKernels | None = None
 
-    def prepack(self, use_native: bool = True) -> None:
-        """Once the checkpoint is loaded: lay matmul weights out for oneDNN and attach the
-        native fused kernels (rotary + KV store, add + RMSNorm, SiLU-mul) where available."""
-        native = None
-        if use_native and self.lm_head_weight.device.type == "cpu":
-            from radixgen.kernels.cpu import load_native_kernels
-
-            native = load_native_kernels()
+    def prepack(
+        self, native: NativeKernels | None = None, gemm: NativeKernels | None = None
+    ) -> None:
+        """Once the checkpoint is loaded: lay matmul weights out (for the native GEMM `gemm`,
+        else oneDNN) and attach the native fused kernels `native` (rotary + KV store, add +
+        RMSNorm, SiLU-mul). Both are the model runner's choice; None means the torch path."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.prepack()
+                module.prepack(gemm)
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.native = native
-        self._lm_head_packed = prepack_weight(self.lm_head_weight)
+        self._lm_head_packed = prepack_weight(self.lm_head_weight, None, gemm)
+        self._lm_head_gemm = gemm
 
     # --- weights ----------------------------------------------------------------------------
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixgen.kernels.cpu import PackedLinearWeight, load_native_kernels
-from radixgen.runtime.models import linear as linear_mod
+from radixgen.kernels.cpu import PackedLinearWeight, load_native_kernels, select_linear_gemm
 from radixgen.runtime.models.linear import Linear
 
 native = load_native_kernels()
@@ -83,15 +82,10 @@ def test_linear_module_uses_the_native_gemm_unless_disabled(monkeypatch):
     torch.manual_seed(3)
     layer = Linear(576, 192, bias=True).to(torch.bfloat16)
     x = torch.randn(4, 576).bfloat16()
-    layer.prepack()
+    layer.prepack(select_linear_gemm(native))
     assert isinstance(layer.packed, PackedLinearWeight)
     torch.testing.assert_close(layer(x).float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2**-7, atol=2e-2)  # fmt: skip
     monkeypatch.setenv("RADIXGEN_NATIVE_GEMM", "0")
-    linear_mod._native_gemm.cache_clear()
-    try:
-        layer.prepack()
-        assert isinstance(layer.packed, torch.Tensor)  # oneDNN's blocked weight
-        torch.testing.assert_close(layer(x).float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2**-7, atol=2e-2)  # fmt: skip
-    finally:
-        monkeypatch.delenv("RADIXGEN_NATIVE_GEMM")
-        linear_mod._native_gemm.cache_clear()
+    layer.prepack(select_linear_gemm(native))
+    assert isinstance(layer.packed, torch.Tensor)  # oneDNN's blocked weight
+    torch.testing.assert_close(layer(x).float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2**-7, atol=2e-2)  # fmt: skip

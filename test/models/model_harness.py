@@ -107,7 +107,7 @@ def make_runner(folder: Path, dtype: str = "float32", native: bool = True) -> Mo
         assert runner.attn_backend.native is not None, "native decode kernel did not build"
     else:
         runner.attn_backend = TorchAttentionBackend(
-            runner.kv_pool, runner.req_to_token_pool, use_native=False
+            runner.kv_pool, runner.req_to_token_pool, native=None
         )
     return runner
 

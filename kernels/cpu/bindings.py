@@ -1,0 +1,303 @@
+"""Typed Python entry points over the compiled library (ctypes), whose ABI is declared as data;
+called from the scheduler process's model step.
+
+`SIGNATURES` mirrors radixgen_kernels.h prototype by prototype (test/kernels/test_native_abi.py
+checks both ways); the methods of `NativeKernels` check shapes and dtypes, then pass pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .build import NativeBuildError
+
+CType = type[ctypes.c_void_p] | type[ctypes.c_int64] | type[ctypes.c_int] | type[ctypes.c_float]
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+# name -> (restype, argtypes) of every exported function; None is a void result.
+SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
+    "ragged_attention": (
+        _I32,
+        (_P, _I64, _P, _P, _P, _P, _P, _P, _I32, _P, _I32, _I32, _I32, _F32, _I32, _I64),
+    ),
+    "add_rmsnorm": (None, (_P, _P, _P, _P, _I64, _I64, _F32, _I32, _I32)),
+    "rope_store_kv": (
+        None,
+        (_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _I32),
+    ),
+    "silu_mul": (None, (_P, _P, _I64, _I64, _I32, _I32)),
+    "greedy_refine_bf16": (None, (_P, _I64, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P)),
+    "refine_near_max_f32": (None, (_P, _I64, _P, _I64, _P, _I64, _I64, _I64)),
+    "gemm_bf16_packed_elems": (_I64, (_I64, _I64)),
+    "gemm_bf16_available": (_I32, ()),
+    "gemm_bf16_pack": (None, (_P, _I64, _I64, _P)),
+    "gemm_bf16": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32)),
+}
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
+
+
+def bind(lib: ctypes.CDLL, name: str) -> Callable[..., Any]:
+    """`lib`'s function `name` with its types from SIGNATURES."""
+    restype, argtypes = SIGNATURES[name]
+    try:
+        fn = lib[name]
+    except AttributeError as e:
+        raise NativeBuildError(f"the native library has no function {name!r}") from e
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+@dataclass(frozen=True)
+class PackedLinearWeight:
+    """A bf16 linear weight laid out for `gemm_bf16` (gemm_bf16.c), with its bias in float32."""
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    bias: torch.Tensor | None
+
+
+class NativeKernels:
+    """Typed Python entry points over the compiled library."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self._ragged = bind(lib, "ragged_attention")
+        self._add_rmsnorm = bind(lib, "add_rmsnorm")
+        self._rope = bind(lib, "rope_store_kv")
+        self._silu_mul = bind(lib, "silu_mul")
+        self._greedy = bind(lib, "greedy_refine_bf16")
+        self._refine = bind(lib, "refine_near_max_f32")
+        self._gemm_elems = bind(lib, "gemm_bf16_packed_elems")
+        self._gemm_pack = bind(lib, "gemm_bf16_pack")
+        self._gemm = bind(lib, "gemm_bf16")
+        self.has_bf16_gemm = bool(bind(lib, "gemm_bf16_available")())
+
+    # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
+
+    def pack_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> PackedLinearWeight:
+        """Pack a bf16 [out, in] weight (and its bias) once, at load time."""
+        assert self.has_bf16_gemm and weight.dtype == torch.bfloat16 and weight.dim() == 2
+        weight = weight.detach().contiguous()
+        n, k = weight.shape
+        data = torch.empty(self._gemm_elems(n, k), dtype=torch.bfloat16)
+        self._gemm_pack(weight.data_ptr(), n, k, data.data_ptr())
+        b = None if bias is None else bias.detach().float().contiguous()
+        return PackedLinearWeight(data, n, k, b)
+
+    def linear_bf16(
+        self, x: torch.Tensor, packed: PackedLinearWeight, out_dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
+        """x [M, in] bf16 -> x W^T + b as [M, out] bf16 (or float32, unrounded); a row's result
+        never depends on M."""
+        k = packed.in_features
+        assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k
+        if x.stride(1) != 1 or x.stride(0) < k:
+            x = x.contiguous()
+        if k % 2:  # the kernel reads k-pairs: give odd-length rows a zero column
+            x = torch.nn.functional.pad(x, (0, 1))
+        m = x.shape[0]
+        assert out_dtype in (torch.bfloat16, torch.float32)
+        y = torch.empty((m, packed.out_features), dtype=out_dtype)
+        if m == 0:
+            return y
+        bias = 0 if packed.bias is None else packed.bias.data_ptr()
+        rc = self._gemm(
+            x.data_ptr(), m, x.stride(0), packed.data.data_ptr(), packed.out_features, k,
+            bias, y.data_ptr(), packed.out_features, int(out_dtype == torch.float32),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native gemm_bf16 failed with code {rc}")
+        return y
+
+    # --- logits (see fused_ops.c: exact re-scoring of bf16 near-ties) -------------------------
+
+    def greedy_refine(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        rows: list[int],
+        vocab: int,
+        bitmask: torch.Tensor | None = None,
+    ) -> list[int]:
+        """Argmax token of each given bf16 logits row, near-max candidates re-scored exactly.
+
+        bitmask: None, or int32 [len(rows), W] packed grammar masks (row r for rows[r]): the
+        argmax is then over the allowed tokens only.
+        """
+        assert logits.dtype == hidden.dtype == weight.dtype == torch.bfloat16
+        assert logits.stride(1) == 1 and hidden.is_contiguous() and weight.is_contiguous()
+        idx = torch.tensor(rows, dtype=torch.long)
+        out = torch.empty(len(rows), dtype=torch.long)
+        masks, words = 0, 0
+        if bitmask is not None:
+            assert bitmask.dtype == torch.int32 and bitmask.shape[0] == len(rows)
+            bitmask = bitmask.contiguous()
+            masks, words = bitmask.data_ptr(), bitmask.shape[1]
+        self._greedy(
+            logits.data_ptr(), logits.stride(0), hidden.data_ptr(), weight.data_ptr(),
+            idx.data_ptr(), len(rows), vocab, hidden.shape[1], masks, words, out.data_ptr(),
+        )  # fmt: skip
+        ids: list[int] = out.tolist()
+        return ids
+
+    def refine_near_max(
+        self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor
+    ) -> None:
+        """In place on float32 rows converted from bf16 logits; hidden: the same rows' states."""
+        assert logits.dtype == torch.float32 and logits.stride(1) == 1 and hidden.stride(1) == 1
+        assert hidden.dtype == weight.dtype == torch.bfloat16 and weight.is_contiguous()
+        r, v = logits.shape
+        self._refine(
+            logits.data_ptr(), logits.stride(0), hidden.data_ptr(), hidden.stride(0),
+            weight.data_ptr(), r, v, hidden.shape[1],
+        )  # fmt: skip
+
+    # --- fused layer ops (see fused_ops.c) --------------------------------------------------
+
+    def add_rmsnorm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += x (in place, float32); returns norm(residual) * weight in weight's dtype.
+
+        x: weight's dtype, or float32 (a projection left unrounded for the residual stream)."""
+        n, h = residual.shape
+        assert residual.dtype == torch.float32 and residual.is_contiguous()
+        assert x is None or (x.is_contiguous() and x.dtype in (weight.dtype, torch.float32))
+        out = torch.empty((n, h), dtype=weight.dtype)
+        self._add_rmsnorm(
+            0 if x is None else x.data_ptr(), residual.data_ptr(), weight.data_ptr(),
+            out.data_ptr(), n, h, float(eps), DTYPE_CODES[weight.dtype],
+            DTYPE_CODES[weight.dtype if x is None else x.dtype],
+        )  # fmt: skip
+        return out
+
+    def rope_store_kv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> torch.Tensor:
+        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`.
+
+        q and the pools have the pools' dtype; float32 qkv (an unrounded projection) under bf16
+        pools is rotated in float32 and rounded once."""
+        n = qkv.shape[0]
+        assert (
+            qkv.stride(1) == 1
+            and positions.dtype == torch.long
+            and out_cache_loc.dtype == torch.long
+        )
+        assert cos.dtype == torch.float32 and cos.is_contiguous() and k_pool.is_contiguous()
+        assert qkv.dtype in (k_pool.dtype, torch.float32) and v_pool.dtype == k_pool.dtype
+        q = torch.empty((n, num_heads, head_dim), dtype=k_pool.dtype)
+        self._rope(
+            qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out_cache_loc.data_ptr(), n,
+            num_heads, num_kv_heads, head_dim, DTYPE_CODES[k_pool.dtype], DTYPE_CODES[qkv.dtype],
+        )  # fmt: skip
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """silu(gate) * up for gate_up = [gate | up] rows, in out_dtype (default: gate_up's);
+        float32 in and bf16 out rounds the product once."""
+        n, two_i = gate_up.shape
+        assert gate_up.is_contiguous()
+        out_dtype = out_dtype or gate_up.dtype
+        out = torch.empty((n, two_i // 2), dtype=out_dtype)
+        self._silu_mul(
+            gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, DTYPE_CODES[out_dtype],
+            DTYPE_CODES[gate_up.dtype],
+        )  # fmt: skip
+        return out
+
+    def ragged_attention(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        q_indptr: torch.Tensor,
+        q_pos0: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+    ) -> None:
+        """Causal attention of a ragged batch (see ragged_attention.c for the layout).
+
+        q: [N, H, D] (rows may be strided), k/v_buf: [S, Hkv, D], out: [N, H, D] contiguous;
+        request r's query rows are q_indptr[r]:q_indptr[r+1], the first at position q_pos0[r],
+        and its keys' slots are kv_indices[kv_indptr[r]:kv_indptr[r+1]] by position.
+        """
+        _, h, d = q.shape
+        assert q.stride(2) == 1 and q.stride(1) == d and out.is_contiguous()
+        assert k_buf.is_contiguous() and v_buf.is_contiguous() and q.dtype == k_buf.dtype
+        for t in (kv_indices, kv_indptr, q_indptr, q_pos0):
+            assert t.dtype == torch.long and t.is_contiguous()
+        rc = self._ragged(
+            q.data_ptr(),
+            q.stride(0),
+            k_buf.data_ptr(),
+            v_buf.data_ptr(),
+            kv_indices.data_ptr(),
+            kv_indptr.data_ptr(),
+            q_indptr.data_ptr(),
+            q_pos0.data_ptr(),
+            q_indptr.numel() - 1,
+            out.data_ptr(),
+            h,
+            k_buf.shape[1],
+            d,
+            float(scale),
+            DTYPE_CODES[q.dtype],
+            window or 0,
+        )
+        if rc != 0:
+            raise RuntimeError(
+                f"native ragged_attention failed with code {rc} (shape {tuple(q.shape)})"
+            )
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        max_len: int | None = None,
+    ) -> None:
+        """One query per request, at the last of its listed keys."""
+        b = q.shape[0]
+        lens = kv_indptr[1:] - kv_indptr[:-1]
+        self.ragged_attention(
+            q,
+            k_buf,
+            v_buf,
+            kv_indices,
+            kv_indptr,
+            torch.arange(b + 1, dtype=torch.long),
+            lens - 1,
+            out,
+            scale,
+        )

@@ -1,0 +1,123 @@
+"""Compile the native CPU kernels with the host's C compiler, once per cache key, into the
+per-machine cache (the scheduler process does it when the model runner loads them)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixgen.utils import cache_root
+
+from .cpu_features import cpu_signature
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).parent
+SOURCES = ("ragged_attention.c", "fused_ops.c", "gemm_bf16.c")
+HEADERS = ("cpu_common.h", "radixgen_kernels.h")
+# NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
+# and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.
+CFLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast",
+    "-Wall",
+)  # fmt: skip
+LDLIBS = ("-lm",)
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels cannot be had: no compiler, a compile error or a load error."""
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """A C compiler as found on this machine; `identity` is part of the cache key."""
+
+    path: str  # as invoked (found on PATH or given by $CC)
+    resolved: str  # symlinks followed
+    version: str  # first line of `--version`
+
+    @property
+    def identity(self) -> str:
+        return f"{self.path}\n{self.resolved}\n{self.version}"
+
+
+def find_compiler() -> Compiler:
+    """$CC, else gcc, else cc on PATH, checked to run."""
+    name = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not name:
+        raise NativeBuildError("no C compiler found (install gcc, or set CC)")
+    path = shutil.which(name)
+    if path is None:
+        raise NativeBuildError(f"C compiler {name!r} not found")
+    try:
+        proc = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, check=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeBuildError(f"C compiler {path} does not run: {e}") from e
+    version = proc.stdout.splitlines()[0] if proc.stdout else ""
+    return Compiler(path, os.path.realpath(path), version)
+
+
+def cache_key(compiler: Compiler, cflags: Sequence[str] = CFLAGS) -> str:
+    """Hash of everything the library's bytes depend on: sources, flags, compiler and CPU."""
+    h = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes())
+    h.update(" ".join(cflags).encode())
+    h.update(compiler.identity.encode())
+    h.update(cpu_signature().encode())
+    return h.hexdigest()
+
+
+def library_path(key: str) -> Path:
+    """Where the library built for `key` lives in the per-machine cache."""
+    return cache_root() / "kernels" / f"radixgen_cpu_{key[:16]}.so"
+
+
+def compile_command(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> list[str]:
+    """The one command line that builds every source into the shared object `out`."""
+    sources = [str(SOURCE_DIR / name) for name in SOURCES]
+    return [compiler.path, *cflags, *sources, "-o", str(out), *LDLIBS]
+
+
+def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> str:
+    """Compile into a temporary file beside `out`, then rename it into place (atomic: a
+    concurrent loader sees no library or a whole one). Returns the compiler's warnings."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = compile_command(compiler, tmp_out, cflags)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            raise NativeBuildError(f"C compiler {compiler.path} does not run: {e}") from e
+        if proc.returncode != 0:
+            raise NativeBuildError(
+                f"compiling the native kernels failed (exit {proc.returncode}): "
+                f"{' '.join(cmd)}\n{proc.stderr.strip()}"
+            )
+        os.replace(tmp_out, out)
+    return proc.stderr.strip()
+
+
+def open_library() -> ctypes.CDLL:
+    """The compiled library for this source, flags, compiler and CPU, built on first use."""
+    compiler = find_compiler()
+    path = library_path(cache_key(compiler))
+    if not path.exists():
+        warnings = build_library(compiler, path)
+        if warnings:
+            logger.warning("native CPU kernels compiled with warnings:\n%s", warnings[:2000])
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeBuildError(f"loading {path} failed: {e}") from e

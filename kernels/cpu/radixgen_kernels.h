@@ -1,0 +1,55 @@
+/* Every function the native CPU library exports: its whole ABI, in one place.
+ *
+ * Each .c file includes this header, so the compiler checks every definition against its
+ * prototype here; test/kernels/test_native_abi.py checks the ctypes table in bindings.py against
+ * these prototypes. Change a signature here, in its .c file and in bindings.py together.
+ * dtype codes: 0 = float32, 1 = bfloat16. Layouts and roundings are documented at each
+ * definition.
+ */
+#ifndef RADIXGEN_KERNELS_H
+#define RADIXGEN_KERNELS_H
+
+#include <stdint.h>
+
+/* ragged_attention.c: causal attention of a ragged batch over the paged KV pool (0 = ok). */
+int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const void* v,
+                     const int64_t* indices, const int64_t* kv_indptr, const int64_t* q_indptr,
+                     const int64_t* q_pos0, int R, void* out, int H, int Hkv, int D, float scale,
+                     int dtype, int64_t window);
+
+/* fused_ops.c: residual += x; out = RMSNorm(residual) * weight. */
+void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, int64_t N,
+                 int64_t H, float eps, int dtype, int x_dtype);
+
+/* fused_ops.c: rotary on q and k, k and v stored into the pools at their slots. */
+void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, const float* cos_t,
+                   const float* sin_t, void* q_out, void* k_pool, void* v_pool,
+                   const int64_t* loc, int64_t N, int H, int Hkv, int D, int dtype,
+                   int in_dtype);
+
+/* fused_ops.c: out = silu(gate) * up over [gate | up] rows. */
+void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype, int in_dtype);
+
+/* fused_ops.c: greedy token of bf16 logits rows, near-max candidates re-scored exactly. */
+void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidden,
+                        const uint16_t* weight, const int64_t* rows, int64_t R, int64_t V,
+                        int64_t H, const int32_t* masks, int64_t W, int64_t* out_ids);
+
+/* fused_ops.c: near-max candidates of float32 rows (converted from bf16) re-scored exactly. */
+void refine_near_max_f32(float* logits, int64_t ld, const uint16_t* hidden, int64_t hld,
+                         const uint16_t* weight, int64_t R, int64_t V, int64_t H);
+
+/* gemm_bf16.c: elements of the packed layout of an [n, k] bf16 weight. */
+int64_t gemm_bf16_packed_elems(int64_t n, int64_t k);
+
+/* gemm_bf16.c: 1 where this build has the AVX512-BF16 GEMM, 0 where its entry points are stubs. */
+int gemm_bf16_available(void);
+
+/* gemm_bf16.c: pack an [n, k] bf16 weight once, at load time. */
+void gemm_bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out);
+
+/* gemm_bf16.c: y = x W^T (+ bias) from the packed weight (0 = ok, -1 = unavailable). */
+int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed, int64_t n,
+              int64_t k, const float* bias, void* y, int64_t ldy, int out_f32);
+
+#endif /* RADIXGEN_KERNELS_H */
