@@ -57,17 +57,24 @@ def available_cores() -> int:
 class ModelRunner:
     """Owns the weights, the KV pools and the attention backend; `forward` returns fp32 logits."""
 
-    def __init__(self, model_folder: str, args: ServerArgs, context_length: int) -> None:
+    def __init__(
+        self,
+        model_folder: str,
+        args: ServerArgs,
+        context_length: int,
+        arch: ModelArchConfig | None = None,
+    ) -> None:
+        """`arch`: the folder's config when the caller has read it already (else read here)."""
         t0 = time.perf_counter()
         self.args = args
         self.device = resolve_device(args.model.device)
         if self.device != "cpu":
             raise InvalidRequestError(
-                f"device {self.device!r} is not supported by this build (the GPU path needs the [gpu] extra)",
+                f"device {self.device!r} is not supported yet: RadixGen runs on CPU only for now",
                 "device",
             )
         self.dtype = resolve_dtype(args.model.dtype, self.device)
-        self.cfg = ModelArchConfig.from_folder(model_folder)
+        self.cfg = arch if arch is not None else ModelArchConfig.from_folder(model_folder)
         self.context_length = context_length
         # NOTE: the one native-or-torch decision (device, dtype, environment, CPU features):
         # the model, its linear layers, the attention backend and the logits are handed it.

@@ -61,7 +61,7 @@ def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
     tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, args.model.chat_template)
     arch = ModelArchConfig.from_folder(model_folder)
     context_length = resolve_context_length(args.model.context_length, arch.max_position_embeddings)
-    runner = ModelRunner(model_folder, args, context_length)
+    runner = ModelRunner(model_folder, args, context_length, arch)
     cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
     limits = ModelLimits(
         context_length, arch.vocab_size, list(arch.eos_token_ids or tokenizer.eos_token_ids)
