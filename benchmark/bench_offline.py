@@ -147,7 +147,7 @@ def main() -> int:
     n_prompts = 64
     cores = len(os.sched_getaffinity(0))
     from radixgen.runtime.model_loader import resolve_model_path
-    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.runtime.text.tokenizer import Tokenizer
 
     folder = resolve_model_path(None)
     tokenizer = Tokenizer(folder)

@@ -207,7 +207,7 @@ async def bench(args: argparse.Namespace, pid: int | None) -> None:
     each one (interleaved, so both see the same machine load)."""
     engine = None
     if args.compare_engine:
-        from radixgen.runtime.engine import Engine
+        from radixgen.runtime.entrypoints.engine import Engine
 
         kwargs = json.loads(args.engine_kwargs) if args.engine_kwargs else {}
         engine = Engine(log_level="warning", **kwargs)

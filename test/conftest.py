@@ -34,7 +34,7 @@ def default_model_folder() -> str:
 @pytest.fixture(scope="session")
 def chat_prompt(default_model_folder):
     """Render a user message through the default model's chat template."""
-    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.runtime.text.tokenizer import Tokenizer
 
     tok = Tokenizer(default_model_folder)
 

@@ -16,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from radixgen.package_layout import PACKAGE_ROOTS
+
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {
-    "radixgen": ROOT / "python" / "radixgen",
-    "radixgen.lang": ROOT / "frontend_lang",
-    "radixgen.kernels": ROOT / "kernels",
-    "radixgen.runtime": ROOT / "runtime",
-}
+FOLDERS = {name: ROOT / folder for name, folder in PACKAGE_ROOTS.items()}
 
 
 def modules(package: str) -> Iterator[tuple[str, Path]]:
@@ -99,6 +96,30 @@ def test_lang_does_not_import_the_runtime() -> None:
 
 def test_kernels_do_not_import_the_runtime() -> None:
     assert not _violations("radixgen.kernels", ("radixgen.runtime", "radixgen.lang"))
+
+
+def test_light_processes_do_not_load_the_model_stack() -> None:
+    """The API process (api/, entrypoints/), the detokenizer, start-up code and the tokenizer
+    import neither torch, the kernels nor the scheduler's side at module load."""
+    forbidden = (
+        "torch",
+        "radixgen.kernels",
+        "radixgen.runtime.scheduler",
+        "radixgen.runtime.model_executor",
+        "radixgen.runtime.mem_cache",
+    )
+    light = tuple(
+        f"radixgen.runtime.{p}" for p in ("api", "entrypoints", "detokenizer", "launch", "text")
+    )
+    bad = []
+    for name, path in modules("radixgen.runtime"):
+        if name.startswith(light):
+            bad.extend(
+                f"{path.relative_to(ROOT)} imports {imp}"
+                for imp in top_level_imports(name, path)
+                if any(imp == f or imp.startswith(f + ".") for f in forbidden)
+            )
+    assert not bad
 
 
 def test_scanner_sees_imports(tmp_path: Path) -> None:

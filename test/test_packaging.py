@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from radixgen.package_layout import PACKAGE_ROOTS
+
 ROOT = Path(__file__).resolve().parents[1]
-# source folder -> its path inside the wheel (the setup.py mapping)
-MAPPING = {
-    "python/radixgen": "radixgen",
-    "frontend_lang": "radixgen/lang",
-    "runtime": "radixgen/runtime",
-    "kernels": "radixgen/kernels",
-}
+# source folder -> its path inside the wheel, from the one map setup.py reads too
+MAPPING = {folder: name.replace(".", "/") for name, folder in PACKAGE_ROOTS.items()}
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info")
 
 

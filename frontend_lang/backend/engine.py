@@ -28,7 +28,7 @@ class EngineBackend(NativeBackend):
         super().__init__()
         self._owns_engine = engine is None
         if engine is None:
-            from radixgen.runtime.engine import Engine
+            from radixgen.runtime.entrypoints.engine import Engine
 
             engine = Engine(**engine_kwargs)
         elif engine_kwargs:

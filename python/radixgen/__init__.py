@@ -11,7 +11,7 @@ from typing import Any
 from radixgen.version import __version__
 
 _LAZY = {
-    "Engine": "radixgen.runtime.engine",
+    "Engine": "radixgen.runtime.entrypoints.engine",
     "ServerArgs": "radixgen.server_args",
     "SamplingParams": "radixgen.sampling_params",
 }

@@ -56,7 +56,7 @@ def serve(ns: argparse.Namespace) -> int:
 
 
 def generate(ns: argparse.Namespace) -> int:
-    from radixgen.runtime.engine import Engine
+    from radixgen.runtime.entrypoints.engine import Engine
 
     args = from_cli_namespace(ns)
     engine = Engine(**args.to_flat_dict())

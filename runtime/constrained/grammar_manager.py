@@ -27,7 +27,7 @@ from radixgen.runtime.constrained.vocab import GrammarVocab
 
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.req import Req
-    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.runtime.text.tokenizer import Tokenizer
     from radixgen.server_args import GrammarConfig
 
 logger = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""HTTP entry points of the API process: the FastAPI app, SGLang's native API and the OpenAI API."""
+"""Entry points: the HTTP server (FastAPI app, SGLang's native API, the OpenAI API) and the offline Engine."""

@@ -23,7 +23,7 @@ from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.server_state import ServerState
-from radixgen.runtime.process_utils import configure_logging
+from radixgen.runtime.launch.process_utils import configure_logging
 from radixgen.server_args import ServerArgs
 from radixgen.version import __version__
 
@@ -53,7 +53,7 @@ def create_app(state: ServerState) -> FastAPI:
     )
     app.state.server = state
     if state.metrics is None and state.args.http.enable_metrics:
-        from radixgen.runtime.metrics import ServerMetrics
+        from radixgen.runtime.api.metrics import ServerMetrics
 
         state.metrics = ServerMetrics()
     app.include_router(native_router)

@@ -18,16 +18,16 @@ from typing import Any
 
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints.http_utils import NotReadyError
-from radixgen.runtime.launcher import EngineProcesses, launch_engine_processes
-from radixgen.runtime.tokenizer_manager import TokenizerManager
+from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
 STOP_TIMEOUT_S = 10.0
-CHILD_MODULE = "radixgen.runtime.child_main"
+CHILD_MODULE = "radixgen.runtime.launch.child_main"
 
 
 class ServerState:

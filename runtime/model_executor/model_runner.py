@@ -18,9 +18,9 @@ from radixgen.kernels.cpu import (
 )
 from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_loader.weights import load_model
+from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.models.llama import LlamaForCausalLM
+from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels

@@ -17,8 +17,8 @@ from torch import nn
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
-from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
+from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels

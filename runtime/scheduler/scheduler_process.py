@@ -9,7 +9,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from radixgen.io_struct import SchedulerReadyOut
-from radixgen.runtime.process_utils import PortArgs, configure_child_process
+from radixgen.runtime.launch.process_utils import PortArgs, configure_child_process
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ def create_prefix_cache(
 
 def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
     """Load the model, tokenizer, cache and grammar backend, and hand them to a Scheduler."""
-    from radixgen.runtime.model_config import ModelArchConfig
     from radixgen.runtime.model_executor.model_runner import ModelRunner
+    from radixgen.runtime.models.model_config import ModelArchConfig
     from radixgen.runtime.scheduler.scheduler import ModelLimits, Scheduler
-    from radixgen.runtime.tokenizer import load_tokenizer
+    from radixgen.runtime.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, args.model.chat_template)
     arch = ModelArchConfig.from_folder(model_folder)

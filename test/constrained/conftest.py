@@ -11,7 +11,7 @@ from grammar_helpers import EOS, VOCAB_SIZE
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend
 from radixgen.runtime.constrained.registry import create_grammar_backend
 from radixgen.runtime.constrained.vocab import GrammarVocab
-from radixgen.runtime.tokenizer import Tokenizer
+from radixgen.runtime.text.tokenizer import Tokenizer
 from radixgen.server_args import GrammarConfig
 
 

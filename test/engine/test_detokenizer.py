@@ -7,9 +7,9 @@ import pytest
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchTokenIDOut
-from radixgen.runtime.detokenizer_manager import DetokenizerManager
+from radixgen.runtime.detokenizer.detokenizer_manager import DetokenizerManager
 from radixgen.runtime.model_loader import resolve_model_path
-from radixgen.runtime.tokenizer import Tokenizer, _bytes_to_unicode
+from radixgen.runtime.text.tokenizer import Tokenizer, _bytes_to_unicode
 
 TEXT = "Crabs 🦀 like 日本語 and ünïcödé"
 

@@ -292,7 +292,7 @@ def test_stop_string_spelled_in_byte_tokens_is_found(engine):
     from radixgen.io_struct import TokenizedGenerateReq
     from radixgen.runtime.scheduler.finish import _match_stop_string
     from radixgen.runtime.scheduler.req import Req
-    from radixgen.runtime.tokenizer import _bytes_to_unicode
+    from radixgen.runtime.text.tokenizer import _bytes_to_unicode
     from radixgen.sampling_params import SamplingParams
 
     tok = engine.tokenizer

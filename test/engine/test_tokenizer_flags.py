@@ -46,7 +46,7 @@ def test_template_file_and_tokenizer_folder_are_used(tmp_path, tokenizer_only):
 
 
 def test_inline_template_text_is_accepted(tokenizer_only):
-    from radixgen.runtime.tokenizer import load_tokenizer
+    from radixgen.runtime.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path(None), str(tokenizer_only), TEMPLATE)
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[USER] x\n[ASSISTANT]"

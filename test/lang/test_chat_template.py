@@ -22,7 +22,7 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def model_tokenizer(default_model_folder):
-    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.runtime.text.tokenizer import Tokenizer
 
     return Tokenizer(default_model_folder)
 

@@ -68,7 +68,7 @@ def test_converted_config(folder: Path) -> None:
 
 
 def test_greedy_answer_is_paris(folder: Path) -> None:
-    from radixgen.runtime.tokenizer import Tokenizer
+    from radixgen.runtime.text.tokenizer import Tokenizer
 
     tok = Tokenizer(str(folder))
     prompt = tok.apply_chat_template(
@@ -123,7 +123,7 @@ def test_generation_config_adds_end_of_turn_ids(folder: Path, tmp_path: Path) ->
     """Instruct models often list their end-of-turn token only in generation_config.json."""
     import json
 
-    from radixgen.runtime.model_config import ModelArchConfig
+    from radixgen.runtime.models.model_config import ModelArchConfig
 
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     assert ModelArchConfig.from_folder(tmp_path).eos_token_ids == [2]

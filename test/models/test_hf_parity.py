@@ -137,7 +137,7 @@ def test_features_are_visible(variant: str, plain: dict[str, Any]) -> None:
 
 def test_model_config_reads_hf_configs(saved: Any) -> None:
     """Per-layer windows and rope scaling as transformers defines them."""
-    from radixgen.runtime.model_config import ModelArchConfig
+    from radixgen.runtime.models.model_config import ModelArchConfig
 
     cfg = ModelArchConfig.from_folder(saved("qwen2_window_layers")[1])
     assert cfg.layer_sliding_windows == (None, 6, 6)
@@ -154,8 +154,8 @@ def test_model_config_reads_hf_configs(saved: Any) -> None:
 def test_load_model_builds_the_runner_weights(saved: Any) -> None:
     """`load_model` (one allocation in the target dtype, no init) fills every parameter exactly
     as the runner's loader does, and leaves no parameter uninitialised."""
-    from radixgen.runtime.model_config import ModelArchConfig
     from radixgen.runtime.model_loader.weights import load_model
+    from radixgen.runtime.models.model_config import ModelArchConfig
 
     _, folder = saved("llama_mha_bias")
     runner = make_runner(folder)

@@ -17,9 +17,9 @@ from model_harness import build_hf_model, make_runner, save_hf_model, tiny_confi
 from safetensors.torch import load_file, save_file
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.model_config import ModelArchConfig
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf
+from radixgen.runtime.models.model_config import ModelArchConfig
 
 
 @pytest.fixture

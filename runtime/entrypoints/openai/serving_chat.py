@@ -15,11 +15,11 @@ from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
-from radixgen.runtime.tokenizer_manager import TokenizerManager
 
 
 class ChatPlan:

@@ -13,10 +13,10 @@ from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai.protocol import CompletionRequest
-from radixgen.runtime.tokenizer_manager import TokenizerManager
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default, also for an explicit null
 

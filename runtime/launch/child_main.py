@@ -1,4 +1,4 @@
-"""`python -m radixgen.runtime.child_main ROLE SPEC`: the entry point of every child process.
+"""`python -m radixgen.runtime.launch.child_main ROLE SPEC`: the entry point of every child process.
 
 Children are started as fresh interpreters (not multiprocessing's spawn), so the user's main
 module is never re-imported: an Engine works from any script or notebook, guard or not. SPEC is a
@@ -42,7 +42,7 @@ def main() -> None:
 
         run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel)
     elif role == "detokenizer":
-        from radixgen.runtime.detokenizer_manager import run_detokenizer_process
+        from radixgen.runtime.detokenizer.detokenizer_manager import run_detokenizer_process
 
         run_detokenizer_process(
             spec["model_folder"],

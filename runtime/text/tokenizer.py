@@ -15,7 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.chat_template import ChatTemplate
+from radixgen.runtime.text.chat_template import ChatTemplate
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
-from radixgen.runtime.tokenizer import Tokenizer, load_tokenizer
+from radixgen.runtime.text.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def run_detokenizer_process(
     """Entry point of the detokenizer process."""
     import zmq
 
-    from radixgen.runtime.process_utils import configure_child_process
+    from radixgen.runtime.launch.process_utils import configure_child_process
 
     configure_child_process("detokenizer", log_level)
     try:

@@ -16,8 +16,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.launcher import EngineProcesses, launch_engine_processes
-from radixgen.runtime.tokenizer_manager import TokenizerManager
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
+from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 
 _WATCH_INTERVAL_S = 0.5

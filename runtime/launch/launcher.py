@@ -2,7 +2,7 @@
 
 Runs in the API process (server) or the user's process (offline Engine). The model path is
 resolved (and a GGUF converted) here once, before any child starts; each child is a fresh
-interpreter (`radixgen.runtime.child_main`) that reports ready or its start-up error over ZMQ;
+interpreter (`radixgen.runtime.launch.child_main`) that reports ready or its start-up error over ZMQ;
 shutdown stops every child, and children exit when the parent dies (they watch its pid: see
 `process_utils.configure_child_process`).
 """
@@ -22,9 +22,9 @@ import zmq
 
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import SchedulerReadyOut
+from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
-from radixgen.runtime.process_utils import PortArgs
-from radixgen.runtime.tokenizer import chat_template_text, tokenizer_folder
+from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
         env.setdefault("GOMP_SPINCOUNT", "10000")
     procs = {
         role: subprocess.Popen(
-            [sys.executable, "-m", "radixgen.runtime.child_main", role, spec_path], env=env
+            [sys.executable, "-m", "radixgen.runtime.launch.child_main", role, spec_path], env=env
         )
         for role in ROLES
     }

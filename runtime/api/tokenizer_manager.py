@@ -37,8 +37,8 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
-from radixgen.runtime.process_utils import PortArgs
-from radixgen.runtime.tokenizer import load_tokenizer
+from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
 

@@ -1,0 +1,1 @@
+"""Process start-up: launching and watching the child processes, their entry point, IPC names."""

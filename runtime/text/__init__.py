@@ -1,0 +1,1 @@
+"""Tokenizer and chat templates, used by every process (no torch)."""
