@@ -10,6 +10,8 @@ import pytest
 import radixgen
 from radixgen.errors import InvalidRequestError
 
+pytestmark = pytest.mark.slow  # starts an Engine (real model, real processes)
+
 
 @pytest.fixture(scope="module")
 def engine():

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts an Engine in a subprocess and kills it
+
 SCRIPT = """
 import threading, time, radixgen
 box = {}

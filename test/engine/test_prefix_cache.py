@@ -10,6 +10,8 @@ import pytest
 
 import radixgen
 
+pytestmark = pytest.mark.slow  # starts Engines (cache on/off, policies, pool pressure)
+
 FEW_SHOT = (
     "Answer with one word.\n"
     + "".join(f"Q: What color is a {thing}?\nA: {color}\n" for thing, color in [

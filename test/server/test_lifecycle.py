@@ -20,6 +20,8 @@ import radixgen as rg
 
 from .server_process import ServerProcess, server_flags, wait_gone
 
+pytestmark = pytest.mark.slow  # starts and stops real server processes
+
 
 def _role_pid(pids: list[int], role: str) -> int:
     for pid in pids:
