@@ -6,6 +6,7 @@ import asyncio
 import itertools
 
 import pytest
+from wait_helpers import wait_until
 
 import radixgen
 from radixgen.errors import InvalidRequestError
@@ -225,14 +226,12 @@ def test_abandoned_stream_is_aborted(engine, chat_prompt):
     )
     next(it)
     it.close()
-    for _ in range(50):
-        state = engine.get_server_info()["internal_states"][0]
-        if state["running_requests"] == 0:
-            break
-        import time
-
-        time.sleep(0.1)
-    assert state["running_requests"] == 0
+    wait_until(
+        lambda: engine.get_server_info()["internal_states"][0]["running_requests"] == 0,
+        5.0,
+        interval=0.1,
+        what="the abandoned stream to be aborted",
+    )
     assert engine.flush_cache()["success"]
 
 
