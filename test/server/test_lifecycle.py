@@ -116,6 +116,7 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
         srv.wait_healthy()
         pids = srv.child_pids()
         result: dict = {}
+        stream_started = threading.Event()
 
         def long_request() -> None:
             body = {
@@ -128,13 +129,22 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
             body = {"text": "Tale:", "stream": True,
                     "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
             with httpx.stream("POST", srv.url + "/generate", json=body, timeout=60) as r:
-                result["events"] = [line for line in r.iter_lines() if line]
+                events = []
+                for line in r.iter_lines():
+                    if line:
+                        events.append(line)
+                        stream_started.set()
+                result["events"] = events
 
         t = threading.Thread(target=long_request)
         t.start()
         ts = threading.Thread(target=long_stream)
         ts.start()
-        wait_until(lambda: _in_flight(srv.url) >= 2, 60, what="both requests to be in flight")
+        wait_until(
+            lambda: stream_started.is_set() and _in_flight(srv.url) >= 2,
+            60,
+            what="both requests in flight, the stream's first event received",
+        )
         os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
         wait_until(lambda: srv.health_status() != 200, 10, what="/health to fail")
         assert srv.health_status() in (503, None), "/health fails once a child is dead"
