@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# NOTE: this process's idle OpenMP workers (torch's pool, which the native kernels share) sleep
+# instead of spinning: on a shared 2-core machine spinning workers starve the one doing the work
+# (the kernel tests ran 5x slower under load). libgomp reads the setting once, when torch loads
+# it; it is then taken out again so that Engine and server children keep the launcher's choice.
+if "OMP_WAIT_POLICY" not in os.environ and "torch" not in sys.modules:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    import torch  # noqa: F401
+
+    del os.environ["OMP_WAIT_POLICY"]
 
 
 def pytest_collection_modifyitems(config, items):

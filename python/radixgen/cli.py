@@ -14,7 +14,7 @@ from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.version import __version__
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="Start the HTTP server (SGLang native API + OpenAI-compatible API).",
@@ -24,7 +24,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     add_cli_args(p)
 
 
-def _generate_parser(sub: argparse._SubParsersAction) -> None:
+def _generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "generate",
         help="Answer one prompt offline (no server) and print the text.",
@@ -69,6 +69,7 @@ def generate(ns: argparse.Namespace) -> int:
         )
     finally:
         engine.shutdown()
+    assert isinstance(out, dict)  # one prompt, not streamed: one result
     print(json.dumps(out, indent=2) if ns.json else out["text"])
     return 0
 

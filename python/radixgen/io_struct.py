@@ -7,7 +7,7 @@ TokenizerManager, and control replies Scheduler -> TokenizerManager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
@@ -151,7 +151,9 @@ class GenerateReqInput:
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        if not self.input_ids:
+            return False
+        return isinstance(self.input_ids[0], list)
 
     def check_per_item_lengths(self) -> None:
         """Per-item lists must have one entry per prompt (a list on a single prompt is refused)."""
@@ -170,7 +172,10 @@ class GenerateReqInput:
     def batch_size(self) -> int:
         if not self.is_batch:
             return 1
-        return len(self.text) if self.text is not None else len(self.input_ids)  # type: ignore[arg-type]
+        if self.text is not None:
+            return len(self.text)
+        assert self.input_ids is not None  # a batch without text is a batch of ids
+        return len(self.input_ids)
 
     def item(self, i: int) -> GenerateReqInput:
         """The i-th prompt of a batch as a single request (per-item lists are indexed)."""
@@ -182,7 +187,8 @@ class GenerateReqInput:
 
         return GenerateReqInput(
             text=self.text[i] if isinstance(self.text, list) else None,
-            input_ids=self.input_ids[i] if self.input_ids is not None else None,  # type: ignore[index]
+            # a batch's ids are a list of lists (only batches are split into items)
+            input_ids=cast("list[int]", self.input_ids[i]) if self.input_ids is not None else None,
             sampling_params=pick(self.sampling_params),
             return_logprob=bool(pick(self.return_logprob, False)),
             logprob_start_len=pick(self.logprob_start_len),

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from radixgen.errors import InvalidRequestError
 
@@ -221,7 +221,7 @@ _ALIASES = {"sampling_seed": "seed", "max_tokens": "max_new_tokens", "min_tokens
 _IGNORED_KEYS = {"stop_regex", "custom_params"}
 
 
-def _bad(param: str, why: str) -> None:
+def _bad(param: str, why: str) -> NoReturn:
     raise InvalidRequestError(f"{param} {why}", param)
 
 
@@ -238,13 +238,13 @@ def _as_int(value: Any, name: str) -> int:
 def _as_float(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _bad(name, f"must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        _bad(name, f"must be finite, got {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number):
+        _bad(name, f"must be finite, got {number}")
+    return number
 
 
-def _as_list(value: Any, name: str) -> list:
+def _as_list(value: Any, name: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         _bad(name, f"must be a list, got {value!r}")
     return list(value)

@@ -16,7 +16,7 @@ from typing import Any
 from radixgen.errors import InvalidRequestError
 
 
-def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -208,6 +208,7 @@ def _base_type(annotation: Any) -> type:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]
+    assert isinstance(hint, type), f"no command-line type for {annotation!r}"
     return hint
 
 

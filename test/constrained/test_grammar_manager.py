@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 from grammar_helpers import VOCAB_SIZE, make_req
+from wait_helpers import wait_until
 
 from radixgen.finish_reason import FinishReason
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
@@ -117,7 +118,10 @@ def test_compile_timeout_fails_request_and_later_success_is_cached(tokenizer, mo
         _, failed = settle(gm, submit_all(gm, [make_req("slow", regex="[0-9]+")]))
         message = failed[0].finished_reason.message
         assert "took longer than 0.1 s" in message and failed[0].finished_reason.status_code == 400
-        time.sleep(0.8)  # the compile itself finishes in the background and is kept
+        # the compile itself finishes in the background and is kept
+        wait_until(
+            lambda: gm.stats()["grammar_compiles"] == 1, 30, interval=0.01, what="the compile"
+        )
         ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[0-9]+")]))
         assert ready and gm.stats()["grammar_compile_timeouts"] == 1
     finally:

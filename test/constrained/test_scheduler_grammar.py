@@ -25,6 +25,8 @@ from radixgen.runtime.scheduler.scheduler_process import build_scheduler
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import GrammarConfig, ServerArgs
 
+pytestmark = pytest.mark.slow  # the real model decodes whole batches (minutes)
+
 # Greedy outputs of bounded cases end well within this (the longest, without jump-forward, ~90).
 GREEDY_MAX_NEW_TOKENS = 96
 # A seeded temperature-1.0 sample may ramble inside a free string or number until its budget; it

@@ -6,10 +6,13 @@ import asyncio
 import itertools
 
 import pytest
+from wait_helpers import wait_until
 
 import radixgen
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.model_executor.model_runner import cpu_has_bf16
+
+pytestmark = pytest.mark.slow  # starts an Engine (real model, real processes)
 
 
 @pytest.fixture(scope="module")
@@ -224,14 +227,12 @@ def test_abandoned_stream_is_aborted(engine, chat_prompt):
     )
     next(it)
     it.close()
-    for _ in range(50):
-        state = engine.get_server_info()["internal_states"][0]
-        if state["running_requests"] == 0:
-            break
-        import time
-
-        time.sleep(0.1)
-    assert state["running_requests"] == 0
+    wait_until(
+        lambda: engine.get_server_info()["internal_states"][0]["running_requests"] == 0,
+        5.0,
+        interval=0.1,
+        what="the abandoned stream to be aborted",
+    )
     assert engine.flush_cache()["success"]
 
 

@@ -8,6 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+from wait_helpers import wait_until
+
+pytestmark = pytest.mark.slow  # starts an Engine in a subprocess and kills it
+
 SCRIPT = """
 import threading, time, radixgen
 box = {}
@@ -39,10 +44,12 @@ def test_children_exit_when_the_parent_is_killed():
         assert done == 2 and len(pids) == 2 and all(_alive(p) for p in pids)
         os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
         proc.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "orphaned engine processes"
+        wait_until(
+            lambda: not any(_alive(p) for p in pids),
+            10,
+            interval=0.1,
+            what="orphaned engine processes to exit",
+        )
     finally:
         if proc.poll() is None:
             proc.kill()

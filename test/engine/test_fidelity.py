@@ -12,6 +12,8 @@ import torch
 
 import radixgen
 
+pytestmark = pytest.mark.slow  # starts Engines and runs the HF reference model
+
 MAX_NEW = 24
 CHUNK = 64
 

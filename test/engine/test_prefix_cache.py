@@ -4,11 +4,13 @@ cached_tokens across chat turns, memory pressure (eviction, retraction), policie
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from wait_helpers import wait_until
 
 import radixgen
+
+pytestmark = pytest.mark.slow  # starts Engines (cache on/off, policies, pool pressure)
 
 FEW_SHOT = (
     "Answer with one word.\n"
@@ -145,14 +147,15 @@ def test_flush_cache_refused_while_running_then_allowed(engine):
         )
     )
     worker.start()
-    refused = None
-    for _ in range(100):
-        if engine.get_server_info()["internal_states"][0]["running_requests"]:
-            refused = engine.flush_cache()
-            break
-        time.sleep(0.02)
+    wait_until(
+        lambda: engine.get_server_info()["internal_states"][0]["running_requests"],
+        2.0,
+        interval=0.02,
+        what="the story to be running",
+    )
+    refused = engine.flush_cache()
     worker.join()
-    assert refused is not None and not refused["success"]
+    assert not refused["success"]
     assert "running" in refused["message"]
     assert engine.flush_cache()["success"]
     assert engine.get_server_info()["internal_states"][0]["cache_evictable_tokens"] == 0

@@ -29,6 +29,7 @@ def tokenizer_only(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # starts an Engine
 def test_template_file_and_tokenizer_folder_are_used(tmp_path, tokenizer_only):
     template_file = tmp_path / "plain.jinja"
     template_file.write_text(TEMPLATE)
@@ -45,6 +46,7 @@ def test_template_file_and_tokenizer_folder_are_used(tmp_path, tokenizer_only):
         assert out["meta_info"]["completion_tokens"] == 4 and out["text"]
 
 
+@pytest.mark.slow  # starts an Engine
 def test_inline_template_text_is_accepted(tokenizer_only):
     from radixgen.runtime.text.tokenizer import load_tokenizer
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiers import mark_fixture_users_slow
 
 import radixgen as rg
 from radixgen.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -20,6 +21,11 @@ for folder in (TEST_DIR, EXAMPLES_DIR):  # test/server helpers and the example m
         sys.path.insert(0, str(folder))
 
 from server.server_process import ServerProcess, server_flags  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    # `backend` picks endpoint or engine_backend at run time (getfixturevalue): named too
+    mark_fixture_users_slow(items, TEST_DIR / "lang", {"lang_server", "engine_backend", "backend"})
 
 
 @pytest.fixture(scope="session")

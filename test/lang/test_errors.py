@@ -7,6 +7,7 @@ import time
 import traceback
 
 import pytest
+from wait_helpers import wait_until
 
 import radixgen as rg
 
@@ -108,9 +109,12 @@ def test_no_program_threads_are_left_behind(endpoint):
     before = {t for t in threading.enumerate() if t.name == "radixgen-program"}
     for _ in range(3):
         small.run(backend=endpoint)
-    time.sleep(0.5)
-    after = {t for t in threading.enumerate() if t.name == "radixgen-program"}
-    assert not (after - before), "worker threads of finished programs must exit"
+
+    def program_threads_exited() -> bool:
+        after = {t for t in threading.enumerate() if t.name == "radixgen-program"}
+        return not (after - before)
+
+    wait_until(program_threads_exited, 0.5, what="worker threads of finished programs to exit")
 
 
 def test_stop_regex_is_refused_by_our_server_not_dropped(backend):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
+from tiers import mark_fixture_users_slow
 
 from .server_process import ServerProcess, grammar_available, server_flags
 
@@ -11,6 +14,10 @@ needs_grammar = pytest.mark.skipif(
     not grammar_available(),
     reason="constrained decoding is off until runtime/constrained/grammar_manager.py lands",
 )
+
+
+def pytest_collection_modifyitems(config, items):
+    mark_fixture_users_slow(items, Path(__file__).parent, {"server"})
 
 
 @pytest.fixture(scope="session")

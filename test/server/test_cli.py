@@ -40,6 +40,7 @@ def test_bad_flag_value_is_a_clear_error():
     assert r.returncode == 2 and "max_running_requests" in r.stderr
 
 
+@pytest.mark.slow  # starts an Engine in a subprocess
 def test_generate_one_shot():
     r = subprocess.run(
         [sys.executable, "-m", "radixgen.cli", "generate", "--prompt", "The capital of France is",

@@ -15,10 +15,13 @@ import httpx
 import openai
 import psutil
 import pytest
+from wait_helpers import wait_until
 
 import radixgen as rg
 
 from .server_process import ServerProcess, server_flags, wait_gone
+
+pytestmark = pytest.mark.slow  # starts and stops real server processes
 
 
 def _role_pid(pids: list[int], role: str) -> int:
@@ -26,6 +29,12 @@ def _role_pid(pids: list[int], role: str) -> int:
         if role in " ".join(psutil.Process(pid).cmdline()):
             return pid
     raise AssertionError(f"no {role} child among {pids}")
+
+
+def _in_flight(url: str, headers: dict | None = None) -> int:
+    """Requests the scheduler holds (running or waiting)."""
+    st = httpx.get(url + "/server_info", headers=headers).json()["internal_states"][0]
+    return st["running_requests"] + st["waiting_requests"]
 
 
 def _queue_full_503(url: str, headers: dict) -> None:
@@ -38,7 +47,7 @@ def _queue_full_503(url: str, headers: dict) -> None:
     ]  # fmt: skip
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    wait_until(lambda: _in_flight(url, headers) >= 2, 60, what="both requests to be in flight")
     r = httpx.post(url + "/generate", json=body, headers=headers, timeout=60)
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded", r.text
     httpx.post(url + "/abort_request", json={"abort_all": True}, headers=headers)
@@ -107,6 +116,7 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
         srv.wait_healthy()
         pids = srv.child_pids()
         result: dict = {}
+        stream_started = threading.Event()
 
         def long_request() -> None:
             body = {
@@ -119,17 +129,24 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
             body = {"text": "Tale:", "stream": True,
                     "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
             with httpx.stream("POST", srv.url + "/generate", json=body, timeout=60) as r:
-                result["events"] = [line for line in r.iter_lines() if line]
+                events = []
+                for line in r.iter_lines():
+                    if line:
+                        events.append(line)
+                        stream_started.set()
+                result["events"] = events
 
         t = threading.Thread(target=long_request)
         t.start()
         ts = threading.Thread(target=long_stream)
         ts.start()
-        time.sleep(1.0)
+        wait_until(
+            lambda: stream_started.is_set() and _in_flight(srv.url) >= 2,
+            60,
+            what="both requests in flight, the stream's first event received",
+        )
         os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while srv.health_status() == 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: srv.health_status() != 200, 10, what="/health to fail")
         assert srv.health_status() in (503, None), "/health fails once a child is dead"
         t.join(30)
         assert result["r"].status_code == 503

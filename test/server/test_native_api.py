@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from wait_helpers import wait_until
 
 from .conftest import needs_grammar
 from .server_process import grammar_available
@@ -26,14 +27,21 @@ def engine_state(http: httpx.Client) -> dict:
 
 
 def wait_idle(http: httpx.Client, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    def idle() -> dict | None:
         st = engine_state(http)
-        if st["running_requests"] == 0 and st["waiting_requests"] == 0:
-            return st
-        if time.monotonic() > deadline:
-            return st
-        time.sleep(0.05)
+        return st if st["running_requests"] == 0 and st["waiting_requests"] == 0 else None
+
+    return wait_until(idle, timeout, what="the engine to be idle")
+
+
+def wait_decoding(http: httpx.Client, generated_before: int, n: int = 1) -> None:
+    """Until `n` requests are running and at least one new token was generated."""
+
+    def decoding() -> bool:
+        st = engine_state(http)
+        return st["running_requests"] >= n and st["generated_tokens"] > generated_before
+
+    wait_until(decoding, 60, what=f"{n} request(s) to be decoding")
 
 
 def sse_events(lines) -> list:
@@ -266,9 +274,10 @@ def _abort_long_request(http, base_url: str, rid: str, **params) -> object:
         with httpx.Client(base_url=base_url, timeout=60) as c:
             result["r"] = c.post("/generate", json=body)
 
+    before = engine_state(http)["generated_tokens"]
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(1.0)
+    wait_decoding(http, before, params.get("n", 1))  # every sample is in flight
     assert http.post("/abort_request", json={"rid": rid}).status_code == 200
     t.join(30)
     return result["r"].json()
@@ -310,9 +319,7 @@ def test_client_disconnect_aborts_and_frees_kv(http, base_url, stream):
     }  # fmt: skip
     before = engine_state(http)["generated_tokens"]
     sock = _send_raw_request(base_url, body)
-    deadline = time.monotonic() + 30
-    while engine_state(http)["generated_tokens"] == before and time.monotonic() < deadline:
-        time.sleep(0.05)  # wait until it is decoding
+    wait_decoding(http, before)
     if stream:
         assert sock.recv(1024).startswith(b"HTTP/1.1 200")
     sock.close()
@@ -357,7 +364,7 @@ def test_flush_cache(http, base_url):
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.5)
+    wait_until(lambda: engine_state(http)["running_requests"], 60, what="the request to be running")
     refused = http.post("/flush_cache")
     http.post("/abort_request", json={"rid": "busy"})
     t.join(30)
