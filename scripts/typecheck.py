@@ -13,8 +13,8 @@ import names, and prints paths as they are in the repository.
 
 from __future__ import annotations
 
-import ast
 import os
+import runpy
 import shutil
 import sys
 from pathlib import Path
@@ -31,15 +31,10 @@ TREE = ROOT / "build" / "mypy"
 
 
 def package_roots() -> dict[str, str]:
-    """setup.py's ROOTS (import name -> folder), read without running setup()."""
-    module = ast.parse((ROOT / "setup.py").read_text())
-    for node in module.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "ROOTS" for t in node.targets
-        ):
-            roots: dict[str, str] = ast.literal_eval(node.value)
-            return roots
-    raise SystemExit("setup.py has no ROOTS mapping")
+    """The folder map setup.py uses (import name -> folder), from python/radixgen/package_layout.py."""
+    layout = runpy.run_path(str(ROOT / "python" / "radixgen" / "package_layout.py"))
+    roots: dict[str, str] = layout["PACKAGE_ROOTS"]
+    return roots
 
 
 def build_tree(roots: dict[str, str]) -> None:
