@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# each case runs a fresh interpreter that builds (or fails to build) the kernels: ~1.6 s apiece
+pytestmark = pytest.mark.slow
+
 LOAD = (
     "from radixgen.kernels.cpu import select_native_kernels\n"
     "import torch\n"
