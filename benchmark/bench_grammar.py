@@ -26,6 +26,7 @@ import jsonschema
 import torch
 
 import radixgen.kernels.sampling as sampling_kernels
+from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.model_loader import resolve_model_path
@@ -97,7 +98,7 @@ def run_mode(
     params: dict[str, Any] = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens}
     if constrained:
         params["json_schema"] = SCHEMA
-    steps0, jf0 = s.forward_steps, s.stats["jump_forward_tokens"]
+    steps0, jf0 = s.forward_steps, s.stats.jump_forward_tokens
     start, cpu_start = time.perf_counter(), time.process_time()
     for i, ids in enumerate(prompts):
         if lengths is not None:  # same lengths as a constrained run: same batch shape over time
@@ -107,7 +108,7 @@ def run_mode(
         )
         s.add_request(msg)
     tokens: dict[str, list[int]] = {}
-    finished: dict[str, dict] = {}
+    finished: dict[str, FinishReason] = {}
     while s.has_work or s.grammar_waiting:
         for out in s.step():
             for j, rid in enumerate(out.rids):
@@ -132,7 +133,7 @@ def run_mode(
         elif constrained and args.show_invalid:
             print(f"# invalid {rid} {finished[rid]}: {text!r}", file=sys.stderr)
     fills = max(gm["mask_fill_calls"], 1)
-    jf = s.stats["jump_forward_tokens"] - jf0
+    jf = s.stats.jump_forward_tokens - jf0
     return {
         "bench": "grammar",
         "mode": mode,
@@ -168,8 +169,8 @@ def run_mode(
     }
 
 
-def _valid(text: str, finish: dict) -> bool:
-    if finish.get("type") != "stop":
+def _valid(text: str, finish: FinishReason) -> bool:
+    if finish.kind != "stop":
         return False
     try:
         jsonschema.validate(json.loads(text), SCHEMA)

@@ -18,8 +18,20 @@ import pytest
 from radixgen.package_layout import PACKAGE_ROOTS
 
 ROOT = Path(__file__).resolve().parents[1]
-# source folder -> its path inside the wheel, from the one map setup.py reads too
-MAPPING = {folder: name.replace(".", "/") for name, folder in PACKAGE_ROOTS.items()}
+# source folder -> its path inside the wheel: the product's fixed layout (DESIGN.md), written out
+# here so that a change to package_layout.py (which setup.py reads) has to be a deliberate one
+MAPPING = {
+    "python/radixgen": "radixgen",
+    "frontend_lang": "radixgen/lang",
+    "runtime": "radixgen/runtime",
+    "kernels": "radixgen/kernels",
+}
+
+
+def test_package_layout_is_the_products_layout() -> None:
+    assert {f: n.replace(".", "/") for n, f in PACKAGE_ROOTS.items()} == MAPPING
+
+
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info")
 
 

@@ -275,29 +275,3 @@ class NativeKernels:
             raise RuntimeError(
                 f"native ragged_attention failed with code {rc} (shape {tuple(q.shape)})"
             )
-
-    def decode_attention(
-        self,
-        q: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
-        kv_indices: torch.Tensor,
-        kv_indptr: torch.Tensor,
-        out: torch.Tensor,
-        scale: float,
-        max_len: int | None = None,
-    ) -> None:
-        """One query per request, at the last of its listed keys."""
-        b = q.shape[0]
-        lens = kv_indptr[1:] - kv_indptr[:-1]
-        self.ragged_attention(
-            q,
-            k_buf,
-            v_buf,
-            kv_indices,
-            kv_indptr,
-            torch.arange(b + 1, dtype=torch.long),
-            lens - 1,
-            out,
-            scale,
-        )

@@ -112,11 +112,13 @@ def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS)
 def open_library() -> ctypes.CDLL:
     """The compiled library for this source, flags, compiler and CPU, built on first use."""
     compiler = find_compiler()
-    path = library_path(cache_key(compiler))
-    if not path.exists():
-        warnings = build_library(compiler, path)
-        if warnings:
-            logger.warning("native CPU kernels compiled with warnings:\n%s", warnings[:2000])
+    try:  # NOTE: a cache directory that cannot be written (or read) is a build failure too
+        path = library_path(cache_key(compiler))
+        warnings = None if path.exists() else build_library(compiler, path)
+    except OSError as e:
+        raise NativeBuildError(f"building the native kernels in {cache_root()} failed: {e}") from e
+    if warnings:
+        logger.warning("native CPU kernels compiled with warnings:\n%s", warnings[:2000])
     try:
         return ctypes.CDLL(str(path))
     except OSError as e:

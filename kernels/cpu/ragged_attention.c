@@ -181,16 +181,16 @@ static inline __attribute__((always_inline)) void value_pass(
     __m512 av[MAX_GROUP * (MAX_DIM / 16)];
 #pragma GCC unroll 64
     for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();
+    /* NOTE: zero-filled once, outside the key loop, so every lane is defined on every path: with
+     * a run-time G (the generic path) gcc cannot match the unrolled writes to the unrolled reads
+     * and warns (-Wmaybe-uninitialized). */
+    __m512 pv[MAX_GROUP] = {0};
     for (int64_t j = 0; j < n; ++j) {
         const uint16_t* vr = v + idx[j] * tok_stride;
         if (j + PF_DIST < n) {
             const char* pf = (const char*)(v + idx[j + PF_DIST] * tok_stride);
             for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
         }
-        /* NOTE: zero-filled so every lane is defined on every path: with a run-time G (the
-         * generic path) gcc cannot match the unrolled writes to the unrolled reads and warns
-         * (-Wmaybe-uninitialized); with a constant G the unused zeroes are dropped. */
-        __m512 pv[MAX_GROUP] = {0};
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) pv[g] = _mm512_set1_ps(p[g * n + j]);
 #pragma GCC unroll 16
@@ -227,6 +227,7 @@ static inline __attribute__((always_inline)) void block_dp(
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-INFINITY);
     __m512 part[MAX_GROUP][16];
+    __m512bh kv[MAX_DIM / 32] = {0}; /* zero-filled once: see value_pass's pv */
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         int nj = n - j0 < 16 ? (int)(n - j0) : 16;
         for (int jj = 0; jj < 16; ++jj) {
@@ -241,7 +242,6 @@ static inline __attribute__((always_inline)) void block_dp(
                 const char* pf = (const char*)(k + idx[j + PF_DIST] * tok_stride);
                 for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
             }
-            __m512bh kv[MAX_DIM / 32] = {0}; /* zero-filled: see value_pass's pv */
 #pragma GCC unroll 8
             for (int c = 0; c < C2; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * 32);
 #pragma GCC unroll 16

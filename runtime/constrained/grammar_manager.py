@@ -213,6 +213,9 @@ class GrammarManager:
         Returns the edit of the request's output for the scheduler to apply (no model step), or
         None when there is nothing to jump. `max_output_len`: output tokens the request may
         hold afterwards (one fewer than it may generate, so it still samples its last token).
+
+        NOTE: the grammar has already accepted the edit's tokens: the caller must apply it (or
+        finish the request), or the matcher and `output_ids` disagree.
         """
         if self.config.disable_jump_forward or req.return_logprob:
             return None  # with logprobs, every output token needs its own model step

@@ -40,7 +40,7 @@ def prepack_weight(
         return None
     if gemm is not None:
         return gemm.pack_linear(weight, bias)
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]  # unannotated in torch
         return None
     try:
         packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(

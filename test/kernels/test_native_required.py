@@ -82,3 +82,22 @@ def test_disabled_wins_over_required(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "kernels: None" in proc.stdout
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_an_unwritable_cache_is_a_build_failure(tmp_path: Path, required: bool) -> None:
+    """A cache directory that cannot be made (here: below a plain file, which stops root too)
+    falls back to torch, or fails clearly under the requirement; it never crashes start-up."""
+    (tmp_path / "a_file").write_text("")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RADIXGEN_")}
+    full["RADIXGEN_CACHE_DIR"] = str(tmp_path / "a_file" / "cache")
+    if required:
+        full["RADIXGEN_REQUIRE_NATIVE"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD], capture_output=True, text=True, env=full, timeout=300
+    )
+    assert "building the native kernels in" in proc.stderr, proc.stderr
+    if required:
+        assert proc.returncode != 0 and "NativeBuildError" in proc.stderr
+    else:
+        assert proc.returncode == 0 and "kernels: None" in proc.stdout, proc.stderr

@@ -100,27 +100,27 @@ def test_retraction_when_the_pool_runs_short_keeps_outputs_identical():
         assert ids == reference_output(prompt, 40) and reason == FinishReason.length(40)
 
 
-def test_lpm_admits_the_longest_cached_prefix_first():
-    s, runner = make_scheduler(max_running_requests=1, schedule_policy="lpm")
+def _first_admitted(policy: str) -> tuple[str, list[int]]:
+    """One slot; PROMPT cached; "cold" (nothing cached) arrives before "hot" (PROMPT + 1)."""
+    s, runner = make_scheduler(max_running_requests=1, schedule_policy=policy)
     submit(s, "warm", PROMPT, max_new_tokens=1)
     run_to_end(s)
     submit(s, "cold", [9, 9, 9, 9, 9, 9], max_new_tokens=3)
     submit(s, "hot", [*PROMPT, 3], max_new_tokens=3)
     s.step()
-    assert [r.rid for r in s.running] == ["hot"]  # the later arrival, for its cached prefix
-    assert runner.batches[-1].prefix_lens == [len(PROMPT)]
+    (first,) = (r.rid for r in s.running)
+    prefix_lens = runner.batches[-1].prefix_lens
     run_to_end(s)
+    return first, prefix_lens
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    # the later arrival goes first, for its cached prefix
+    assert _first_admitted("lpm") == ("hot", [len(PROMPT)])
 
 
 def test_fcfs_admits_in_arrival_order():
-    s, _ = make_scheduler(max_running_requests=1, schedule_policy="fcfs")
-    submit(s, "warm", PROMPT, max_new_tokens=1)
-    run_to_end(s)
-    submit(s, "cold", [9, 9, 9, 9, 9, 9], max_new_tokens=3)
-    submit(s, "hot", [*PROMPT, 3], max_new_tokens=3)
-    s.step()
-    assert [r.rid for r in s.running] == ["cold"]
-    run_to_end(s)
+    assert _first_admitted("fcfs") == ("cold", [0])
 
 
 def test_in_batch_sharing_defers_the_second_request_until_the_first_is_cached():

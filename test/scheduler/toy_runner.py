@@ -10,6 +10,7 @@ list alone.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -73,8 +74,11 @@ class ToyDecoder:
         return "".join(chr(ord("a") + i % 26) for i in ids)
 
 
-def make_scheduler(pool_tokens: int = 2048, **flags: object) -> tuple[Scheduler, ToyRunner]:
-    """A Scheduler over real pools and cache with the toy runner; flags as engine kwargs."""
+def make_scheduler(
+    pool_tokens: int = 2048, grammars: Any = None, **flags: object
+) -> tuple[Scheduler, ToyRunner]:
+    """A Scheduler over real pools and cache with the toy runner; flags as engine kwargs;
+    `grammars` stands in for the GrammarManager."""
     flags.setdefault("grammar_backend", "none")
     flags.setdefault("debug_invariants", True)
     args = ServerArgs.from_kwargs(max_total_tokens=pool_tokens, **flags)
@@ -84,12 +88,20 @@ def make_scheduler(pool_tokens: int = 2048, **flags: object) -> tuple[Scheduler,
     runner = ToyRunner(kv, rows)
     cache = create_prefix_cache(args, rows, kv)
     limits = ModelLimits(CONTEXT, VOCAB, [EOS])
-    return Scheduler(args, runner, ToyDecoder(), cache, None, limits), runner
+    return Scheduler(args, runner, ToyDecoder(), cache, grammars, limits), runner
 
 
-def submit(s: Scheduler, rid: str, prompt: list[int], max_new_tokens: int = 8, **params) -> None:
+def submit(
+    s: Scheduler,
+    rid: str,
+    prompt: list[int],
+    max_new_tokens: int = 8,
+    stream: bool = False,
+    **params: Any,
+) -> None:
     sp = SamplingParams.from_dict({"max_new_tokens": max_new_tokens, "temperature": 0, **params})
-    s.add_request(TokenizedGenerateReq(rid, list(prompt), sp, arrival_time=time.time()))
+    msg = TokenizedGenerateReq(rid, list(prompt), sp, stream=stream, arrival_time=time.time())
+    s.add_request(msg)
 
 
 def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[int], object]]:
@@ -97,7 +109,7 @@ def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[in
     out: dict[str, tuple[list[int], object]] = {}
     tokens: dict[str, list[int]] = {}
     for _ in range(max_steps):
-        if not s.has_work:
+        if not (s.has_work or s.grammar_waiting):  # compiling requests are not `has_work`
             return out
         for batch in s.step():
             for i, rid in enumerate(batch.rids):
