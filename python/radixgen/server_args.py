@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from radixgen.errors import InvalidRequestError
@@ -110,7 +112,12 @@ class ParallelConfig:
 class HttpConfig:
     host: str = _f("127.0.0.1", "HTTP bind address.")
     port: int = _f(30000, "HTTP port.")
-    api_key: str | None = _f(None, "Require this Bearer key on every route.")
+    api_key: str | None = _f(
+        None,
+        "Require this Bearer key on every route but /health and /ping. Visible in `ps`: prefer "
+        "--api-key-file or the RADIXGEN_API_KEY environment variable.",
+    )
+    api_key_file: str | None = _f(None, "Read the API key from this file (one line).")
     log_level: str = _f("info", "Logging level.", ("debug", "info", "warning", "error"))
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at /metrics.")
     enable_cache_report: bool = _f(
@@ -190,10 +197,36 @@ class ServerArgs:
             raise InvalidRequestError(
                 "mem_fraction_static must be in (0, 1)", "mem_fraction_static"
             )
+        resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
         if self.parallel.tp_size != 1 or self.parallel.dp_size != 1:
             raise InvalidRequestError(
                 "tensor and data parallelism are not available yet (tp_size=dp_size=1)", "tp_size"
             )
+
+
+API_KEY_ENV = "RADIXGEN_API_KEY"
+
+
+def resolve_api_key(http: HttpConfig) -> str | None:
+    """The server's API key: `--api-key`, else `--api-key-file`, else $RADIXGEN_API_KEY, else
+    None (no auth). Giving both flags, or a file that is missing or empty, is an error."""
+    if http.api_key and http.api_key_file:
+        raise InvalidRequestError("give --api-key or --api-key-file, not both", "api_key_file")
+    if http.api_key:
+        return http.api_key
+    if http.api_key_file:
+        try:
+            key = Path(http.api_key_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise InvalidRequestError(
+                f"cannot read the API key file {http.api_key_file}: {e.strerror}", "api_key_file"
+            ) from e
+        if not key:
+            raise InvalidRequestError(
+                f"the API key file {http.api_key_file} is empty", "api_key_file"
+            )
+        return key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def field_owners() -> dict[str, str]:

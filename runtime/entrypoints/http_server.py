@@ -24,7 +24,7 @@ from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
-from radixgen.server_args import ServerArgs
+from radixgen.server_args import ServerArgs, resolve_api_key
 from radixgen.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,9 @@ def create_app(state: ServerState) -> FastAPI:
         logger.exception("unhandled error")
         return hu.error_response(exc)
 
-    if state.args.http.api_key:
-        return _with_api_key(app, state.args.http.api_key)
+    key = resolve_api_key(state.args.http)
+    if key:
+        return _with_api_key(app, key)
     return app
 
 

@@ -24,8 +24,9 @@ T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = b"data: [DONE]\n\n"
-# Probes stay open without the key, as in SGLang (load balancers poll them).
-AUTH_EXEMPT_PREFIXES = ("/health", "/metrics", "/ping")
+# NOTE: the only routes open without the API key: liveness probes that generate nothing and
+# report nothing (load balancers poll them). Exact paths: /health_generate runs the model.
+AUTH_OPEN_PATHS = frozenset({"/health", "/ping"})
 
 
 class NotReadyError(RadixGenError):
@@ -172,7 +173,7 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
-        if scope["path"].startswith(AUTH_EXEMPT_PREFIXES):
+        if scope["path"] in AUTH_OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = b""
         for name, value in scope.get("headers", ()):

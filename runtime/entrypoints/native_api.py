@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter()
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
-SECRET_ARGS = ("api_key",)
+SECRET_ARGS = ("api_key", "api_key_file")
 
 
 def server_state(request: Request) -> ServerState:

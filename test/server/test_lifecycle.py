@@ -55,10 +55,12 @@ def _queue_full_503(url: str, headers: dict) -> None:
         t.join(30)
 
 
-def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
+def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans(tmp_path):
+    key_file = tmp_path / "api_key"
+    key_file.write_text("sekret\n")  # from a file: the key is not in the process's command line
     srv = ServerProcess(
-        "--api-key", "sekret", "--max-running-requests", "1", "--max-queued-requests", "1",
-        *server_flags(),
+        "--api-key-file", str(key_file), "--max-running-requests", "1",
+        "--max-queued-requests", "1", *server_flags(),
     )  # fmt: skip
     try:
         seen = srv.wait_healthy()
@@ -74,6 +76,9 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans():
         )
         assert ok.status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200  # probes need no key
+        assert httpx.get(srv.url + "/ping").status_code == 200
+        assert httpx.get(srv.url + "/health_generate").status_code == 401  # it runs the model
+        assert "sekret" not in " ".join(srv.proc.args)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=srv.url + "/v1", api_key="no", max_retries=0).models.list()
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
