@@ -44,7 +44,7 @@ from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
+    from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
 logger = logging.getLogger(__name__)
@@ -404,10 +404,8 @@ class Scheduler:
         sp = req.sampling_params
         max_len = min(sp.max_new_tokens, self.context_length - len(req.origin_input_ids)) - 1
         edit = self.grammar_manager.jump_forward(req, max_len)
-        if edit is not None and not req.finished:
-            self._apply_jump_forward(req, edit)
-
-    def _apply_jump_forward(self, req: Req, edit: JumpForwardEdit) -> None:
+        if edit is None:  # nothing forced, or the request was finished (grammar state lost)
+            return
         self._replace_output_tail(req, edit.keep, edit.tokens)
         req.jump_forward_tokens += edit.added
         self.stats.jump_forward_tokens += edit.added
