@@ -44,6 +44,11 @@ class ModelConfig:
         None, "A Jinja chat template (a file path or inline text) overriding the model's own."
     )
     device: str = _f("auto", "Device to run on: auto, cpu or cuda.", ("auto", "cpu", "cuda"))
+    allow_special_tokens_in_messages: bool = _f(
+        False,
+        "Let special-token strings typed in chat message contents (e.g. <|im_start|>) become "
+        "control tokens. Off: they are plain text, so a user cannot open a system turn.",
+    )
     random_seed: int = _f(0, "Seed for requests that give none.")
 
 

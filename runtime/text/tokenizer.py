@@ -15,7 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.text.chat_template import ChatTemplate
+from radixgen.runtime.text.chat_template import ChatTemplate, RenderedChat
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -136,6 +136,52 @@ class Tokenizer:
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
+    @cached_property
+    def _plain_text_backend(self) -> _HFTokenizer:
+        """A copy that encodes special-token strings as ordinary text (for client content)."""
+        plain = _HFTokenizer.from_str(self._tok.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    def encode_plain_text(self, text: str) -> list[int]:
+        """`text` with any `<|im_start|>`-like strings in it tokenized as the characters they are."""
+        return self._plain_text_backend.encode(text, add_special_tokens=False).ids
+
+    def encode_chat(
+        self, rendered: RenderedChat, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        """A rendered chat prompt's ids: control tokens only where the template wrote them.
+
+        Only contents that hold a special-token string are encoded on their own (as plain text);
+        the rest of the prompt is encoded in runs as before, so an ordinary chat's ids are the
+        same as encoding its whole rendering. With `special_tokens_in_content` the contents may
+        hold control tokens too (the old behaviour: a client can then open a system turn).
+        """
+        if special_tokens_in_content:
+            return self.encode(rendered.text, add_special_tokens=False)
+        ids: list[int] = []
+        run: list[str] = []
+        for text, from_content in rendered.segments:
+            if from_content and self.holds_special_token(text):
+                if run:
+                    ids += self.encode("".join(run), add_special_tokens=False)
+                    run = []
+                ids += self.encode_plain_text(text)
+            else:
+                run.append(text)
+        if run:
+            ids += self.encode("".join(run), add_special_tokens=False)
+        return ids
+
+    @cached_property
+    def special_token_strings(self) -> tuple[str, ...]:
+        added = self._tok.get_added_tokens_decoder()
+        return tuple(t.content for i, t in added.items() if i in self.special_token_ids)
+
+    def holds_special_token(self, text: str) -> bool:
+        """Whether `text` has a string the tokenizer would turn into a special token."""
+        return any(s in text for s in self.special_token_strings)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -190,6 +236,18 @@ class Tokenizer:
         return self.chat_template.render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra
         )
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> RenderedChat:
+        """Like `apply_chat_template`, with the message contents marked (see `encode_chat`)."""
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template; pass --chat-template")
+        return self.chat_template.render_chat(messages, add_generation_prompt, tools, **extra)
 
 
 def _token_text(value: Any) -> str | None:

@@ -56,16 +56,16 @@ class ChatPlan:
                 raise InvalidRequestError(
                     "continue_final_message needs an assistant message last", "messages"
                 )
-            text = tok.apply_chat_template(messages, False, tools_arg, **kwargs)
+            rendered = tok.render_chat(messages, False, tools_arg, **kwargs)
             last = messages[-1].get("content") or ""
-            cut = text.rfind(last) if last else -1
+            cut = rendered.text.rfind(last) if last else -1
             if cut != -1:
-                text = text[: cut + len(last)]
+                rendered = rendered.truncated(cut + len(last))
         else:
-            text = tok.apply_chat_template(messages, True, tools_arg, **kwargs)
+            rendered = tok.render_chat(messages, True, tools_arg, **kwargs)
         if self.forced:
-            text += tc.CALL_OPEN + "\n"
-        self.input_ids = tok.encode(text, add_special_tokens=False)
+            rendered = rendered.with_suffix(tc.CALL_OPEN + "\n")
+        self.input_ids = tok.encode_chat(rendered, tm.args.model.allow_special_tokens_in_messages)
         limit = tm.max_request_tokens
         max_new = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
