@@ -37,6 +37,7 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
@@ -97,6 +98,7 @@ class TokenizerManager:
         self.max_request_tokens = ready.max_req_input_len + 1
         self.vocab_size = ready.vocab_size
         self.ports = ports
+        self.limits = RequestLimits(args.limits)
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
@@ -206,20 +208,12 @@ class TokenizerManager:
 
     # --- validation and tokenization ----------------------------------------------------------
 
-    def check_prompt_chars(self, length: int, param: str) -> None:
-        """A prompt's size in characters, checked before any tokenizing or template rendering."""
-        cap = self.args.limits.max_prompt_chars
-        if length > cap:
-            raise InvalidRequestError(
-                f"{param} has {length} characters; the limit is {cap} (--max-prompt-chars)", param
-            )
-
     async def encode_texts(
         self, texts: list[str], add_special_tokens: bool, param: str
     ) -> list[list[int]]:
         """Tokenize texts (limits checked first) in a worker thread, off the event loop."""
         for text in texts:
-            self.check_prompt_chars(len(text), param)
+            self.limits.check_prompt_chars(len(text), param)
         return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
 
     def check_request(self, obj: GenerateReqInput) -> SamplingParams:
@@ -233,7 +227,7 @@ class TokenizerManager:
             if not obj.text:
                 # NOTE: checked on the text: tokenizers that add BOS would encode "" as [bos]
                 raise InvalidRequestError("the prompt is empty", "text")
-            self.check_prompt_chars(len(obj.text), "text")
+            self.limits.check_prompt_chars(len(obj.text), "text")
         elif obj.input_ids is not None:
             if not isinstance(obj.input_ids, list):
                 raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
@@ -241,7 +235,7 @@ class TokenizerManager:
             raise InvalidRequestError("a prompt is required: text or input_ids", "text")
         sp = SamplingParams.from_dict(obj.sampling_params)
         sp.verify_vocab(self.vocab_size)
-        self._check_stop_strings(sp.stop)
+        self.limits.check_stop_strings(sp.stop)
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
@@ -249,31 +243,6 @@ class TokenizerManager:
                 "top_logprobs_num",
             )
         return sp
-
-    def _check_stop_strings(self, stop: list[str]) -> None:
-        lim = self.args.limits
-        if len(stop) > lim.max_stop_strings:
-            raise InvalidRequestError(
-                f"stop has {len(stop)} strings; the limit is {lim.max_stop_strings} "
-                "(--max-stop-strings)",
-                "stop",
-            )
-        for i, s in enumerate(stop):
-            if len(s) > lim.max_stop_string_chars:
-                raise InvalidRequestError(
-                    f"stop string {i} has {len(s)} characters; the limit is "
-                    f"{lim.max_stop_string_chars} (--max-stop-string-chars)",
-                    "stop",
-                )
-
-    def _check_sequences(self, n_sequences: int) -> None:
-        cap = self.args.limits.max_sequences_per_request
-        if cap is not None and n_sequences > cap:
-            raise InvalidRequestError(
-                f"the request starts {n_sequences} sequences (prompts x n); the limit is {cap} "
-                "(--max-sequences-per-request)",
-                "n",
-            )
 
     def tokenize_one(self, obj: GenerateReqInput, sp: SamplingParams) -> list[int]:
         """The prompt ids of a checked request, with the checks that need them (raises on bad
@@ -326,12 +295,12 @@ class TokenizerManager:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
         obj.check_per_item_lengths()
-        self._check_sequences(obj.batch_size())  # before splitting a huge batch into items
+        self.limits.check_sequences(obj.batch_size())  # before splitting a huge batch into items
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
         # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent;
         # the cheap checks first, then tokenizing in a worker thread (the loop keeps serving)
         params = [self.check_request(it) for it in items]
-        self._check_sequences(sum(sp.n for sp in params))
+        self.limits.check_sequences(sum(sp.n for sp in params))
         ids_per_item = await asyncio.to_thread(
             lambda: [self.tokenize_one(it, sp) for it, sp in zip(items, params, strict=True)]
         )

@@ -132,24 +132,27 @@ async def read_body(request: Request, limits: LimitsConfig) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise too_large
-    chunks: list[bytes] = []
-    size = 0
+
+    async def counted() -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     try:
-        async with asyncio.timeout(limits.request_body_timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > cap:
-                    raise too_large
-                chunks.append(chunk)
+        return await asyncio.wait_for(counted(), limits.request_body_timeout)
     except ClientDisconnect:
         raise ClientDisconnected() from None
-    except TimeoutError:
+    except asyncio.TimeoutError:  # NOTE: not the builtin TimeoutError before Python 3.11
         raise RequestTimeoutError(
             f"the request body did not arrive within {limits.request_body_timeout:g} s "
             "(--request-body-timeout)",
             None,
         ) from None
-    return b"".join(chunks)
 
 
 def _loads(raw: bytes) -> Any:
