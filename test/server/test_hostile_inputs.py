@@ -27,7 +27,9 @@ pytestmark = pytest.mark.slow
 DEFAULTS = LimitsConfig()
 BODY_LIMIT = DEFAULTS.max_request_body_bytes  # the default limits where a case is cheap at them
 PROMPT_CHARS = DEFAULTS.max_prompt_chars
-SEQUENCES = 16
+# the prompts at the character limit that fit in a body at its limit (the maximal request); also
+# --max-running-requests + --max-queued-requests, so that a request at the limit fits
+SEQUENCES = 8
 STOPS, STOP_CHARS = 8, 64
 BODY_TIMEOUT_S = 2
 LIMIT_FLAGS = [
@@ -36,7 +38,7 @@ LIMIT_FLAGS = [
     "--max-stop-strings", str(STOPS),
     "--max-stop-string-chars", str(STOP_CHARS),
     "--max-running-requests", "2",
-    "--max-queued-requests", "2",
+    "--max-queued-requests", str(SEQUENCES - 2),
 ]  # fmt: skip
 LONG = {"max_new_tokens": 3000, "ignore_eos": True}
 needs_grammar = pytest.mark.skipif(not grammar_available(), reason="no grammar backend")
@@ -188,7 +190,7 @@ CASES: dict[str, tuple[str, Any, int, str]] = {
         "/generate",
         {"text": ["Hi"] * 2000},
         400,
-        "2000 sequences (prompts x n); the limit is 16",
+        f"2000 sequences (prompts x n); the limit is {SEQUENCES}",
     ),
     "batch times n": (
         "/generate",
@@ -339,6 +341,31 @@ GRAMMAR_CASES = {
 }
 
 
+# Extreme values that are still valid: served, not refused (and nothing breaks downstream).
+ACCEPTED: dict[str, dict[str, Any]] = {
+    "seed beyond 64 bits": gen(seed=10**30),
+    "negative seed": gen(seed=-7),
+    "top_k beyond the vocabulary": gen(top_k=10**18),
+    "temperature at its maximum": gen(temperature=100),
+    "logit_bias at its bounds": gen(logit_bias={"0": -100, "1": 100}),
+    "max_new_tokens as a whole float": gen(max_new_tokens=1.0),
+    "stop strings at both limits": gen(stop=["x" * STOP_CHARS] * STOPS, max_new_tokens=4),
+    "batch x n at the limit": {
+        "text": ["Hi", "Yo", "Hey", "Ho"],
+        "sampling_params": {"n": 2, "max_new_tokens": 1},
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(ACCEPTED))
+def test_extreme_but_valid_values_are_served(http, name):
+    r = http.post("/generate", json=ACCEPTED[name])
+    assert r.status_code == 200, r.text
+    for out in r.json() if isinstance(r.json(), list) else [r.json()]:
+        assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop"), out
+    assert_still_serving(http)
+
+
 @needs_grammar
 @pytest.mark.parametrize("name", list(GRAMMAR_CASES))
 def test_invalid_grammar_is_400(http, name):
@@ -468,9 +495,9 @@ def _start_streams(srv: ServerProcess, rids: list[str]) -> list[threading.Thread
 
 
 def test_queue_full_is_429_with_retry_after(srv, http):
-    threads = _start_streams(srv, [f"fill-{i}" for i in range(4)])  # 2 running + 2 queued
+    threads = _start_streams(srv, [f"fill-{i}" for i in range(SEQUENCES)])  # 2 run, 6 wait
     try:
-        wait_until(lambda: _in_flight(http) >= 4, 60, what="four requests in flight")
+        wait_until(lambda: _in_flight(http) >= SEQUENCES, 60, what="a full queue")
         r = http.post("/generate", json=gen())
         assert_error(r, 429, "--max-queued-requests")
         assert r.headers["retry-after"] == "1"
