@@ -150,8 +150,12 @@ class LimitsConfig:
         "Most sequences one request may start: prompts in a batch times n. The offline Engine "
         "has none.",
     )
-    max_stop_strings: int = _f(32, "Most stop strings per request.")
-    max_stop_string_chars: int = _f(256, "Longest stop string, in characters.")
+    max_stop_strings: int = _f(
+        16,
+        "Most stop strings per request. Every streamed chunk is checked against each of them in "
+        "the one detokenizer all requests share.",
+    )
+    max_stop_string_chars: int = _f(128, "Longest stop string, in characters.")
 
 
 _GROUPS: dict[str, type] = {

@@ -204,9 +204,9 @@ def test_async_generate_and_stream(engine, chat_prompt):
         ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "max_new_tokens"),
         ({"prompt": "hi", "logprob_start_len": 99, "return_logprob": True}, "logprob_start_len"),
         ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
-        # the request limits apply offline too (defaults: 32 stops of 256 chars, 1M-char prompts)
-        ({"prompt": "hi", "sampling_params": {"stop": ["a"] * 33}}, "stop"),
-        ({"prompt": "hi", "sampling_params": {"stop": ["a" * 257]}}, "stop"),
+        # the request limits apply offline too (defaults: 16 stops of 128 chars, 1M-char prompts)
+        ({"prompt": "hi", "sampling_params": {"stop": ["a"] * 17}}, "stop"),
+        ({"prompt": "hi", "sampling_params": {"stop": ["a" * 129]}}, "stop"),
         ({"prompt": "a" * 1_000_001, "sampling_params": {}}, "text"),
     ],
 )

@@ -62,6 +62,7 @@ def test_limits_are_flags_with_finite_defaults():
     assert args.limits.max_stop_strings == 4
     assert args.limits.max_request_body_bytes == 8 * 1024 * 1024
     assert args.limits.max_sequences_per_request == 256
+    assert (args.limits.max_stop_strings, args.limits.max_stop_string_chars) == (4, 128)
     assert args.scheduler.max_queued_requests == 256  # finite: a full queue answers 429
 
 
