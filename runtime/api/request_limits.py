@@ -20,8 +20,11 @@ class RequestLimits:
         """A prompt's size in characters, before it is tokenized or rendered."""
         cap = self.config.max_prompt_chars
         if length > cap:
+            # NOTE: worded without the field name: the OpenAI handlers rename `param` (text ->
+            # prompt) but not the message
+            what = "the messages have" if param == "messages" else "the prompt has"
             raise InvalidRequestError(
-                f"{param} has {length} characters; the limit is {cap} (--max-prompt-chars)", param
+                f"{what} {length} characters; the limit is {cap} (--max-prompt-chars)", param
             )
 
     def check_sequences(self, n_sequences: int) -> None:

@@ -32,6 +32,7 @@ PROMPT_CHARS = DEFAULTS.max_prompt_chars
 SEQUENCES = 8
 STOPS, STOP_CHARS = 8, 64
 BODY_TIMEOUT_S = 2
+PROMPT_OVER_LIMIT = f"the prompt has {PROMPT_CHARS + 1} characters; the limit is {PROMPT_CHARS} (--max-prompt-chars)"
 LIMIT_FLAGS = [
     "--request-body-timeout", str(BODY_TIMEOUT_S),
     "--max-sequences-per-request", str(SEQUENCES),
@@ -115,7 +116,7 @@ CASES: dict[str, tuple[str, Any, int, str]] = {
         "/generate",
         gen("a" * (PROMPT_CHARS + 1)),
         400,
-        "--max-prompt-chars",
+        PROMPT_OVER_LIMIT,
     ),
     "prompt over context": ("/generate", gen("hello " * 20_000), 400, "tokens; the maximum is"),
     # --- sampling fields: negative, absurd, wrong type, non-finite
@@ -257,7 +258,7 @@ CASES: dict[str, tuple[str, Any, int, str]] = {
             ]
         },
         400,
-        f"messages has {PROMPT_CHARS + 1} characters; the limit is {PROMPT_CHARS}",
+        f"the messages have {PROMPT_CHARS + 1} characters; the limit is {PROMPT_CHARS}",
     ),
     "chat image part": (
         "/v1/chat/completions",
@@ -308,14 +309,14 @@ CASES: dict[str, tuple[str, Any, int, str]] = {
         "/v1/completions",
         {"prompt": "a" * (PROMPT_CHARS + 1)},
         400,
-        "--max-prompt-chars",
+        PROMPT_OVER_LIMIT,
     ),
     # --- other routes
     "tokenize over max chars": (
         "/tokenize",
         {"prompt": "a" * (PROMPT_CHARS + 1)},
         400,
-        "--max-prompt-chars",
+        PROMPT_OVER_LIMIT,
     ),
     "tokenize wrong type": ("/tokenize", {"prompt": 5}, 400, "prompt must be"),
     "detokenize out of vocab": ("/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),

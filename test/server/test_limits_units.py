@@ -22,12 +22,16 @@ LIMITS = RequestLimits(
 
 def test_limits_are_inclusive_and_refusals_name_size_limit_and_flag():
     LIMITS.check_prompt_chars(10, "text")
+    with pytest.raises(
+        InvalidRequestError, match=r"^the prompt has 11 characters; the limit is 10"
+    ):
+        LIMITS.check_prompt_chars(11, "text")
     LIMITS.check_sequences(4)
     LIMITS.check_stop_strings(["abc", "d"])
     with pytest.raises(InvalidRequestError) as e:
         LIMITS.check_prompt_chars(11, "messages")
     assert (str(e.value), e.value.param) == (
-        "messages has 11 characters; the limit is 10 (--max-prompt-chars)",
+        "the messages have 11 characters; the limit is 10 (--max-prompt-chars)",
         "messages",
     )
     with pytest.raises(InvalidRequestError, match=r"starts 5 sequences .* limit is 4 \(--max-seq"):
