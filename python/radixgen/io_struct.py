@@ -99,7 +99,7 @@ class BatchTokenIDOut:
     metas: list[RequestMeta]
     skip_special_tokens: list[bool]
     spaces_between_special_tokens: list[bool]
-    stop_strings: list[list[str]]
+    stop_strings: list[list[str]]  # with a request's first message only (empty afterwards)
     no_stop_trim: list[bool]
     # logprobs (delta for output; input ones are sent once, with the first output)
     output_token_logprobs: list[LogprobList | None] = field(default_factory=list)

@@ -70,7 +70,12 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running_requests: int = _f(128, "Most requests decoding at once.")
-    max_queued_requests: int | None = _f(None, "Most requests waiting for admission; more get 503.")
+    max_queued_requests: int | None = _f(
+        256,
+        "Most requests waiting for admission beyond --max-running-requests; more get 429 with "
+        "Retry-After. The default holds two full running batches in wait: on CPU a request queued "
+        "behind more waits minutes, and is better retried elsewhere. The offline Engine has none.",
+    )
     chunked_prefill_size: int = _f(
         512, "Most prompt tokens prefilled per step (chunked prefill); -1 disables chunking."
     )
@@ -130,6 +135,34 @@ class HttpConfig:
     )
 
 
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Per-request limits that keep one hostile or careless request from starving the others."""
+
+    max_request_body_bytes: int = _f(
+        8 * 1024 * 1024,
+        "Largest HTTP request body; a larger one gets 413 while it is still being read.",
+    )
+    request_body_timeout: float = _f(
+        30.0, "Seconds a client may take to send its request body; a slower one gets 408."
+    )
+    max_prompt_chars: int = _f(
+        1_000_000,
+        "Most characters in one prompt (or in one chat's messages), checked before tokenizing.",
+    )
+    max_sequences_per_request: int | None = _f(
+        256,
+        "Most sequences one request may start: prompts in a batch times n. The offline Engine "
+        "has none.",
+    )
+    max_stop_strings: int = _f(
+        16,
+        "Most stop strings per request. Every streamed chunk is checked against each of them in "
+        "the one detokenizer all requests share.",
+    )
+    max_stop_string_chars: int = _f(128, "Longest stop string, in characters.")
+
+
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
@@ -137,6 +170,7 @@ _GROUPS: dict[str, type] = {
     "grammar": GrammarConfig,
     "parallel": ParallelConfig,
     "http": HttpConfig,
+    "limits": LimitsConfig,
 }
 
 
@@ -150,6 +184,7 @@ class ServerArgs:
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -194,6 +229,9 @@ class ServerArgs:
             raise InvalidRequestError(
                 "chunked_prefill_size must be -1 or > 0", "chunked_prefill_size"
             )
+        if s.max_queued_requests is not None and s.max_queued_requests < 0:
+            raise InvalidRequestError("max_queued_requests must be >= 0", "max_queued_requests")
+        self._validate_limits()
         if self.cache.page_size < 1:
             raise InvalidRequestError("page_size must be >= 1", "page_size")
         if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
@@ -207,6 +245,20 @@ class ServerArgs:
             raise InvalidRequestError(
                 "tensor and data parallelism are not available yet (tp_size=dp_size=1)", "tp_size"
             )
+
+    def _validate_limits(self) -> None:
+        lim = self.limits
+        for name in ("max_request_body_bytes", "max_prompt_chars", "max_stop_string_chars"):
+            if getattr(lim, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", name)
+        if lim.max_stop_strings < 0:
+            raise InvalidRequestError("max_stop_strings must be >= 0", "max_stop_strings")
+        if lim.max_sequences_per_request is not None and lim.max_sequences_per_request < 1:
+            raise InvalidRequestError(
+                "max_sequences_per_request must be >= 1", "max_sequences_per_request"
+            )
+        if not lim.request_body_timeout > 0:
+            raise InvalidRequestError("request_body_timeout must be > 0", "request_body_timeout")
 
 
 API_KEY_ENV = "RADIXGEN_API_KEY"

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -37,6 +37,7 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
@@ -45,6 +46,8 @@ from radixgen.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 100
+# Retry-After of a 429 (queue full): on this hardware a running batch frees slots within seconds
+QUEUE_RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -95,6 +98,7 @@ class TokenizerManager:
         self.max_request_tokens = ready.max_req_input_len + 1
         self.vocab_size = ready.vocab_size
         self.ports = ports
+        self.limits = RequestLimits(args.limits)
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
@@ -204,8 +208,17 @@ class TokenizerManager:
 
     # --- validation and tokenization ----------------------------------------------------------
 
-    def tokenize_one(self, obj: GenerateReqInput) -> tuple[list[int], SamplingParams]:
-        """Validate one request and return its prompt ids and parsed params (raises on bad input)."""
+    async def encode_texts(
+        self, texts: list[str], add_special_tokens: bool, param: str
+    ) -> list[list[int]]:
+        """Tokenize texts (limits checked first) in a worker thread, off the event loop."""
+        for text in texts:
+            self.limits.check_prompt_chars(len(text), param)
+        return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
+
+    def check_request(self, obj: GenerateReqInput) -> SamplingParams:
+        """The cheap checks of one request, before any tokenizing: prompt shape and size, sampling
+        params, stop-string and logprob limits. Returns the parsed params."""
         if obj.text is not None and obj.input_ids is not None:
             raise InvalidRequestError("give either text or input_ids, not both", "text")
         if obj.text is not None:
@@ -214,12 +227,32 @@ class TokenizerManager:
             if not obj.text:
                 # NOTE: checked on the text: tokenizers that add BOS would encode "" as [bos]
                 raise InvalidRequestError("the prompt is empty", "text")
-            ids = self.tokenizer.encode(obj.text)
+            self.limits.check_prompt_chars(len(obj.text), "text")
         elif obj.input_ids is not None:
-            ids = obj.input_ids
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
+            if not isinstance(obj.input_ids, list):
+                raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
+        else:
+            raise InvalidRequestError("a prompt is required: text or input_ids", "text")
+        sp = SamplingParams.from_dict(obj.sampling_params)
+        sp.verify_vocab(self.vocab_size)
+        self.limits.check_stop_strings(sp.stop)
+        top = obj.top_logprobs_num or 0
+        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
+                "top_logprobs_num",
+            )
+        return sp
+
+    def tokenize_one(self, obj: GenerateReqInput, sp: SamplingParams) -> list[int]:
+        """The prompt ids of a checked request, with the checks that need them (raises on bad
+        input). CPU work: `generate` runs it in a worker thread."""
+        if obj.text is not None:
+            assert isinstance(obj.text, str)  # check_request ran first
+            ids = self.tokenizer.encode(obj.text)
+        else:
+            ids = cast("list[int]", obj.input_ids)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
@@ -227,14 +260,10 @@ class TokenizerManager:
                     f"input_ids has token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})",
                     "input_ids",
                 )
-        else:
-            raise InvalidRequestError("a prompt is required: text or input_ids", "text")
         if not ids:
             raise InvalidRequestError(
                 "the prompt is empty", "text" if obj.text is not None else "input_ids"
             )
-        sp = SamplingParams.from_dict(obj.sampling_params)
-        sp.verify_vocab(self.vocab_size)
         limit = self.max_request_tokens
         if len(ids) >= limit:
             raise PromptTooLongError(
@@ -256,13 +285,7 @@ class TokenizerManager:
                     f"logprob_start_len must be -1 or in [0, {len(ids) - 1}], got {obj.logprob_start_len}",
                     "logprob_start_len",
                 )
-        top = obj.top_logprobs_num or 0
-        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
-                "top_logprobs_num",
-            )
-        return ids, sp
+        return ids
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -272,9 +295,16 @@ class TokenizerManager:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
         obj.check_per_item_lengths()
+        self.limits.check_sequences(obj.batch_size())  # before splitting a huge batch into items
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
-        # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent
-        prepared = [(it, *self.tokenize_one(it)) for it in items]
+        # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent;
+        # the cheap checks first, then tokenizing in a worker thread (the loop keeps serving)
+        params = [self.check_request(it) for it in items]
+        self.limits.check_sequences(sum(sp.n for sp in params))
+        ids_per_item = await asyncio.to_thread(
+            lambda: [self.tokenize_one(it, sp) for it, sp in zip(items, params, strict=True)]
+        )
+        prepared = list(zip(items, ids_per_item, params, strict=True))
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
         shared_prompts: list[list[int]] = []
         groups: dict[str, list[str]] = {}  # a user's rid of an n > 1 request -> its samples
@@ -343,9 +373,12 @@ class TokenizerManager:
         if cap is None:
             return
         in_flight = sum(1 for s in self.states.values() if not s.finished)
-        if in_flight + n > self.args.scheduler.max_running_requests + cap:
+        running = self.args.scheduler.max_running_requests
+        if in_flight + n > running + cap:
             raise QueueFullError(
-                f"too many requests in flight ({in_flight}); max_queued_requests={cap}"
+                f"the server is busy: {in_flight} sequences in flight and this request adds {n}; "
+                f"at most {running} run and {cap} wait (--max-queued-requests); retry later",
+                QUEUE_RETRY_AFTER_S,
             )
 
     async def _submit(

@@ -29,6 +29,7 @@ class DecodeState:
     read_offset: int = 0  # tokens whose text is in `text`
     text: str = ""  # decoded text of ids[:read_offset] (may hold back held text below)
     sent_len: int = 0  # chars of `text` already sent
+    stop_strings: list[str] = field(default_factory=list)  # from the request's first message
 
 
 class DetokenizerManager:
@@ -41,7 +42,7 @@ class DetokenizerManager:
         for i, rid in enumerate(batch.rids):
             st = self.states.get(rid)
             if st is None:
-                st = self.states[rid] = DecodeState()
+                st = self.states[rid] = DecodeState(stop_strings=batch.stop_strings[i])
             rollback = batch.rollbacks[i]
             if rollback:
                 self._rollback(st, rollback, batch.skip_special_tokens[i])
@@ -73,7 +74,7 @@ class DetokenizerManager:
             st = states[i]
             finished = batch.finished_reasons[i]
             end = len(st.text)
-            stops = batch.stop_strings[i]
+            stops = st.stop_strings
             if finished is not None:
                 matched = finished.matched_stop_string
                 if matched is not None and not batch.no_stop_trim[i]:

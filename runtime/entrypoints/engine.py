@@ -31,6 +31,10 @@ class Engine:
     """
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        # NOTE: an offline job submits all its work at once: no queue or per-request sequence
+        # limit unless asked for (the prompt and stop-string limits still apply)
+        kwargs.setdefault("max_queued_requests", None)
+        kwargs.setdefault("max_sequences_per_request", None)
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self._procs: EngineProcesses | None = launch_engine_processes(self.server_args)
         p = self._procs

@@ -80,6 +80,10 @@ def create_app(state: ServerState) -> FastAPI:
                           "param": param, "code": 400}}  # fmt: skip
         return hu.json_response(body, 400)
 
+    @app.exception_handler(hu.ClientDisconnected)
+    async def client_gone(_: Request, exc: hu.ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client left mid-request
+
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> Response:
         logger.exception("unhandled error")

@@ -1,7 +1,11 @@
 """Shared HTTP plumbing of the API process: JSON in/out, error bodies, API-key check, disconnects.
 
 Errors leave the server in one shape, `{"error": {"message", "type", "param", "code"}}`, with the
-status code of the typed error (400 bad input, 401 auth, 503 overloaded / dead / loading).
+status code of the typed error (400 bad input, 401 auth, 408 slow body, 413 body too large,
+429 queue full + Retry-After, 503 dead / loading).
+
+Request bodies are read under the `limits` flags (size counted while reading, a deadline for the
+whole body) and large ones are parsed in a worker thread, so the event loop keeps serving.
 """
 
 from __future__ import annotations
@@ -15,12 +19,24 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
-from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
+from radixgen.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    RadixGenError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+)
+from radixgen.server_args import LimitsConfig
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Bodies above this are parsed and validated in a worker thread: below it the thread hop costs
+# more than the parse itself.
+OFF_LOOP_BODY_BYTES = 64 * 1024
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = b"data: [DONE]\n\n"
@@ -58,7 +74,10 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 def error_response(exc: BaseException) -> Response:
     body = error_body(exc)
-    return json_response(body, body["error"]["code"])
+    response = json_response(body, body["error"]["code"])
+    if isinstance(exc, RadixGenError):
+        response.headers.update(exc.headers)
+    return response
 
 
 def sse_event(obj: Any) -> bytes:
@@ -103,15 +122,64 @@ async def collect(agen: AsyncIterator[Any]) -> Any:
     return result
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as JSON; a malformed body is a 400 that says so."""
-    raw = await request.body()
+async def read_body(request: Request, limits: LimitsConfig) -> bytes:
+    """The raw body, refused (413) as soon as it is known to be over the limit: from its
+    Content-Length up front, else while counting a chunked body; 408 if it arrives too slowly."""
+    cap = limits.max_request_body_bytes
+    too_large = RequestTooLargeError(
+        f"the request body is larger than {cap} bytes (--max-request-body-bytes)", None
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise too_large
+
+    async def counted() -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(counted(), limits.request_body_timeout)
+    except ClientDisconnect:
+        raise ClientDisconnected() from None
+    except asyncio.TimeoutError:  # NOTE: not the builtin TimeoutError before Python 3.11
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {limits.request_body_timeout:g} s "
+            "(--request-body-timeout)",
+            None,
+        ) from None
+
+
+def _loads(raw: bytes) -> Any:
     if not raw:
         raise InvalidRequestError("the request body is empty; send a JSON object", None)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}", None) from e
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; a malformed body is a 400 that says so."""
+    return await read_parsed(request, lambda body: body)
+
+
+async def read_parsed(request: Request, parse: Callable[[Any], T]) -> T:
+    """Read the body, decode its JSON and run `parse` (validation) on it; a large body is decoded
+    and validated in a worker thread so that other requests (and /ping) keep being served."""
+    raw = await read_body(request, request.app.state.server.args.limits)
+
+    def work() -> T:
+        return parse(_loads(raw))
+
+    if len(raw) > OFF_LOOP_BODY_BYTES:
+        return await asyncio.to_thread(work)
+    return work()
 
 
 async def _wait_disconnect(request: Request) -> None:

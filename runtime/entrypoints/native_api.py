@@ -30,6 +30,7 @@ from radixgen.runtime.entrypoints.http_utils import (
     json_response,
     raise_if_failed,
     read_json,
+    read_parsed,
     sse_event,
     stream_error,
     until_disconnect,
@@ -54,7 +55,7 @@ def server_state(request: Request) -> ServerState:
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request) -> Response:
     try:
-        obj = parse_generate_request(await read_json(request))
+        obj = await read_parsed(request, parse_generate_request)
         tm = server_state(request).manager()
         if not obj.stream:
             result = await until_disconnect(request, collect(tm.generate(obj)))
@@ -237,10 +238,10 @@ async def tokenize(request: Request) -> Response:
         if not isinstance(add_special, bool):
             raise InvalidRequestError("add_special_tokens must be a boolean", "add_special_tokens")
         if isinstance(prompt, str):
-            tokens: Any = tm.tokenizer.encode(prompt, add_special_tokens=add_special)
+            tokens: Any = (await tm.encode_texts([prompt], add_special, "prompt"))[0]
             count: Any = len(tokens)
         elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            tokens = tm.tokenizer.encode_batch(prompt, add_special_tokens=add_special)
+            tokens = await tm.encode_texts(prompt, add_special, "prompt")
             count = [len(t) for t in tokens]
         else:
             raise InvalidRequestError("prompt must be a string or a list of strings", "prompt")

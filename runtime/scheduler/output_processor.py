@@ -75,7 +75,10 @@ def collect_outputs(outbox: list[Req], stream_interval: int) -> list[BatchTokenI
         out.metas.append(r.meta())
         out.skip_special_tokens.append(sp.skip_special_tokens)
         out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
-        out.stop_strings.append(sp.stop)
+        # NOTE: stop strings go out once, with the request's first message; the detokenizer
+        # keeps them in its per-request state (a long stop list is not re-sent every chunk)
+        out.stop_strings.append([] if r.sent_stop_strings else sp.stop)
+        r.sent_stop_strings = True
         out.no_stop_trim.append(sp.no_stop_trim)
         if r.return_logprob:
             out.output_token_logprobs.append(r.output_token_logprobs[r.sent_output_len :])

@@ -61,6 +61,7 @@ class Req:
         self.sent_output_len = 0  # output tokens already sent downstream
         self.rollback_pending = 0  # sent tokens since replaced (jump-forward retokenization)
         self.sent_input_logprobs = False
+        self.sent_stop_strings = False  # the detokenizer keeps them from the first message on
         self.steps_since_stream = 0
         self.first_token_delay: float | None = None
         self.input_token_logprobs: LogprobList | None = None

@@ -131,7 +131,9 @@ class Tokenizer:
     # --- encode / decode ----------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # NOTE: through encode_batch, which releases the GIL while the Rust tokenizer runs
+        # (`encode` holds it): the API process tokenizes in worker threads beside its event loop
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]

@@ -44,3 +44,33 @@ def test_streamed_pieces_are_whole_characters(tokenizer, spelling):
     assert "".join(pieces) == TEXT
     if spelling == "bytes":
         assert any(p == "" for p in pieces)  # partial characters were held back, not sent
+
+
+def test_stop_strings_travel_once_and_the_detokenizer_keeps_them(tokenizer):
+    """The scheduler sends a request's stop strings with its first message only; later chunks
+    carry none, yet the detokenizer still holds back a possible stop prefix and trims the match."""
+    from radixgen.io_struct import TokenizedGenerateReq
+    from radixgen.runtime.scheduler.output_processor import collect_outputs
+    from radixgen.runtime.scheduler.req import Req
+    from radixgen.sampling_params import SamplingParams
+
+    sp = SamplingParams(stop=["STOP here"])
+    req = Req(TokenizedGenerateReq("s", [1, 2], sp, stream=True), default_seed=0)
+    detok = DetokenizerManager(tokenizer)
+    chunks = [
+        tokenizer.encode(t, add_special_tokens=False) for t in ("Hello world", " STO", "P here")
+    ]
+    pieces, sent_stops = [], []
+    for step, chunk in enumerate(chunks):
+        req.output_ids.extend(chunk)
+        req.steps_since_stream = 1
+        if step == len(chunks) - 1:
+            req.finish(FinishReason.stop("STOP here"))
+        (msg,) = collect_outputs([req], stream_interval=1)
+        sent_stops.append(msg.stop_strings[0])
+        pieces.append(detok.handle(msg).delta_texts[0])
+    assert sent_stops == [["STOP here"], [], []]
+    # "STO" could still grow into the stop string: held back though the message had no stops
+    assert pieces[:2] == ["Hello world", " "]
+    assert "".join(pieces) == "Hello world "
+    assert "s" not in detok.states

@@ -204,6 +204,10 @@ def test_async_generate_and_stream(engine, chat_prompt):
         ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "max_new_tokens"),
         ({"prompt": "hi", "logprob_start_len": 99, "return_logprob": True}, "logprob_start_len"),
         ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
+        # the request limits apply offline too (defaults: 16 stops of 128 chars, 1M-char prompts)
+        ({"prompt": "hi", "sampling_params": {"stop": ["a"] * 17}}, "stop"),
+        ({"prompt": "hi", "sampling_params": {"stop": ["a" * 129]}}, "stop"),
+        ({"prompt": "a" * 1_000_001, "sampling_params": {}}, "text"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_parameter(engine, kwargs, param):
@@ -219,6 +223,14 @@ def test_over_long_prompt_and_engine_keeps_serving(engine):
     with pytest.raises(ValueError, match="tokens"):
         engine.generate(too_long, {"max_new_tokens": 4})
     assert engine.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_offline_batch_has_no_queue_or_sequence_limit(engine):
+    """The server's defaults (256 sequences per request, 128 running + 256 queued) would refuse
+    this batch; an offline job submits all its work at once, so the Engine has neither limit."""
+    out = engine.generate(["Hi"] * 400, {"max_new_tokens": 0})
+    assert len(out) == 400 and all(o["meta_info"]["finish_reason"] for o in out)
+    assert engine.server_args.scheduler.max_queued_requests is None
 
 
 def test_abandoned_stream_is_aborted(engine, chat_prompt):

@@ -37,7 +37,7 @@ def _in_flight(url: str, headers: dict | None = None) -> int:
     return st["running_requests"] + st["waiting_requests"]
 
 
-def _queue_full_503(url: str, headers: dict) -> None:
+def _queue_full_429(url: str, headers: dict) -> None:
     """max_running_requests=1 + max_queued_requests=1: a third request in flight is refused."""
     body = {"text": "Story:", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     threads = [
@@ -49,7 +49,10 @@ def _queue_full_503(url: str, headers: dict) -> None:
         t.start()
     wait_until(lambda: _in_flight(url, headers) >= 2, 60, what="both requests to be in flight")
     r = httpx.post(url + "/generate", json=body, headers=headers, timeout=60)
-    assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded", r.text
+    assert r.status_code == 429 and r.json()["error"]["type"] == "server_overloaded", r.text
+    assert (
+        r.headers["retry-after"] == "1" and "--max-queued-requests" in r.json()["error"]["message"]
+    )
     httpx.post(url + "/abort_request", json={"abort_all": True}, headers=headers)
     for t in threads:
         t.join(30)
@@ -92,7 +95,7 @@ def test_health_503_until_loaded_auth_and_sigterm_leaves_no_orphans(tmp_path):
         assert hello.run(backend=rg.RuntimeEndpoint(srv.url, api_key="sekret"))["out"] is not None
         with pytest.raises(rg.BackendError, match=r"401"):
             rg.RuntimeEndpoint(srv.url, api_key="no")
-        _queue_full_503(srv.url, {"Authorization": "Bearer sekret"})
+        _queue_full_429(srv.url, {"Authorization": "Bearer sekret"})
     finally:
         code = srv.stop(signal.SIGTERM)
     assert code in (0, -signal.SIGTERM), srv.log()

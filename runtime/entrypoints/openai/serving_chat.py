@@ -38,6 +38,7 @@ class ChatPlan:
             )
         native_tools = "tools" in tok.chat_template.source
         messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
+        tm.limits.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         tools_arg = None
         if self.mode is not None and native_tools:
             tools_arg = [t.model_dump(exclude_none=True) for t in req.tools or []]

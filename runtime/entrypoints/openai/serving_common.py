@@ -6,6 +6,7 @@ back from the TokenizerManager; these helpers do the mapping both ways.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -209,8 +210,9 @@ async def serve_generation(
     state = request.app.state.server
     try:
         tm = state.manager()
-        req = parse_request(request_model, await hu.read_json(request))
-        plan = make_plan(req, tm)
+        req = await hu.read_parsed(request, lambda body: parse_request(request_model, body))
+        # NOTE: chat-template rendering and tokenizing are CPU work: a worker thread runs them
+        plan = await asyncio.to_thread(make_plan, req, tm)
         obj = plan.generate_input()
         cache_report = state.args.http.enable_cache_report
         if not req.stream:
