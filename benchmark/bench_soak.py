@@ -547,7 +547,12 @@ def main() -> int:
     p.add_argument("--base-url", help="an already running server (default: launch one)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--server-pid", type=int, help="with --base-url: its pid, for memory figures")
-    p.add_argument("--server-args", default="", help="extra flags for the launched server")
+    p.add_argument(
+        "--server-args",
+        default="--max-total-tokens 16384",
+        help="flags for the launched server (default: a 16k-token KV pool, so the load keeps the"
+        " radix cache evicting and requests retracting, and priming it takes seconds)",
+    )
     p.add_argument("--no-results", action="store_true", help="do not write benchmark/RESULTS.md")
     args = p.parse_args()
     proc = None

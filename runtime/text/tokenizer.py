@@ -147,7 +147,9 @@ class Tokenizer:
 
     def encode_plain_text(self, text: str) -> list[int]:
         """`text` with any `<|im_start|>`-like strings in it tokenized as the characters they are."""
-        return self._plain_text_backend.encode(text, add_special_tokens=False).ids
+        return self._plain_text_backend.encode_batch([text], add_special_tokens=False)[
+            0
+        ].ids  # GIL off
 
     def encode_chat(
         self, rendered: RenderedChat, special_tokens_in_content: bool = False
