@@ -26,6 +26,7 @@ from radixgen.errors import (
     QueueFullError,
 )
 from radixgen.finish_reason import FinishReason
+from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -94,6 +95,7 @@ class TokenizerManager:
         # prompt + max_new_tokens may not exceed this (the scheduler's own limit, from its ready)
         self.max_request_tokens = ready.max_req_input_len + 1
         self.vocab_size = ready.vocab_size
+        self.grammar_limits = GrammarSpecLimits.from_config(args.grammar)
         self.ports = ports
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
@@ -233,7 +235,7 @@ class TokenizerManager:
             raise InvalidRequestError(
                 "the prompt is empty", "text" if obj.text is not None else "input_ids"
             )
-        sp = SamplingParams.from_dict(obj.sampling_params)
+        sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
         sp.verify_vocab(self.vocab_size)
         limit = self.max_request_tokens
         if len(ids) >= limit:
