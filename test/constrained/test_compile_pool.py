@@ -201,3 +201,21 @@ def test_workers_exit_when_their_scheduler_is_sigkilled(tmp_path, default_model_
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+
+
+def test_thread_backends_fail_overruns_at_the_deadline_without_a_process(tokenizer):
+    # outlines-core's Index cannot cross processes: it compiles on a thread, which cannot be
+    # stopped, so the waiting requests are failed at the deadline and the slot runs on
+    gm = new_manager(tokenizer, grammar_backend="outlines", grammar_compile_timeout=0.3)
+    try:
+        slow = make_req("slow", regex=r"[a-z]{1,200}@[a-z]{1,200}\.[a-z]{2,50}")  # ~1 s here
+        cheap = make_req("cheap", regex="(yes|no)")
+        ready, failed, _ = settle(gm, submit_all(gm, [slow, cheap]))
+        assert [r.rid for r in ready] == ["cheap"] and [r.rid for r in failed] == ["slow"]
+        reason = slow.finished_reason
+        assert reason.status_code == 400 and "took longer than 0.3 s" in reason.message
+        st = gm.stats()
+        assert st["grammar_compile_timeouts"] == 1 and st["grammar_compile_worker_kills"] == 0
+        assert gm.pool.worker_pids() == []
+    finally:
+        gm.shutdown()
