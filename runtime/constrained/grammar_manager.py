@@ -126,7 +126,11 @@ class GrammarManager:
                 continue
             if pending.future.done():
                 del self._pending[id(req)]
-                error = pending.future.exception()
+                error = (
+                    GrammarError("the grammar compiler is shutting down", pending.key[0])
+                    if pending.future.cancelled()
+                    else pending.future.exception()
+                )
                 if error is None:
                     try:
                         req.grammar = self.backend.create_grammar(pending.future.result())
