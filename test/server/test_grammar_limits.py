@@ -46,6 +46,11 @@ def test_500_deep_object_schema_is_a_400_on_native_and_openai_routes(http):
         + "}}}"
     )
     assert_depth_400(post_json(http, "/v1/chat/completions", openai))
+    tools = (
+        '{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tool_choice":"required",'
+        '"tools":[{"type":"function","function":{"name":"f","parameters":' + schema + "}}]}"
+    )
+    assert_depth_400(post_json(http, "/v1/chat/completions", tools))  # also in the prompt
     assert http.get("/health").status_code == 200
 
 
