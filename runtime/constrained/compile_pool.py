@@ -120,6 +120,7 @@ class CompilePool:
             return [w.pid for w in self._processes.values() if w.pid is not None]
 
     def queued(self) -> int:
+        """Compiles waiting for a slot."""
         return len(self._queue)
 
     def expire_overruns(self) -> None:

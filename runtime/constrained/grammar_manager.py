@@ -299,6 +299,7 @@ class GrammarManager:
             **self.pool.counters,
             "grammar_compile_errors": cache.errors,
             "grammar_compile_workers_alive": len(self.pool.worker_pids()),
+            "grammar_compile_queued": self.pool.queued(),
             "grammar_cache_hits": cache.hits,
             "grammar_cache_misses": cache.misses,
             "grammar_cache_entries": len(cache),
