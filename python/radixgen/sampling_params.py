@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from radixgen.errors import InvalidRequestError
+from radixgen.grammar_limits import GrammarSpecLimits, check_constraint, check_schema_object
 
 TOP_K_DISABLED = 1 << 30
 MAX_N = 128
@@ -50,8 +51,13 @@ class SamplingParams:
     # --- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
-        """Build from a user dict; unknown keys and bad values raise `InvalidRequestError`."""
+    def from_dict(
+        cls, params: dict[str, Any] | None, grammar_limits: GrammarSpecLimits | None = None
+    ) -> SamplingParams:
+        """Build from a user dict; unknown keys and bad values raise `InvalidRequestError`.
+
+        `grammar_limits`: the server's constraint size/depth limits (default: the flags' defaults).
+        """
         if params is None:
             params = {}
         if isinstance(params, SamplingParams):
@@ -78,10 +84,10 @@ class SamplingParams:
             sp = cls(**kwargs)
         except TypeError as e:  # pragma: no cover - guarded by the key check above
             raise InvalidRequestError(str(e), "sampling_params") from e
-        sp.normalize()
+        sp.normalize(grammar_limits)
         return sp
 
-    def normalize(self) -> None:
+    def normalize(self, grammar_limits: GrammarSpecLimits | None = None) -> None:
         """Coerce types, apply SGLang's sentinels, then validate."""
         self.max_new_tokens = _as_int(self.max_new_tokens, "max_new_tokens")
         self.min_new_tokens = _as_int(self.min_new_tokens, "min_new_tokens")
@@ -127,11 +133,16 @@ class SamplingParams:
         ]
         if self.seed is not None:
             self.seed = _as_int(self.seed, "seed")
+        limits = grammar_limits or GrammarSpecLimits()
         if isinstance(self.json_schema, (dict, list)):
+            # NOTE: measured before json.dumps, whose recursion a deep object would overflow
+            check_schema_object(self.json_schema, limits)
             self.json_schema = json.dumps(self.json_schema)
         if self.logit_bias:
             self.logit_bias = _parse_logit_bias(self.logit_bias)
         self.validate()
+        if self.constraint is not None:
+            check_constraint(*self.constraint, limits)
 
     def validate(self) -> None:
         """Reject values no engine could honour; message names the parameter."""

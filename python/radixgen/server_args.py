@@ -106,9 +106,27 @@ class GrammarConfig:
     disable_jump_forward: bool = _f(
         False, "Do not append grammar-forced text without a model step."
     )
-    grammar_compile_timeout: float = _f(30.0, "Seconds a grammar may take to compile.")
+    grammar_compile_timeout: float = _f(
+        30.0, "Seconds a grammar may take to compile, counted from when its compile starts."
+    )
     constrained_json_whitespace_pattern: str | None = _f(
         None, "Allow free whitespace in JSON output (default: compact separators)."
+    )
+    grammar_max_depth: int = _f(
+        64,
+        "Deepest nesting a constraint may have: JSON levels of a json_schema, parenthesis "
+        "levels of a regex or EBNF grammar (deeper ones get a 400).",
+    )
+    grammar_max_spec_bytes: int = _f(
+        512 * 1024, "Largest constraint spec (schema, regex, grammar) in bytes; larger get a 400."
+    )
+    grammar_compile_workers: int = _f(
+        2,
+        "Grammar compile worker processes (started on the first constrained request); a compile "
+        "past grammar_compile_timeout is stopped by killing its worker.",
+    )
+    grammar_cache_max_bytes: int = _f(
+        256 * 1024 * 1024, "Memory budget of the compiled-grammar cache (LRU beyond it)."
     )
 
 
@@ -239,6 +257,18 @@ class ServerArgs:
         if not 0.0 < self.cache.mem_fraction_static < 1.0:
             raise InvalidRequestError(
                 "mem_fraction_static must be in (0, 1)", "mem_fraction_static"
+            )
+        grammar = self.grammar
+        if grammar.grammar_compile_timeout <= 0:
+            raise InvalidRequestError(
+                "grammar_compile_timeout must be > 0", "grammar_compile_timeout"
+            )
+        for name in ("grammar_max_depth", "grammar_max_spec_bytes", "grammar_compile_workers"):
+            if getattr(grammar, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", name)
+        if grammar.grammar_cache_max_bytes < 0:
+            raise InvalidRequestError(
+                "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
         if self.parallel.tp_size != 1 or self.parallel.dp_size != 1:

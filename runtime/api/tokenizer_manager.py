@@ -26,6 +26,7 @@ from radixgen.errors import (
     QueueFullError,
 )
 from radixgen.finish_reason import FinishReason
+from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -97,6 +98,7 @@ class TokenizerManager:
         # prompt + max_new_tokens may not exceed this (the scheduler's own limit, from its ready)
         self.max_request_tokens = ready.max_req_input_len + 1
         self.vocab_size = ready.vocab_size
+        self.grammar_limits = GrammarSpecLimits.from_config(args.grammar)
         self.ports = ports
         self.limits = RequestLimits(args.limits)
         self.states: dict[str, ReqState] = {}
@@ -233,7 +235,7 @@ class TokenizerManager:
                 raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
         else:
             raise InvalidRequestError("a prompt is required: text or input_ids", "text")
-        sp = SamplingParams.from_dict(obj.sampling_params)
+        sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
         top = obj.top_logprobs_num or 0

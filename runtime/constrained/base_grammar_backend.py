@@ -63,6 +63,11 @@ class BaseGrammarBackend(ABC):
 
     name: ClassVar[str]
     supported_kinds: ClassVar[frozenset[str]]
+    # True when a compiled grammar can cross processes (serialize_compiled/deserialize_compiled):
+    # then compiles run in killable worker processes; otherwise on threads of this process
+    compiles_in_worker_process: ClassVar[bool] = False
+    # what one cached compile is assumed to hold when the library cannot say (see compiled_size_bytes)
+    estimated_compiled_bytes: ClassVar[int] = 1024 * 1024
 
     def __init__(self, vocab: GrammarVocab, config: GrammarConfig) -> None:
         self.vocab = vocab
@@ -97,6 +102,18 @@ class BaseGrammarBackend(ABC):
     @abstractmethod
     def create_grammar(self, compiled: Any) -> BaseGrammarObject:
         """A fresh matcher at the start of a compiled grammar (cheap: runs per request)."""
+
+    def serialize_compiled(self, compiled: Any) -> str:
+        """The compiled grammar as text (in the compile worker), for `deserialize_compiled`."""
+        raise NotImplementedError(f"{self.name} compiles cannot cross processes")
+
+    def deserialize_compiled(self, payload: str) -> Any:
+        """The compiled grammar back from `serialize_compiled` (in the scheduler process)."""
+        raise NotImplementedError(f"{self.name} compiles cannot cross processes")
+
+    def compiled_size_bytes(self, compiled: Any) -> int:
+        """Memory a compiled grammar holds, for the cache's byte budget (an estimate by default)."""
+        return self.estimated_compiled_bytes
 
     def fill_bitmask(self, grammars: list[BaseGrammarObject], bitmask: torch.Tensor) -> list[bool]:
         """Fill bitmask[i] for grammars[i]; returns per row whether the mask restricts anything."""

@@ -1,8 +1,10 @@
 """The scheduler's grammar manager: async compile, per-request matchers, batch masks, jump-forward.
 
-Runs in the scheduler process. Compilation happens on a small thread pool behind a shared
-(kind, spec) cache, so the scheduler thread never waits for a compile; `poll` hands over the
-requests whose grammar is ready. Everything else (masks, accepting tokens, jump-forward) runs on
+Runs in the scheduler process. Compilation happens in a `CompilePool` (killable worker
+processes for xgrammar; fair queue, deadline from the compile's start) behind a shared
+(kind, spec) cache bounded by memory, so the scheduler thread never waits for a compile; `poll`
+hands over the requests whose grammar is ready. Specs over the size/depth limits are refused
+before they reach the pool. Everything else (masks, accepting tokens, jump-forward) runs on
 the scheduler thread inside a step, so it is kept to a few list operations per request.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +21,10 @@ import torch
 
 from radixgen.errors import GrammarError
 from radixgen.finish_reason import FinishReason
+from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
+from radixgen.runtime.constrained.compile_pool import CompilePool
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
 from radixgen.runtime.constrained.vocab import GrammarVocab
@@ -31,9 +35,6 @@ if TYPE_CHECKING:
     from radixgen.server_args import GrammarConfig
 
 logger = logging.getLogger(__name__)
-
-COMPILE_WORKERS = 2
-CACHE_MAX_ENTRIES = 1024
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ class JumpForwardEdit:
 @dataclass
 class _PendingCompile:
     key: GrammarKey
-    future: Future[Any]  # the backend's compiled grammar
-    deadline: float  # time.monotonic() after which the request gives up
+    future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
 
 
 class GrammarManager:
@@ -72,8 +72,11 @@ class GrammarManager:
             grammar_config.grammar_backend, self.vocab, grammar_config
         )
         self.bitmask_words = (vocab_size + 31) // 32
-        self._executor = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="radixgen-grammar")
-        self.cache = CompileCache(self.backend.compile, self._executor, CACHE_MAX_ENTRIES)
+        self.limits = GrammarSpecLimits.from_config(grammar_config)
+        self.pool = CompilePool(self.backend, grammar_config)
+        self.cache = CompileCache(
+            self.pool.submit, self._compiled_size, grammar_config.grammar_cache_max_bytes
+        )
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
         # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
@@ -83,7 +86,6 @@ class GrammarManager:
         self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
-            "grammar_compile_timeouts": 0,
             "grammar_rejected_tokens": 0,
             "mask_fill_calls": 0,
             "mask_fill_rows": 0,
@@ -105,18 +107,18 @@ class GrammarManager:
         req.grammar_key = key
         try:
             self.backend.check_kind(key[0])
+            check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
             future = self.cache.get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        deadline = time.monotonic() + self.config.grammar_compile_timeout
-        self._pending[id(req)] = _PendingCompile(key, future, deadline)
+        self._pending[id(req)] = _PendingCompile(key, future)
 
     def poll(self, reqs: list[Req]) -> tuple[list[Req], list[Req]]:
         """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
         ready: list[Req] = []
         failed: list[Req] = []
-        now = time.monotonic()
+        self.pool.expire_overruns()
         for req in reqs:
             pending = self._pending.get(id(req))
             if pending is None:  # not submitted through us (should not happen): do it now
@@ -124,7 +126,11 @@ class GrammarManager:
                 continue
             if pending.future.done():
                 del self._pending[id(req)]
-                error = pending.future.exception()
+                error = (
+                    GrammarError("the grammar compiler is shutting down", pending.key[0])
+                    if pending.future.cancelled()
+                    else pending.future.exception()
+                )
                 if error is None:
                     try:
                         req.grammar = self.backend.create_grammar(pending.future.result())
@@ -136,23 +142,16 @@ class GrammarManager:
                 else:
                     self._fail(req, error)
                     failed.append(req)
-            elif now >= pending.deadline:
-                del self._pending[id(req)]
-                self.counters["grammar_compile_timeouts"] += 1
-                kind = pending.key[0]
-                req.finish(
-                    FinishReason.abort(
-                        f"compiling the {kind} constraint took longer than "
-                        f"{self.config.grammar_compile_timeout:g} s (grammar_compile_timeout); "
-                        "simplify it",
-                        400,
-                    )
-                )
-                failed.append(req)
         if len(self._pending) > len(reqs):  # drop compiles of requests aborted while waiting
             alive = {id(r) for r in reqs}
             self._pending = {k: v for k, v in self._pending.items() if k in alive}
         return ready, failed
+
+    def _compiled_size(self, compiled: Any) -> int:
+        try:
+            return self.backend.compiled_size_bytes(compiled)
+        except Exception:  # a size we cannot read must not lose the grammar
+            return self.backend.estimated_compiled_bytes
 
     def _fail(self, req: Req, error: BaseException) -> None:
         self.counters["grammar_compile_failures"] += 1
@@ -297,18 +296,20 @@ class GrammarManager:
         """Counters for /server_info and metrics."""
         cache = self.cache
         return {
-            "grammar_compiles": cache.compiles,
+            **self.pool.counters,
             "grammar_compile_errors": cache.errors,
-            "grammar_compile_seconds_total": cache.compile_seconds,
-            "grammar_compile_seconds_max": cache.max_compile_seconds,
+            "grammar_compile_workers_alive": len(self.pool.worker_pids()),
+            "grammar_compile_queued": self.pool.queued(),
             "grammar_cache_hits": cache.hits,
             "grammar_cache_misses": cache.misses,
             "grammar_cache_entries": len(cache),
+            "grammar_cache_bytes": cache.bytes,
+            "grammar_cache_evictions": cache.evictions,
             "grammar_waiting_compiles": len(self._pending),
             **self.counters,
         }
 
     def shutdown(self) -> None:
-        """Stop the compile workers (running compiles finish in the background)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the compile pool: queued compiles are cancelled, worker processes killed."""
+        self.pool.shutdown()
         self.backend.shutdown()

@@ -116,6 +116,9 @@ class LLGuidanceGrammar(BaseGrammarObject):
 class LLGuidanceBackend(BaseGrammarBackend):
     name = "llguidance"
     supported_kinds = frozenset(GRAMMAR_KINDS)
+    # NOTE: an LLMatcher cannot cross processes, so compiles stay on threads (they are ~1 ms:
+    # the lexer is built lazily, during decoding); a pristine matcher is small
+    estimated_compiled_bytes = 256 * 1024
 
     def __init__(self, vocab: GrammarVocab, config: GrammarConfig) -> None:
         super().__init__(vocab, config)

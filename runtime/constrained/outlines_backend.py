@@ -168,6 +168,9 @@ class OutlinesBackend(BaseGrammarBackend):
     # NOTE: json_object is refused too: the any-object regex takes ~11 s to turn into a DFA here
     # and, being depth-limited, still rejects valid nested objects
     supported_kinds = frozenset({"json_schema", "regex", "choices"})
+    # NOTE: an Index cannot be serialized, so compiles stay on threads; its size is not
+    # exposed either: a DFA over this 49k vocabulary is assumed to hold a few MB
+    estimated_compiled_bytes = 4 * 1024 * 1024
 
     def __init__(self, vocab: GrammarVocab, config: GrammarConfig) -> None:
         super().__init__(vocab, config)

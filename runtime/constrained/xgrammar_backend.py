@@ -78,6 +78,7 @@ class XGrammarGrammar(BaseGrammarObject):
 class XGrammarBackend(BaseGrammarBackend):
     name = "xgrammar"
     supported_kinds = frozenset(GRAMMAR_KINDS)
+    compiles_in_worker_process = True
 
     def __init__(self, vocab: GrammarVocab, config: GrammarConfig) -> None:
         super().__init__(vocab, config)
@@ -87,6 +88,7 @@ class XGrammarBackend(BaseGrammarBackend):
             vocab_size=vocab.vocab_size,
             stop_token_ids=vocab.eos_token_ids,
         )
+        self.tokenizer_info = info
         threads = max(1, min(8, os.cpu_count() or 1))
         # our GrammarManager caches compiled grammars; xgrammar's own cache would duplicate it
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
@@ -113,6 +115,15 @@ class XGrammarBackend(BaseGrammarBackend):
             return self.compiler.compile_grammar(spec, root_rule_name="root")
         assert kind == "choices", kind
         return self.compiler.compile_grammar(choices_to_ebnf(load_choices(spec)))
+
+    def serialize_compiled(self, compiled: xgr.CompiledGrammar) -> str:
+        return compiled.serialize_json()
+
+    def deserialize_compiled(self, payload: str) -> xgr.CompiledGrammar:
+        return xgr.CompiledGrammar.deserialize_json(payload, self.tokenizer_info)
+
+    def compiled_size_bytes(self, compiled: xgr.CompiledGrammar) -> int:
+        return int(compiled.memory_size_bytes)
 
     def create_grammar(self, compiled: xgr.CompiledGrammar) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(compiled))

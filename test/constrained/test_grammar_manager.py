@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 import torch
-from grammar_helpers import VOCAB_SIZE, make_req
-from wait_helpers import wait_until
+from grammar_helpers import NO_LIMITS, VOCAB_SIZE, make_req, nested_array_schema
 
 from radixgen.finish_reason import FinishReason
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
-from radixgen.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixgen.server_args import GrammarConfig
 
 SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
@@ -105,27 +104,33 @@ def test_unsupported_kind_is_refused(tokenizer):
         gm.shutdown()
 
 
-def test_compile_timeout_fails_request_and_later_success_is_cached(tokenizer, monkeypatch):
-    original = XGrammarBackend._compile
-
-    def slow(self, kind, spec):
-        time.sleep(0.6)
-        return original(self, kind, spec)
-
-    monkeypatch.setattr(XGrammarBackend, "_compile", slow)
-    gm = new_manager(tokenizer, grammar_compile_timeout=0.1)
+def test_compile_timeout_kills_the_worker_and_a_replacement_serves_the_next(tokenizer):
+    # a real slow compile (arrays 300 deep: seconds in xgrammar), allowed past the depth limit
+    gm = new_manager(tokenizer, grammar_compile_timeout=0.5, grammar_max_depth=10_000)
     try:
-        _, failed = settle(gm, submit_all(gm, [make_req("slow", regex="[0-9]+")]))
-        message = failed[0].finished_reason.message
-        assert "took longer than 0.1 s" in message and failed[0].finished_reason.status_code == 400
-        # the compile itself finishes in the background and is kept
-        wait_until(
-            lambda: gm.stats()["grammar_compiles"] == 1, 30, interval=0.01, what="the compile"
-        )
-        ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[0-9]+")]))
-        assert ready and gm.stats()["grammar_compile_timeouts"] == 1
+        settle(gm, submit_all(gm, [make_req("warm", regex="[0-9]+")]))  # workers up
+        before = set(gm.pool.worker_pids())
+        slow = make_req("slow", limits=NO_LIMITS, json_schema=nested_array_schema(300))
+        _, failed = settle(gm, submit_all(gm, [slow]))
+        reason = failed[0].finished_reason
+        assert "took longer than 0.5 s (grammar_compile_timeout)" in reason.message
+        assert reason.status_code == 400
+        st = gm.stats()
+        assert st["grammar_compile_timeouts"] == 1 and st["grammar_compile_worker_kills"] == 1
+        killed = before - set(gm.pool.worker_pids())
+        assert len(killed) == 1 and not any(_alive(pid) for pid in killed)
+        # the next compile is served (on the survivor or a fresh worker), and is cached
+        ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[a-z]+")]))
+        assert ready and gm.stats()["grammar_cache_entries"] == 2
     finally:
         gm.shutdown()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_aborted_waiting_requests_are_forgotten(manager):

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.grammar_limits import check_schema_object
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
@@ -28,6 +29,8 @@ class ChatPlan:
     def __init__(self, req: ChatCompletionRequest, tm: TokenizerManager) -> None:
         self.req = req
         self.mode = tc.tool_mode(req.tools, req.tool_choice)
+        for tool in req.tools or []:  # JSON schemas too: json.dumps below must not overflow
+            check_schema_object(tool.function.parameters, tm.grammar_limits, "tools")
         self.forced = self.mode not in (None, "auto")  # constrained to one call's JSON
         tok = tm.tokenizer
         self.token_bytes = tok.token_bytes if req.logprobs else []
