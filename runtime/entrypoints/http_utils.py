@@ -16,7 +16,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
+from radixgen.errors import EngineDeadError, InternalError, InvalidRequestError, RadixGenError
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +75,28 @@ def raise_if_failed(result: dict[str, Any] | list[dict[str, Any]]) -> None:
             raise InvalidRequestError(fr.get("message", "request rejected"), None)
         if fr.get("status_code") == 503:
             raise EngineDeadError(fr.get("message", "engine unavailable"))
+        if fr.get("status_code") == 500:
+            raise InternalError(fr.get("message", "internal error"))
+
+
+# the aborts a stream reports as an error event (a client's own abort, 499, is a normal end)
+_STREAM_ERROR_TYPES = {
+    400: InvalidRequestError.err_type,
+    500: InternalError.err_type,
+    503: EngineDeadError.err_type,
+}
 
 
 def stream_error(chunk: dict[str, Any]) -> dict[str, Any] | None:
     """An in-stream refusal as SGLang's error event, or None for a normal chunk."""
     if isinstance(chunk, dict) and "meta_info" in chunk:
         fr = chunk["meta_info"].get("finish_reason") or {}
-        if fr.get("type") == "abort" and fr.get("status_code") in (400, 503):
+        if fr.get("type") == "abort" and fr.get("status_code") in _STREAM_ERROR_TYPES:
             code = fr["status_code"]
             return {
                 "error": {
                     "message": fr.get("message", "request failed"),
-                    "type": "invalid_request_error" if code == 400 else "engine_dead",
+                    "type": _STREAM_ERROR_TYPES[code],
                     "param": None,
                     "code": code,
                     "retryable": code == 503,

@@ -137,9 +137,11 @@ class Scheduler:
             self.abort(msg)
             return None
         if isinstance(msg, FlushCacheReq):
-            return self.flush_cache()
+            reply = self.flush_cache()
+            reply.request_id = msg.request_id
+            return reply
         if isinstance(msg, GetInternalStateReq):
-            return GetInternalStateOut(self.internal_state())
+            return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
         logger.error("unknown message %r", type(msg))
         return None
 
