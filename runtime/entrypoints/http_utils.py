@@ -36,6 +36,13 @@ class NotReadyError(RadixGenError):
     err_type = "service_unavailable"
 
 
+class ShuttingDownError(RadixGenError):
+    """SIGTERM arrived: requests in flight finish, new ones are refused."""
+
+    status_code = 503
+    err_type = "service_unavailable"
+
+
 class ClientDisconnected(Exception):
     """The client went away before the answer was ready (its request has been aborted)."""
 

@@ -208,7 +208,8 @@ async def abort_request(request: Request) -> Response:
             raise InvalidRequestError("rid must be a string", "rid")
         if not rid and not abort_all:
             raise InvalidRequestError("give a rid or abort_all: true", "rid")
-        await server_state(request).manager().abort_request(rid=rid, abort_all=abort_all)
+        tm = server_state(request).manager(while_draining=True)
+        await tm.abort_request(rid=rid, abort_all=abort_all)
     except RadixGenError as e:
         return error_response(e)
     return Response(status_code=200)
