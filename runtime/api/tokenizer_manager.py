@@ -153,8 +153,8 @@ class TokenizerManager:
 
     async def _recv_loop(self) -> None:
         while True:
-            msg = await self._recv.recv_pyobj()
             try:
+                msg = await self._recv.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
                 elif isinstance(msg, ControlOut):
@@ -165,8 +165,11 @@ class TokenizerManager:
                         fut.set_result(msg)
                 else:
                     logger.error("unexpected message %s", type(msg).__name__)
+            except zmq.ZMQError:
+                logger.exception("the receive socket failed: outputs are no longer routed")
+                return
             except Exception:  # NOTE: one bad message must not stop routing for everyone
-                logger.exception("failed to route %s", type(msg).__name__)
+                logger.exception("failed to receive or route a message")
 
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()

@@ -287,6 +287,14 @@ class Scheduler:
             self._release(r)
             self.outbox.append(r)
 
+    def fail_all(self, e: Exception) -> list[BatchTokenIDOut]:
+        """Last resort after a failure nobody could be blamed for: fail every request held,
+        free everything, and return their final outputs (the scheduler then serves on)."""
+        held = [*self.running, *self.waiting, *self.grammar_waiting, *self.outbox]
+        self._fail(list(dict.fromkeys(held)), e)
+        self.outbox = []
+        return [failure_output(r) for r in dict.fromkeys(held)]
+
     def _plan_step_contained(self) -> list[Req]:
         """`_plan_step`, failing the request(s) it was planning when it raised (no forward runs
         this step; the others are planned again next step, their KV untouched)."""

@@ -161,3 +161,18 @@ def test_a_request_whose_output_cannot_be_built_fails_and_the_others_are_sent():
     assert_internal_error(out["bad"][1])
     assert out["good"][0] == reference_output(PROMPT, 5)[1:]  # the first token went out above
     assert_all_free(s)
+
+
+def test_the_last_resort_fails_every_request_held_and_the_scheduler_serves_on():
+    s, _ = make_scheduler(max_running_requests=1)
+    submit(s, "running", PROMPT, max_new_tokens=20)
+    submit(s, "waiting", OTHER, max_new_tokens=20)
+    s.step()
+    outputs = s.fail_all(Boom("step"))
+    assert sorted(rid for b in outputs for rid in b.rids) == ["running", "waiting"]
+    for b in outputs:
+        assert_internal_error(b.finished_reasons[0])
+    assert_all_free(s)
+    s.check_invariants()
+    submit(s, "after", OTHER, max_new_tokens=4)
+    assert run_to_end(s)["after"][0] == reference_output(OTHER, 4)
