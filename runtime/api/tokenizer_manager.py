@@ -356,6 +356,10 @@ class TokenizerManager:
         self._check_rids([*groups, *(it.rid for it, _, _ in expanded)])
         self._check_capacity(len(expanded))
         self.sample_rids.update(groups)  # NOTE: before the prefill, so an abort finds the samples
+        for base, samples in groups.items():
+            if self._aborted_early(base):  # aborted by the user's rid before we knew its samples
+                for sample_rid in samples:
+                    self._remember_abort(sample_rid)
         states: list[ReqState] = []
         plural = obj.is_batch or len(expanded) > 1
         try:

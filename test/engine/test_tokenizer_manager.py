@@ -152,6 +152,22 @@ def test_an_abort_before_submission_ends_the_request_without_reaching_the_schedu
     run(wiring, body)
 
 
+def test_aborting_an_n_samples_request_before_it_arrives_ends_every_sample(wiring):
+    async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
+        await tm.abort_request("group")
+        obj = GenerateReqInput(
+            text="Hello", rid="group", sampling_params={"max_new_tokens": 4, "n": 3}
+        )
+        result = asyncio.ensure_future(_last(tm.generate(obj)))
+        prefill = await sched.next()  # the shared prompt's prefill still runs
+        tm._on_outputs(_finished(prefill.rid))
+        results = await asyncio.wait_for(result, 5)
+        assert [r["meta_info"]["finish_reason"]["status_code"] for r in results] == [499] * 3
+        assert await sched.nothing_within(0.3), "an aborted sample reached the scheduler"
+
+    run(wiring, body)
+
+
 def test_aborting_an_n_samples_request_during_its_prompt_prefill_ends_every_sample(wiring):
     async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
         obj = GenerateReqInput(
