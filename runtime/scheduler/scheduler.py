@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,11 @@ from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
 from radixgen.runtime.sampling.sampler import SampleOutput, Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
+from radixgen.runtime.scheduler.containment import (
+    internal_error,
+    log_internal_error,
+    poll_one_by_one,
+)
 from radixgen.runtime.scheduler.finish import check_finish
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
 from radixgen.runtime.scheduler.output_processor import (
@@ -52,11 +56,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
 logger = logging.getLogger(__name__)
-
-
-def internal_error(e: Exception) -> FinishReason:
-    """The finish reason of a request failed by a bug: the client gets a clean 500."""
-    return FinishReason.abort(f"internal error: {e!r}", 500)
 
 
 NEW_TOKEN_RATIO_INIT = 0.7
@@ -183,30 +182,14 @@ class Scheduler:
         try:
             ready, failed = self.grammar_manager.poll(self.grammar_waiting)
         except Exception as e:  # NOTE: find the request(s) it fails for; fail only those
-            self._log_internal_error("grammar polling", e)
-            ready, failed = self._poll_grammars_one_by_one()
+            log_internal_error("grammar polling", e)
+            ready, failed = poll_one_by_one(self.grammar_manager, self.grammar_waiting)
         for req in failed:
             self.outbox.append(req)
         for req in ready:
             self.waiting.append(req)
         done = {id(r) for r in ready} | {id(r) for r in failed}
         self.grammar_waiting = [r for r in self.grammar_waiting if id(r) not in done]
-
-    def _poll_grammars_one_by_one(self) -> tuple[list[Req], list[Req]]:
-        """After a failed poll: poll each request alone; one whose poll raises fails with a 500."""
-        assert self.grammar_manager is not None
-        ready: list[Req] = []
-        failed: list[Req] = []
-        for req in self.grammar_waiting:
-            try:
-                r_ready, r_failed = self.grammar_manager.poll([req])
-            except Exception as e:
-                req.finish(internal_error(e))
-                failed.append(req)
-                continue
-            ready += r_ready
-            failed += r_failed
-        return ready, failed
 
     def abort(self, msg: AbortReq) -> None:
         reason = FinishReason.abort(msg.message, 499)
@@ -258,7 +241,7 @@ class Scheduler:
             try:
                 self._run(plan)
             except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
-                self._log_internal_error("the forward step", e)
+                log_internal_error("the forward step", e)
                 self._fail(plan, e)
             self.forward_steps += 1
             self.new_token_ratio = max(
@@ -269,10 +252,6 @@ class Scheduler:
         return self._collect_outputs()
 
     # --- containment --------------------------------------------------------------------------
-
-    @staticmethod
-    def _log_internal_error(stage: str, e: Exception) -> None:
-        logger.error("internal error in %s: %s\n%s", stage, e, traceback.format_exc())
 
     def _fail(self, reqs: list[Req], e: Exception) -> None:
         """Finish `reqs` with a 500 abort wherever they are; free their KV and cache locks."""
@@ -302,7 +281,7 @@ class Scheduler:
         try:
             return self._plan_step()
         except Exception as e:
-            self._log_internal_error("planning", e)
+            log_internal_error("planning", e)
             self._fail(self._planning, e)
             return []
         finally:
@@ -540,7 +519,7 @@ class Scheduler:
                 try:
                     self._accept_sampled(r, out, i)
                 except Exception as e:  # NOTE: fail this request only (released below)
-                    self._log_internal_error(f"accepting the token of request {r.rid}", e)
+                    log_internal_error(f"accepting the token of request {r.rid}", e)
                     if not r.finished:
                         r.finish(internal_error(e))
         for r in batch.reqs:
@@ -576,7 +555,7 @@ class Scheduler:
         collected = collect_outputs(outbox, self.args.scheduler.stream_interval)
         messages = collected.messages
         for r, e in collected.failed:  # NOTE: fail these only; the others' outputs are sent
-            self._log_internal_error(f"collecting the output of request {r.rid}", e)
+            log_internal_error(f"collecting the output of request {r.rid}", e)
             self._fail([r], e)
             messages.append(failure_output(r))
         self.outbox = []  # _fail queued them; their final message is the one above
