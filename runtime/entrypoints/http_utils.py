@@ -68,6 +68,13 @@ def error_response(exc: BaseException) -> Response:
     return json_response(body, body["error"]["code"])
 
 
+def stream_failure(exc: Exception) -> dict[str, Any]:
+    """The error event's body for a stream an exception broke; a bug's traceback is logged."""
+    if not isinstance(exc, RadixGenError):
+        logger.error("a stream failed: %r", exc, exc_info=(type(exc), exc, exc.__traceback__))
+    return error_body(exc)
+
+
 def sse_event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 

@@ -32,6 +32,7 @@ from radixgen.runtime.entrypoints.http_utils import (
     read_json,
     sse_event,
     stream_error,
+    stream_failure,
     until_disconnect,
 )
 from radixgen.runtime.entrypoints.server_state import ServerState
@@ -82,8 +83,8 @@ async def _sse(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
                 chunk = await rest.__anext__()
             except StopAsyncIteration:
                 break
-    except RadixGenError as e:
-        body = error_body(e)
+    except Exception as e:  # NOTE: a bug too ends the stream with an error event
+        body = stream_failure(e)
         body["error"]["retryable"] = False
         yield sse_event(body)
     finally:

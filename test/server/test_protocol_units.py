@@ -148,3 +148,14 @@ def test_failed_requests_answer_with_their_status(status, err_type):
     client_abort = {"meta_info": {"finish_reason": FinishReason.abort("bye", 499).to_dict()}}
     hu.raise_if_failed(client_abort)
     assert hu.stream_error(client_abort) is None
+
+
+def test_a_stream_broken_by_a_bug_ends_with_a_500_event_and_logs_the_traceback(caplog):
+    try:
+        raise KeyError("lost")
+    except KeyError as e:
+        body = hu.stream_failure(e)["error"]
+    assert (body["code"], body["type"]) == (500, "internal_error") and "lost" in body["message"]
+    assert "Traceback" in caplog.text and "KeyError" in caplog.text
+    refused = hu.stream_failure(InvalidRequestError("bad", "x"))["error"]
+    assert (refused["code"], refused["param"]) == (400, "x")
