@@ -97,8 +97,8 @@ def _with_api_key(app: FastAPI, key: str) -> FastAPI:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server with an exit code, settable from the engine watchdog; the first SIGTERM
-    drains (`on_sigterm`) instead of closing the port at once."""
+    """uvicorn's server with an exit code, settable from the engine watchdog; SIGTERM goes to
+    `on_sigterm` (the drain) instead of closing the port at once."""
 
     exit_code = 0
     on_sigterm: Callable[[], None] | None = None
@@ -108,9 +108,8 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        drain, self.on_sigterm = self.on_sigterm, None  # a second SIGTERM exits at once
-        if sig == signal.SIGTERM and drain is not None and not self.should_exit:
-            drain()
+        if sig == signal.SIGTERM and self.on_sigterm is not None and not self.should_exit:
+            self.on_sigterm()
             return
         super().handle_exit(sig, frame)
 

@@ -79,17 +79,19 @@ class ServerState:
     # --- graceful shutdown (SIGTERM) ----------------------------------------------------------
 
     def request_drain(self) -> None:
-        """From the SIGTERM handler (between bytecodes): start the drain on the event loop."""
+        """From the SIGTERM handler (between bytecodes): start the drain on the event loop (once;
+        SIGINT still stops at once)."""
         if self._loop is None:
             self._request_exit(0)
             return
-        self._loop.call_soon_threadsafe(self.begin_drain)
-
-    def begin_drain(self) -> None:
-        """SIGTERM: refuse new requests, let those in flight finish, then exit (on the loop)."""
-        if self.draining or self._loop is None:
+        if self.draining:
             return
-        self.draining = True
+        self.draining = True  # NOTE: at once: routes refuse new work from here on
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        """On the loop: let the requests in flight finish, then exit."""
+        assert self._loop is not None
         self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -105,7 +107,11 @@ class ServerState:
             logger.warning(
                 "%d requests still in flight after %.0f s: failing them", tm.num_in_flight, timeout
             )
-            tm.fail_all(f"the server shut down (graceful shutdown timeout {timeout:g} s)", 503)
+            tm.fail_all(
+                "the server shut down before the request finished "
+                f"(graceful shutdown timeout {timeout:g} s)",
+                503,
+            )
         self._request_exit(0)
 
     # --- start ---------------------------------------------------------------------------------
