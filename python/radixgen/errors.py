@@ -80,3 +80,10 @@ class EngineDeadError(RadixGenError):
 class AuthenticationError(RadixGenError):
     status_code = 401
     err_type = "authentication_error"
+
+
+class InternalError(RadixGenError):
+    """A bug failed this request (its traceback is in the server log); the server carries on."""
+
+    status_code = 500
+    err_type = "internal_error"

@@ -41,23 +41,35 @@ class AbortReq:
 
 
 @dataclass
-class FlushCacheReq:
+class ControlReq:
+    """A control request; its reply carries the same `request_id` (replies are matched by it)."""
+
+    request_id: str = ""
+
+
+@dataclass
+class ControlOut:
+    request_id: str = field(default="", kw_only=True)
+
+
+@dataclass
+class FlushCacheReq(ControlReq):
     pass
 
 
 @dataclass
-class FlushCacheOut:
+class FlushCacheOut(ControlOut):
     success: bool
     message: str = ""
 
 
 @dataclass
-class GetInternalStateReq:
+class GetInternalStateReq(ControlReq):
     pass
 
 
 @dataclass
-class GetInternalStateOut:
+class GetInternalStateOut(ControlOut):
     state: dict[str, Any]
 
 

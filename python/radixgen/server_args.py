@@ -151,6 +151,11 @@ class HttpConfig:
     enable_cache_report: bool = _f(
         True, "Report cached_tokens in OpenAI usage.prompt_tokens_details."
     )
+    graceful_shutdown_timeout: float = _f(
+        15.0,
+        "On SIGTERM, seconds to let requests in flight finish (new ones get 503) before the "
+        "rest are failed with 503 and the server exits; 0 exits at once.",
+    )
 
 
 @dataclass(frozen=True)

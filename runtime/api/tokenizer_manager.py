@@ -14,13 +14,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import zmq
 import zmq.asyncio
 
 from radixgen.errors import (
     EngineDeadError,
+    InternalError,
     InvalidRequestError,
     PromptTooLongError,
     QueueFullError,
@@ -30,6 +31,8 @@ from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
     BatchStrOut,
+    ControlOut,
+    ControlReq,
     FlushCacheOut,
     FlushCacheReq,
     GenerateReqInput,
@@ -45,10 +48,15 @@ from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_TOP_LOGPROBS = 100
 # Retry-After of a 429 (queue full): on this hardware a running batch frees slots within seconds
 QUEUE_RETRY_AFTER_S = 1
+# An abort naming a rid with no request yet (it raced the request's tokenization or an n > 1
+# prompt prefill) is remembered this long, so the request ends as soon as it is submitted.
+EARLY_ABORT_TTL_S = 30.0
+EARLY_ABORT_MAX = 10_000
 
 
 @dataclass
@@ -106,7 +114,8 @@ class TokenizerManager:
         self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
-        self._control_waiters: dict[type, list[asyncio.Future]] = {}
+        self._control_waiters: dict[str, asyncio.Future] = {}  # by the request's request_id
+        self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
 
@@ -134,25 +143,39 @@ class TokenizerManager:
             return
         self.dead_reason = reason
         logger.error("engine is dead: %s", reason)
+        self.fail_all(reason, 503)
+
+    def fail_all(self, reason: str, status_code: int) -> None:
+        """Finish every request in flight here with an abort (the engine is not told)."""
         for st in self.states.values():
             if not st.finished:
-                st.finish_reason = FinishReason.abort(reason, 503)
+                st.finish_reason = FinishReason.abort(reason, status_code)
                 st.event.set()
+
+    @property
+    def num_in_flight(self) -> int:
+        """Users' requests not yet finished (a finished one may still be sending its answer)."""
+        return sum(1 for st in self.states.values() if not st.finished and not st.internal)
 
     async def _recv_loop(self) -> None:
         while True:
-            msg = await self._recv.recv_pyobj()
             try:
+                msg = await self._recv.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
+                elif isinstance(msg, ControlOut):
+                    fut = self._control_waiters.pop(msg.request_id, None)
+                    if fut is None or fut.done():
+                        logger.debug("dropped a %s nobody waits for", type(msg).__name__)
+                    else:
+                        fut.set_result(msg)
                 else:
-                    waiters = self._control_waiters.get(type(msg))
-                    if waiters:
-                        fut = waiters.pop(0)
-                        if not fut.done():
-                            fut.set_result(msg)
+                    logger.error("unexpected message %s", type(msg).__name__)
+            except zmq.ZMQError:
+                logger.exception("the receive socket failed: outputs are no longer routed")
+                return
             except Exception:  # NOTE: one bad message must not stop routing for everyone
-                logger.exception("failed to route %s", type(msg).__name__)
+                logger.exception("failed to receive or route a message")
 
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
@@ -176,33 +199,74 @@ class TokenizerManager:
                     st.output_token_logprobs.extend(out.output_token_logprobs[i])
                 if out.output_top_logprobs[i]:
                     st.output_top_logprobs.extend(out.output_top_logprobs[i])
-            if out.finished_reasons[i] is not None:
-                st.finish_reason = out.finished_reasons[i]
+            reason = out.finished_reasons[i]
+            if reason is not None:
+                st.finish_reason = reason
                 st.finished_time = now
+                if reason.is_abort and reason.status_code == 500:
+                    # failed by a bug downstream (e.g. the detokenizer) while the scheduler may
+                    # still run it: stop it there (an abort of a finished rid is ignored)
+                    self._send_soon(AbortReq(rid=rid, message=reason.message))
             if self.metrics is not None and not st.internal:
                 self.metrics.on_output(st, len(new_ids), now)
             st.event.set()
 
-    async def _control(self, req: Any, reply_type: type, timeout: float = 30.0) -> Any:
+    def _send_soon(self, msg: Any) -> None:
+        """Send from sync code (the receive loop): the send completes on the event loop."""
+        if self._ctx is not None:
+            self._send.send_pyobj(msg)  # a future; zmq.asyncio sends at once when it can
+
+    async def _control(self, req: ControlReq, reply_type: type[T], timeout: float = 30.0) -> T:
+        """Send a control request and wait for the reply with its id (a late reply is dropped)."""
         self._check_alive()
-        fut = asyncio.get_running_loop().create_future()
-        self._control_waiters.setdefault(reply_type, []).append(fut)
-        await self._send.send_pyobj(req)
-        return await asyncio.wait_for(fut, timeout)
+        req.request_id = uuid.uuid4().hex
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._control_waiters[req.request_id] = fut
+        try:
+            await self._send.send_pyobj(req)
+            reply = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._control_waiters.pop(req.request_id, None)
+        assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
+        return reply
 
     async def flush_cache(self) -> FlushCacheOut:
         return await self._control(FlushCacheReq(), FlushCacheOut)
 
     async def get_internal_state(self) -> dict[str, Any]:
-        out: GetInternalStateOut = await self._control(GetInternalStateReq(), GetInternalStateOut)
+        out = await self._control(GetInternalStateReq(), GetInternalStateOut)
         return out.state
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        """Abort one request (an n > 1 request's rid aborts all its samples) or all of them."""
+        """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.
+
+        NOTE: an abort may arrive before its request is submitted (while it is tokenized, or its
+        n > 1 prompt is prefilled): such a rid is remembered and the request ends at submission.
+        """
         if self._ctx is None:
             return
-        for r in [rid] if abort_all else self.sample_rids.get(rid, [rid]):
-            await self._send.send_pyobj(AbortReq(rid=r, abort_all=abort_all))
+        if abort_all:
+            await self._send.send_pyobj(AbortReq(abort_all=True))
+            return
+        for r in self.sample_rids.get(rid, [rid]):
+            st = self.states.get(r)
+            if st is None:
+                self._remember_abort(r)
+            elif not st.finished:
+                await self._send.send_pyobj(AbortReq(rid=r))
+
+    def _remember_abort(self, rid: str) -> None:
+        now = time.monotonic()
+        expired = [r for r, t in self._early_aborts.items() if now - t > EARLY_ABORT_TTL_S]
+        for r in expired:
+            del self._early_aborts[r]
+        if len(self._early_aborts) >= EARLY_ABORT_MAX:
+            del self._early_aborts[next(iter(self._early_aborts))]  # the oldest
+        self._early_aborts[rid] = now
+
+    def _aborted_early(self, rid: str) -> bool:
+        t = self._early_aborts.pop(rid, None)
+        return t is not None and time.monotonic() - t <= EARLY_ABORT_TTL_S
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
@@ -323,12 +387,16 @@ class TokenizerManager:
                 expanded.append((it, ids, sp))
         self._check_rids([*groups, *(it.rid for it, _, _ in expanded)])
         self._check_capacity(len(expanded))
-        for ids in shared_prompts:
-            await self._cache_prompt(ids)
-        self.sample_rids.update(groups)
+        self.sample_rids.update(groups)  # NOTE: before the prefill, so an abort finds the samples
+        for base, samples in groups.items():
+            if self._aborted_early(base):  # aborted by the user's rid before we knew its samples
+                for sample_rid in samples:
+                    self._remember_abort(sample_rid)
         states: list[ReqState] = []
         plural = obj.is_batch or len(expanded) > 1
         try:
+            for ids in shared_prompts:
+                await self._cache_prompt(ids)
             for it, ids, sp in expanded:
                 states.append(await self._submit(it, ids, sp))
             if obj.stream:
@@ -402,6 +470,10 @@ class TokenizerManager:
             internal=internal,
         )
         self.states[rid] = st
+        if self._aborted_early(rid):
+            st.finish_reason = FinishReason.abort("aborted by the client", 499)
+            st.finished_time = st.created
+            return st
         msg = TokenizedGenerateReq(
             rid=rid,
             input_ids=ids,
@@ -458,6 +530,8 @@ class TokenizerManager:
             raise InvalidRequestError(fr.message or "request rejected", None)
         if fr.status_code == 503:
             raise EngineDeadError(fr.message or "engine unavailable")
+        if fr.status_code == 500:
+            raise InternalError(fr.message or "internal error")
 
     def build_output(self, st: ReqState, output_lp_from: int) -> dict[str, Any]:
         """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""

@@ -17,6 +17,13 @@ from radixgen.runtime.text.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
+_LOGPROB_FIELDS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "input_token_logprobs",
+    "input_top_logprobs",
+)
+
 # How many already-emitted tokens to re-decode as context: byte-level BPE pieces and
 # sentencepiece's leading-space rule both need a little left context to decode a suffix.
 _CONTEXT_TOKENS = 5
@@ -33,73 +40,131 @@ class DecodeState:
 
 
 class DetokenizerManager:
+    """Per-request decode state; `handle` turns one token batch into one text batch.
+
+    NOTE: containment. An exception while decoding one request fails that request (a 500 abort
+    with no text) and only it; until the scheduler's own final output for it arrives (the API
+    process aborts it there), its later outputs are dropped.
+    """
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, DecodeState] = {}
+        self.failed: set[str] = set()  # rids failed here whose scheduler side still runs
 
     def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
-        states: list[DecodeState] = []
+        errors: dict[int, Exception] = {}
+        states: dict[int, DecodeState] = {}
         for i, rid in enumerate(batch.rids):
-            st = self.states.get(rid)
-            if st is None:
-                st = self.states[rid] = DecodeState(stop_strings=batch.stop_strings[i])
-            rollback = batch.rollbacks[i]
-            if rollback:
-                self._rollback(st, rollback, batch.skip_special_tokens[i])
-            st.ids.extend(batch.new_token_ids[i])
-            finished = batch.finished_reasons[i]
-            if (
-                finished is not None
-                and _trims_last_token(finished, batch.no_stop_trim[i])
-                and st.ids
-            ):
-                st.ids.pop()  # a matched stop token id is not part of the text
-                st.read_offset = min(st.read_offset, len(st.ids))
-            states.append(st)
-        self._decode(states, batch.skip_special_tokens)
-        for i, st in enumerate(states):
-            if batch.finished_reasons[i] is not None and st.read_offset < len(st.ids):
-                # the request ended inside a multi-byte character: flush it as it decodes
-                full = self.tokenizer.decode(
-                    st.ids[st.prefix_offset :], batch.skip_special_tokens[i]
-                )
-                prefix = self.tokenizer.decode(
-                    st.ids[st.prefix_offset : st.read_offset], batch.skip_special_tokens[i]
-                )
-                st.text += full[len(prefix) :]
-                st.read_offset = len(st.ids)
+            if rid in self.failed:
+                continue
+            try:
+                states[i] = self._advance(batch, i)
+            except Exception as e:
+                errors[i] = e
+        try:
+            self._decode(list(states.values()), [batch.skip_special_tokens[i] for i in states])
+        except Exception:  # NOTE: find the request(s) it fails for: decode each alone
+            for i in list(states):
+                try:
+                    self._decode([states[i]], [batch.skip_special_tokens[i]])
+                except Exception as e:
+                    errors[i] = e
+                    del states[i]
+        deltas: dict[int, str] = {}
+        for i, st in states.items():
+            if i in errors:
+                continue
+            try:
+                deltas[i] = self._delta(batch, i, st)
+            except Exception as e:
+                errors[i] = e
+        return self._output(batch, deltas, errors)
 
-        deltas: list[str] = []
+    def fail_batch(self, batch: BatchTokenIDOut, e: Exception) -> BatchStrOut:
+        """After `handle` itself broke: every request of the batch fails with a 500 abort."""
+        return self._output(batch, {}, dict.fromkeys(range(len(batch.rids)), e))
+
+    def _advance(self, batch: BatchTokenIDOut, i: int) -> DecodeState:
+        """Apply request i's rollback and new ids to its state (text is decoded afterwards)."""
+        rid = batch.rids[i]
+        st = self.states.get(rid)
+        if st is None:
+            st = self.states[rid] = DecodeState(stop_strings=batch.stop_strings[i])
+        rollback = batch.rollbacks[i]
+        if rollback:
+            self._rollback(st, rollback, batch.skip_special_tokens[i])
+        st.ids.extend(batch.new_token_ids[i])
+        finished = batch.finished_reasons[i]
+        if finished is not None and _trims_last_token(finished, batch.no_stop_trim[i]) and st.ids:
+            st.ids.pop()  # a matched stop token id is not part of the text
+            st.read_offset = min(st.read_offset, len(st.ids))
+        return st
+
+    def _delta(self, batch: BatchTokenIDOut, i: int, st: DecodeState) -> str:
+        """Request i's new text to send (the final flush and stop-string trimming included)."""
+        finished = batch.finished_reasons[i]
+        skip = batch.skip_special_tokens[i]
+        if finished is not None and st.read_offset < len(st.ids):
+            # the request ended inside a multi-byte character: flush it as it decodes
+            full = self.tokenizer.decode(st.ids[st.prefix_offset :], skip)
+            prefix = self.tokenizer.decode(st.ids[st.prefix_offset : st.read_offset], skip)
+            st.text += full[len(prefix) :]
+            st.read_offset = len(st.ids)
+        end = len(st.text)
+        stops = st.stop_strings
+        if finished is not None:
+            matched = finished.matched_stop_string
+            if matched is not None and not batch.no_stop_trim[i]:
+                pos = st.text.find(matched)
+                if pos != -1:
+                    end = pos
+        elif stops:
+            end -= _held_back(st.text, stops)
+        end = max(end, st.sent_len)
+        delta = st.text[st.sent_len : end]
+        st.sent_len = end
+        if finished is not None:
+            del self.states[batch.rids[i]]
+        return delta
+
+    def _output(
+        self, batch: BatchTokenIDOut, deltas: dict[int, str], errors: dict[int, Exception]
+    ) -> BatchStrOut:
+        """The text batch: decoded requests as they are, failed ones as a 500 abort."""
+        out = BatchStrOut([], [], [], [], [], [], [], [], [], [])
         for i, rid in enumerate(batch.rids):
-            st = states[i]
             finished = batch.finished_reasons[i]
-            end = len(st.text)
-            stops = st.stop_strings
-            if finished is not None:
-                matched = finished.matched_stop_string
-                if matched is not None and not batch.no_stop_trim[i]:
-                    pos = st.text.find(matched)
-                    if pos != -1:
-                        end = pos
-            elif stops:
-                end -= _held_back(st.text, stops)
-            end = max(end, st.sent_len)
-            deltas.append(st.text[st.sent_len : end])
-            st.sent_len = end
-            if finished is not None:
-                del self.states[rid]
-        return BatchStrOut(
-            rids=batch.rids,
-            delta_texts=deltas,
-            new_token_ids=batch.new_token_ids,
-            finished_reasons=batch.finished_reasons,
-            metas=batch.metas,
-            output_token_logprobs=batch.output_token_logprobs,
-            output_top_logprobs=batch.output_top_logprobs,
-            input_token_logprobs=batch.input_token_logprobs,
-            input_top_logprobs=batch.input_top_logprobs,
-            rollbacks=batch.rollbacks,
-        )
+            if rid in self.failed:  # its scheduler side is still finishing: nothing to send
+                if finished is not None:
+                    self.failed.discard(rid)
+                continue
+            new_ids = batch.new_token_ids[i]
+            if i in errors:
+                e = errors[i]
+                logger.error(
+                    "failed to decode request %s: %r",
+                    rid,
+                    e,
+                    exc_info=(type(e), e, e.__traceback__),
+                )
+                self.states.pop(rid, None)
+                if finished is None:
+                    self.failed.add(rid)
+                finished = FinishReason.abort(f"internal error in the detokenizer: {e!r}", 500)
+                delta, new_ids = "", []
+            else:
+                delta = deltas[i]
+            out.rids.append(rid)
+            out.delta_texts.append(delta)
+            out.new_token_ids.append(new_ids)
+            out.finished_reasons.append(finished)
+            out.metas.append(batch.metas[i])
+            out.rollbacks.append(batch.rollbacks[i] if i not in errors else 0)
+            for name in _LOGPROB_FIELDS:
+                values = getattr(batch, name)
+                getattr(out, name).append(values[i] if values and i not in errors else None)
+        return out
 
     def _decode(self, states: list[DecodeState], skip_special: list[bool]) -> None:
         """Advance every state's text by the ids it has not decoded yet (two batched calls)."""
@@ -179,7 +244,13 @@ def run_detokenizer_process(
     ready_pipe.close()
     while True:
         msg = recv.recv_pyobj()
-        if isinstance(msg, BatchTokenIDOut):
-            send.send_pyobj(manager.handle(msg))
-        else:  # control replies pass through untouched
+        if not isinstance(msg, BatchTokenIDOut):  # control replies pass through untouched
             send.send_pyobj(msg)
+            continue
+        try:
+            out = manager.handle(msg)
+        except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
+            logger.exception("failed to decode a batch of %d requests", len(msg.rids))
+            out = manager.fail_batch(msg, e)
+        if out.rids:
+            send.send_pyobj(out)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,8 +30,6 @@ from radixgen.server_args import ServerArgs, resolve_api_key
 from radixgen.version import __version__
 
 logger = logging.getLogger(__name__)
-
-GRACEFUL_SHUTDOWN_S = 5
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -101,13 +101,21 @@ def _with_api_key(app: FastAPI, key: str) -> FastAPI:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server with an exit code, settable from the engine watchdog."""
+    """uvicorn's server with an exit code, settable from the engine watchdog; SIGTERM goes to
+    `on_sigterm` (the drain) instead of closing the port at once."""
 
     exit_code = 0
+    on_sigterm: Callable[[], None] | None = None
 
     def request_exit(self, code: int) -> None:
         self.exit_code = max(self.exit_code, code)
         self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.on_sigterm is not None and not self.should_exit:
+            self.on_sigterm()
+            return
+        super().handle_exit(sig, frame)
 
 
 def run_server(args: ServerArgs) -> int:
@@ -122,12 +130,15 @@ def run_server(args: ServerArgs) -> int:
         port=args.http.port,
         log_level=args.http.log_level,
         access_log=args.http.log_level == "debug",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # after the drain (or at once on SIGINT): time for open connections to finish
+        timeout_graceful_shutdown=max(1, round(args.http.graceful_shutdown_timeout)),
         timeout_keep_alive=30,
         lifespan="on",
     )
     server = _Server(config)
     holder["server"] = server
+    if args.http.graceful_shutdown_timeout > 0:
+        server.on_sigterm = state.request_drain
     logger.info("RadixGen %s: HTTP on http://%s:%d, loading the model", __version__,
                 args.http.host, args.http.port)  # fmt: skip
     server.run()

@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from radixgen.errors import (
     EngineDeadError,
+    InternalError,
     InvalidRequestError,
     RadixGenError,
     RequestTimeoutError,
@@ -47,6 +48,13 @@ AUTH_OPEN_PATHS = frozenset({"/health", "/ping"})
 
 class NotReadyError(RadixGenError):
     """The model is still loading: the port is up but nothing can be served yet."""
+
+    status_code = 503
+    err_type = "service_unavailable"
+
+
+class ShuttingDownError(RadixGenError):
+    """SIGTERM arrived: requests in flight finish, new ones are refused."""
 
     status_code = 503
     err_type = "service_unavailable"
@@ -80,6 +88,13 @@ def error_response(exc: BaseException) -> Response:
     return response
 
 
+def stream_failure(exc: Exception) -> dict[str, Any]:
+    """The error event's body for a stream an exception broke; a bug's traceback is logged."""
+    if not isinstance(exc, RadixGenError):
+        logger.error("a stream failed: %r", exc, exc_info=(type(exc), exc, exc.__traceback__))
+    return error_body(exc)
+
+
 def sse_event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -94,18 +109,28 @@ def raise_if_failed(result: dict[str, Any] | list[dict[str, Any]]) -> None:
             raise InvalidRequestError(fr.get("message", "request rejected"), None)
         if fr.get("status_code") == 503:
             raise EngineDeadError(fr.get("message", "engine unavailable"))
+        if fr.get("status_code") == 500:
+            raise InternalError(fr.get("message", "internal error"))
+
+
+# the aborts a stream reports as an error event (a client's own abort, 499, is a normal end)
+_STREAM_ERROR_TYPES = {
+    400: InvalidRequestError.err_type,
+    500: InternalError.err_type,
+    503: EngineDeadError.err_type,
+}
 
 
 def stream_error(chunk: dict[str, Any]) -> dict[str, Any] | None:
     """An in-stream refusal as SGLang's error event, or None for a normal chunk."""
     if isinstance(chunk, dict) and "meta_info" in chunk:
         fr = chunk["meta_info"].get("finish_reason") or {}
-        if fr.get("type") == "abort" and fr.get("status_code") in (400, 503):
+        if fr.get("type") == "abort" and fr.get("status_code") in _STREAM_ERROR_TYPES:
             code = fr["status_code"]
             return {
                 "error": {
                     "message": fr.get("message", "request failed"),
-                    "type": "invalid_request_error" if code == 400 else "engine_dead",
+                    "type": _STREAM_ERROR_TYPES[code],
                     "param": None,
                     "code": code,
                     "retryable": code == 503,

@@ -33,6 +33,7 @@ from radixgen.runtime.entrypoints.http_utils import (
     read_parsed,
     sse_event,
     stream_error,
+    stream_failure,
     until_disconnect,
 )
 from radixgen.runtime.entrypoints.server_state import ServerState
@@ -83,8 +84,8 @@ async def _sse(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
                 chunk = await rest.__anext__()
             except StopAsyncIteration:
                 break
-    except RadixGenError as e:
-        body = error_body(e)
+    except Exception as e:  # NOTE: a bug too ends the stream with an error event
+        body = stream_failure(e)
         body["error"]["retryable"] = False
         yield sse_event(body)
     finally:
@@ -209,7 +210,8 @@ async def abort_request(request: Request) -> Response:
             raise InvalidRequestError("rid must be a string", "rid")
         if not rid and not abort_all:
             raise InvalidRequestError("give a rid or abort_all: true", "rid")
-        await server_state(request).manager().abort_request(rid=rid, abort_all=abort_all)
+        tm = server_state(request).manager(while_draining=True)
+        await tm.abort_request(rid=rid, abort_all=abort_all)
     except RadixGenError as e:
         return error_response(e)
     return Response(status_code=200)

@@ -19,13 +19,14 @@ from typing import Any
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
-from radixgen.runtime.entrypoints.http_utils import NotReadyError
+from radixgen.runtime.entrypoints.http_utils import NotReadyError, ShuttingDownError
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
+DRAIN_POLL_S = 0.05
 STOP_TIMEOUT_S = 10.0
 CHILD_MODULE = "radixgen.runtime.launch.child_main"
 
@@ -47,20 +48,71 @@ class ServerState:
         self._thread: threading.Thread | None = None
         self._watch_task: asyncio.Task | None = None
         self._starting_tm: TokenizerManager | None = None  # during the warm-up
+        self.draining = False  # SIGTERM arrived: finish what runs, refuse the rest
+        self._drain_task: asyncio.Task | None = None
 
     # --- what routes call ---------------------------------------------------------------------
 
-    def manager(self) -> TokenizerManager:
-        """The TokenizerManager, or a 503 error saying why there is none."""
+    def manager(self, while_draining: bool = False) -> TokenizerManager:
+        """The TokenizerManager, or a 503 error saying why there is none (or, while draining,
+        why no new work is taken: `while_draining` for what serves requests in flight)."""
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
+        if self.draining and not while_draining:
+            raise ShuttingDownError(
+                "the server is shutting down: it finishes the requests in flight and takes no "
+                "new ones"
+            )
         if self.tm is None:
             raise NotReadyError("the model is still loading; retry when /health returns 200")
         return self.tm
 
     @property
     def healthy(self) -> bool:
-        return self.tm is not None and self.dead_reason is None and self.tm.dead_reason is None
+        return (
+            self.tm is not None
+            and self.dead_reason is None
+            and self.tm.dead_reason is None
+            and not self.draining
+        )
+
+    # --- graceful shutdown (SIGTERM) ----------------------------------------------------------
+
+    def request_drain(self) -> None:
+        """From the SIGTERM handler (between bytecodes): start the drain on the event loop (once;
+        SIGINT still stops at once)."""
+        if self._loop is None:
+            self._request_exit(0)
+            return
+        if self.draining:
+            return
+        self.draining = True  # NOTE: at once: routes refuse new work from here on
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        """On the loop: let the requests in flight finish, then exit."""
+        assert self._loop is not None
+        self._drain_task = self._loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        timeout = self.args.http.graceful_shutdown_timeout
+        tm = self.tm
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if tm is not None and tm.num_in_flight:
+            logger.info("SIGTERM: draining %d requests (up to %.0f s)", tm.num_in_flight, timeout)
+        while tm is not None and tm.num_in_flight and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if tm is not None and tm.num_in_flight:
+            logger.warning(
+                "%d requests still in flight after %.0f s: failing them", tm.num_in_flight, timeout
+            )
+            tm.fail_all(
+                "the server shut down before the request finished "
+                f"(graceful shutdown timeout {timeout:g} s)",
+                503,
+            )
+        self._request_exit(0)
 
     # --- start ---------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import zmq
 
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import SchedulerReadyOut
-from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.launch.process_utils import PortArgs, remove_stale_ipc_dirs
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
 from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
@@ -61,7 +60,7 @@ class EngineProcesses:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(2.0)
-        shutil.rmtree(self.ports.ipc_dir, ignore_errors=True)
+        self.ports.remove()
 
 
 def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
@@ -71,6 +70,8 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     tokenizer_folder(model_folder, args.model.tokenizer_path)
     chat_template_text(args.model.chat_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path)
+    for path in remove_stale_ipc_dirs():
+        logger.info("removed %s, left behind by a server that is gone", path)
     ports = PortArgs.create()
     ready_endpoint = f"ipc://{ports.ipc_dir}/ready"
     ctx = zmq.Context(1)

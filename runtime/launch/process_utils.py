@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -13,9 +14,18 @@ from dataclasses import dataclass
 PARENT_POLL_S = 0.5
 
 
+IPC_DIR_PREFIX = "radixgen-ipc-"
+IPC_OWNER_FILE = "owner"  # "<pid> <process start time>" of the process that made the dir
+
+
 @dataclass(frozen=True)
 class PortArgs:
-    """ZMQ ipc:// endpoints in a private temporary directory."""
+    """ZMQ ipc:// endpoints in a private temporary directory.
+
+    The directory's name starts with its owner's pid and an `owner` file identifies the owner
+    exactly (pid and start time, as pids are reused), so a later start can tell a dead server's
+    leftover (after a SIGKILL) from a live server's directory: see `remove_stale_ipc_dirs`.
+    """
 
     tokenizer_ipc: str  # detokenizer / scheduler -> tokenizer manager
     scheduler_input_ipc: str  # tokenizer manager -> scheduler
@@ -24,8 +34,55 @@ class PortArgs:
 
     @classmethod
     def create(cls) -> PortArgs:
-        d = tempfile.mkdtemp(prefix="radixgen-ipc-")
+        d = tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
+        with open(os.path.join(d, IPC_OWNER_FILE), "w") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}")
         return cls(f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", d)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _owner_alive(path: str, name: str) -> bool:
+    """Does the process that made this IPC dir still run? Unknown owners count as alive."""
+    pid_text = name[len(IPC_DIR_PREFIX) :].split("-", 1)[0]
+    if not pid_text.isdigit():
+        return True  # not made by this version (no pid in the name): never ours to remove
+    pid = int(pid_text)
+    started = _start_time(pid)
+    if started is None:
+        return False
+    try:
+        with open(os.path.join(path, IPC_OWNER_FILE)) as f:
+            owner_pid, owner_started = f.read().split()
+    except (OSError, ValueError):
+        return True  # being created right now by a live process with that pid
+    return int(owner_pid) == pid and abs(float(owner_started) - started) < 1.0
+
+
+def remove_stale_ipc_dirs(root: str | None = None) -> list[str]:
+    """Remove the IPC dirs of dead servers (a SIGKILL leaves them behind); returns their paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(IPC_DIR_PREFIX)]
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not _owner_alive(path, name):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def configure_logging(log_level: str, process_name: str) -> None:

@@ -6,9 +6,12 @@ send their new tokens every `stream_interval` steps (per-request override allowe
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
-from radixgen.io_struct import BatchTokenIDOut
+from radixgen.io_struct import BatchTokenIDOut, RequestMeta
 from radixgen.runtime.model_executor.model_runner import LogitsOutput
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import StepBatch
@@ -44,55 +47,97 @@ def record_input_logprobs(batch: StepBatch, logits: LogitsOutput) -> None:
             )
 
 
-def collect_outputs(outbox: list[Req], stream_interval: int) -> list[BatchTokenIDOut]:
-    """One message with every request that has something to send (finished, or a stream chunk due)."""
+@dataclass
+class OutputCollection:
+    """The messages to send, and the requests whose entry could not be built (a bug)."""
+
+    messages: list[BatchTokenIDOut]
+    failed: list[tuple[Req, Exception]] = field(default_factory=list)
+
+
+def collect_outputs(outbox: list[Req], stream_interval: int) -> OutputCollection:
+    """One message with every request that has something to send (finished, or a stream chunk due).
+
+    NOTE: each request's entry is built before anything of it is committed, so a request whose
+    entry raises is reported in `failed` and the others are sent untouched.
+    """
+    result = OutputCollection([])
     if not outbox:
-        return []
+        return result
     seen: set[int] = set()
     out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [], [])
     for r in outbox:
         if id(r) in seen:
             continue
         seen.add(id(r))
-        if not r.finished:
-            every = r.sampling_params.stream_interval or stream_interval
-            # the first tokens go out at once (time to first token), then every `every` steps
-            first = r.sent_output_len == 0
-            if (
-                not r.stream
-                or (r.steps_since_stream < every and not first)
-                or len(r.output_ids) == r.sent_output_len
-            ):
-                continue
+        try:
+            entry = _entry(r, stream_interval)
+        except Exception as e:
+            result.failed.append((r, e))
+            continue
+        if entry is None:
+            continue
+        for name, value in entry.items():
+            getattr(out, name).append(value)
         r.steps_since_stream = 0
-        sp = r.sampling_params
-        new = r.output_ids[r.sent_output_len :]
-        out.rids.append(r.rid)
-        out.rollbacks.append(r.rollback_pending)
         r.rollback_pending = 0
-        out.new_token_ids.append(new)
-        out.finished_reasons.append(r.finished_reason)
-        out.metas.append(r.meta())
-        out.skip_special_tokens.append(sp.skip_special_tokens)
-        out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+        r.sent_stop_strings = True
+        if r.return_logprob:
+            r.sent_input_logprobs = True
+        r.sent_output_len = len(r.output_ids)
+    if out.rids:
+        result.messages.append(out)
+    return result
+
+
+def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
+    """Request r's fields of a BatchTokenIDOut (by field name), or None when nothing is due."""
+    if not r.finished:
+        every = r.sampling_params.stream_interval or stream_interval
+        # the first tokens go out at once (time to first token), then every `every` steps
+        first = r.sent_output_len == 0
+        if (
+            not r.stream
+            or (r.steps_since_stream < every and not first)
+            or len(r.output_ids) == r.sent_output_len
+        ):
+            return None
+    sp = r.sampling_params
+    entry: dict[str, Any] = {
+        "rids": r.rid,
+        "rollbacks": r.rollback_pending,
+        "new_token_ids": r.output_ids[r.sent_output_len :],
+        "finished_reasons": r.finished_reason,
+        "metas": r.meta(),
+        "skip_special_tokens": sp.skip_special_tokens,
+        "spaces_between_special_tokens": sp.spaces_between_special_tokens,
         # NOTE: stop strings go out once, with the request's first message; the detokenizer
         # keeps them in its per-request state (a long stop list is not re-sent every chunk)
-        out.stop_strings.append([] if r.sent_stop_strings else sp.stop)
-        r.sent_stop_strings = True
-        out.no_stop_trim.append(sp.no_stop_trim)
-        if r.return_logprob:
-            out.output_token_logprobs.append(r.output_token_logprobs[r.sent_output_len :])
-            out.output_top_logprobs.append(
-                r.output_top_logprobs[r.sent_output_len :] if r.top_logprobs_num else None
-            )
-            first = not r.sent_input_logprobs
-            out.input_token_logprobs.append(r.input_token_logprobs if first else None)
-            out.input_top_logprobs.append(r.input_top_logprobs if first else None)
-            r.sent_input_logprobs = True
-        else:
-            out.output_token_logprobs.append(None)
-            out.output_top_logprobs.append(None)
-            out.input_token_logprobs.append(None)
-            out.input_top_logprobs.append(None)
-        r.sent_output_len = len(r.output_ids)
-    return [out] if out.rids else []
+        "stop_strings": [] if r.sent_stop_strings else sp.stop,
+        "no_stop_trim": sp.no_stop_trim,
+        "output_token_logprobs": None,
+        "output_top_logprobs": None,
+        "input_token_logprobs": None,
+        "input_top_logprobs": None,
+    }
+    if r.return_logprob:
+        first = not r.sent_input_logprobs
+        entry["output_token_logprobs"] = r.output_token_logprobs[r.sent_output_len :]
+        entry["output_top_logprobs"] = (
+            r.output_top_logprobs[r.sent_output_len :] if r.top_logprobs_num else None
+        )
+        entry["input_token_logprobs"] = r.input_token_logprobs if first else None
+        entry["input_top_logprobs"] = r.input_top_logprobs if first else None
+    return entry
+
+
+def failure_output(r: Req) -> BatchTokenIDOut:
+    """A final message for a request failed after its entry could not be built: no new tokens,
+    its finish reason, counters that need nothing but its token lists."""
+    assert r.finished_reason is not None
+    meta = RequestMeta(len(r.origin_input_ids), len(r.output_ids), 0)
+    sp = r.sampling_params
+    return BatchTokenIDOut(
+        [r.rid], [0], [[]], [r.finished_reason], [meta], [sp.skip_special_tokens],
+        [sp.spaces_between_special_tokens], [[]], [True], [None], [None], [None], [None],
+    )  # fmt: skip

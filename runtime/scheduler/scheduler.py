@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +27,20 @@ from radixgen.io_struct import (
 )
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
-from radixgen.runtime.sampling.sampler import Sampler
+from radixgen.runtime.sampling.sampler import SampleOutput, Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
+from radixgen.runtime.scheduler.containment import (
+    internal_error,
+    log_internal_error,
+    poll_one_by_one,
+)
 from radixgen.runtime.scheduler.finish import check_finish
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
-from radixgen.runtime.scheduler.output_processor import collect_outputs, record_input_logprobs
+from radixgen.runtime.scheduler.output_processor import (
+    collect_outputs,
+    failure_output,
+    record_input_logprobs,
+)
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import (
     StepBatch,
@@ -48,6 +56,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
 logger = logging.getLogger(__name__)
+
 
 NEW_TOKEN_RATIO_INIT = 0.7
 NEW_TOKEN_RATIO_MIN = 0.1
@@ -110,6 +119,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.grammar_waiting: list[Req] = []
         self.outbox: list[Req] = []  # requests with something to send this step
+        self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
         self.forward_steps = 0
         self.stats = SchedulerStats()
 
@@ -126,9 +136,11 @@ class Scheduler:
             self.abort(msg)
             return None
         if isinstance(msg, FlushCacheReq):
-            return self.flush_cache()
+            reply = self.flush_cache()
+            reply.request_id = msg.request_id
+            return reply
         if isinstance(msg, GetInternalStateReq):
-            return GetInternalStateOut(self.internal_state())
+            return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
         logger.error("unknown message %r", type(msg))
         return None
 
@@ -167,7 +179,11 @@ class Scheduler:
     def _poll_grammars(self) -> None:
         if not self.grammar_waiting or self.grammar_manager is None:
             return
-        ready, failed = self.grammar_manager.poll(self.grammar_waiting)
+        try:
+            ready, failed = self.grammar_manager.poll(self.grammar_waiting)
+        except Exception as e:  # NOTE: find the request(s) it fails for; fail only those
+            log_internal_error("grammar polling", e)
+            ready, failed = poll_one_by_one(self.grammar_manager, self.grammar_waiting)
         for req in failed:
             self.outbox.append(req)
         for req in ready:
@@ -213,19 +229,20 @@ class Scheduler:
         return bool(self.running or self.waiting or self.outbox)
 
     def step(self) -> list[BatchTokenIDOut]:
-        """Plan, run and process one forward step; return the outputs to send."""
+        """Plan, run and process one forward step; return the outputs to send.
+
+        NOTE: containment. An exception in any stage fails the request it happened for (or, when
+        the stage is batch-wide, that batch's requests) with a 500 abort, frees their KV and logs
+        the traceback once; the loop and every other request carry on.
+        """
         self._poll_grammars()
-        plan = self._plan_step()
+        plan = self._plan_step_contained()
         if plan:
             try:
                 self._run(plan)
             except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
-                logger.error("step failed: %s\n%s", e, traceback.format_exc())
-                for r in plan:
-                    if not r.finished:
-                        r.finish(FinishReason.abort(f"internal error: {e}", 500))
-                        self._release(r)
-                        self.outbox.append(r)
+                log_internal_error("the forward step", e)
+                self._fail(plan, e)
             self.forward_steps += 1
             self.new_token_ratio = max(
                 NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
@@ -233,6 +250,42 @@ class Scheduler:
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return self._collect_outputs()
+
+    # --- containment --------------------------------------------------------------------------
+
+    def _fail(self, reqs: list[Req], e: Exception) -> None:
+        """Finish `reqs` with a 500 abort wherever they are; free their KV and cache locks."""
+        ids = {id(r) for r in reqs}
+        self.waiting = [r for r in self.waiting if id(r) not in ids]
+        self.grammar_waiting = [r for r in self.grammar_waiting if id(r) not in ids]
+        for r in reqs:
+            if r.finished and r not in self.running:
+                continue
+            if not r.finished:
+                r.finish(internal_error(e))
+            self._release(r)
+            self.outbox.append(r)
+
+    def fail_all(self, e: Exception) -> list[BatchTokenIDOut]:
+        """Last resort after a failure nobody could be blamed for: fail every request held,
+        free everything, and return their final outputs (the scheduler then serves on)."""
+        held = [*self.running, *self.waiting, *self.grammar_waiting, *self.outbox]
+        self._fail(list(dict.fromkeys(held)), e)
+        self.outbox = []
+        return [failure_output(r) for r in dict.fromkeys(held)]
+
+    def _plan_step_contained(self) -> list[Req]:
+        """`_plan_step`, failing the request(s) it was planning when it raised (no forward runs
+        this step; the others are planned again next step, their KV untouched)."""
+        self._planning = []
+        try:
+            return self._plan_step()
+        except Exception as e:
+            log_internal_error("planning", e)
+            self._fail(self._planning, e)
+            return []
+        finally:
+            self._planning = []
 
     def _run(self, plan: list[Req]) -> None:
         slots = allocate_step_slots(plan, self.kv_pool, self.req_to_token_pool.req_to_token)
@@ -262,6 +315,7 @@ class Scheduler:
             (r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time
         )
         # 1) every decoding request gets its token; retract the newest when the pool is short
+        self._planning = list(decodes)
         while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
             victim = max(decodes + extends, key=lambda r: r.arrival_time)
             self._retract(victim)
@@ -276,6 +330,7 @@ class Scheduler:
         reserved = self._pages(decodes, 1) * self.page_size
         # 2) requests part-way through their prefill (chunks, jump-forward text) continue
         for r in extends:
+            self._planning = [r]
             n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
             if n <= 0:
                 break
@@ -289,6 +344,7 @@ class Scheduler:
             budget -= n
             plan.append(r)
         # 3) admit waiting requests
+        self._planning = list(self.waiting)  # until one is picked: the queue's order failed
         if budget > 0 and self.waiting:
             plan.extend(self._admit(budget, reserved, plan))
         return plan
@@ -304,6 +360,16 @@ class Scheduler:
 
     def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
         admitted: list[Req] = []
+        try:
+            self._admit_into(admitted, budget, reserved, plan)
+        finally:  # NOTE: also when planning fails part-way: an admitted request never waits twice
+            if admitted:
+                ids = {id(r) for r in admitted}
+                self.waiting = [r for r in self.waiting if id(r) not in ids]
+        return admitted
+
+    def _admit_into(self, admitted: list[Req], budget: int, reserved: int, plan: list[Req]) -> None:
+        """Admit waiting requests by the policy's order into `admitted` (and the running set)."""
         prefilling = [r for r in plan if r.extend_len > 1]
         future_tokens = sum(self._future_tokens(r) for r in self.running)
         for req in order_waiting_queue(
@@ -313,6 +379,7 @@ class Scheduler:
                 break
             if self.req_to_token_pool.available_size() == 0:
                 break
+            self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
                 key_len = min(key_len, req.input_logprob_start)
@@ -332,15 +399,16 @@ class Scheduler:
             future_tokens += self._future_tokens(req)
             # slots kept free for running requests' future tokens (fewer retractions)
             future = int(future_tokens * self.new_token_ratio) if self.running or admitted else 0
-            if not self._free_tokens(reserved + need + future):
+            try:
+                fits = self._free_tokens(reserved + need + future)
+                if not fits and not (self.running or admitted or plan):
+                    fits = self._free_tokens(reserved + need)  # alone: run without the reservation
+            except Exception:
+                self.cache.dec_lock_ref(match.last_node)  # not admitted: it holds no lock
+                raise
+            if not fits:
                 self.cache.dec_lock_ref(match.last_node)
-                if self.running or admitted or plan:
-                    break
-                # alone and still short: run without the future reservation
-                self.cache.inc_lock_ref(match.last_node)
-                if not self._free_tokens(reserved + need):
-                    self.cache.dec_lock_ref(match.last_node)
-                    break
+                break
             row = self.req_to_token_pool.alloc()
             assert row is not None
             req.req_pool_idx = row
@@ -359,10 +427,6 @@ class Scheduler:
             reserved += need
             admitted.append(req)
             self.running.append(req)
-        if admitted:
-            ids = {id(r) for r in admitted}
-            self.waiting = [r for r in self.waiting if id(r) not in ids]
-        return admitted
 
     def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
         """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?
@@ -452,23 +516,12 @@ class Scheduler:
                 grammar_mask, grammar_rows = grammars.fill_mask(sample_reqs)
             out = self.sampler.sample(logits, rows, sample_reqs, grammar_mask, grammar_rows)
             for i, r in enumerate(sample_reqs):
-                if r.sampling_params.max_new_tokens == 0:
-                    r.finish(FinishReason.length(0))
-                    continue
-                tok = out.next_ids[i]
-                if not r.output_ids and r.first_token_delay is None and r.arrival_time:
-                    r.first_token_delay = max(0.0, time.time() - r.arrival_time)
-                r.output_ids.append(tok)
-                self.stats.generated_tokens += 1
-                if r.return_logprob:
-                    r.output_token_logprobs.append((out.logprobs[i], tok))
-                    if r.top_logprobs_num:
-                        r.output_top_logprobs.append(out.top_logprobs[i])
-                if grammars is not None and r.grammar is not None:
-                    grammars.accept(r, tok)
-                check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
-                if not r.finished and r.grammar is not None:
-                    self._jump_forward(r)
+                try:
+                    self._accept_sampled(r, out, i)
+                except Exception as e:  # NOTE: fail this request only (released below)
+                    log_internal_error(f"accepting the token of request {r.rid}", e)
+                    if not r.finished:
+                        r.finish(internal_error(e))
         for r in batch.reqs:
             if r.finished:
                 self._release(r)
@@ -477,10 +530,36 @@ class Scheduler:
             r.steps_since_stream += 1
             self.outbox.append(r)
 
+    def _accept_sampled(self, r: Req, out: SampleOutput, i: int) -> None:
+        """Append request r's sampled token (row i of `out`), advance its grammar, check finish."""
+        if r.sampling_params.max_new_tokens == 0:
+            r.finish(FinishReason.length(0))
+            return
+        tok = out.next_ids[i]
+        if not r.output_ids and r.first_token_delay is None and r.arrival_time:
+            r.first_token_delay = max(0.0, time.time() - r.arrival_time)
+        r.output_ids.append(tok)
+        self.stats.generated_tokens += 1
+        if r.return_logprob:
+            r.output_token_logprobs.append((out.logprobs[i], tok))
+            if r.top_logprobs_num:
+                r.output_top_logprobs.append(out.top_logprobs[i])
+        if self.grammar_manager is not None and r.grammar is not None:
+            self.grammar_manager.accept(r, tok)
+        check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
+        if not r.finished and r.grammar is not None:
+            self._jump_forward(r)
+
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
-        out = collect_outputs(self.outbox, self.args.scheduler.stream_interval)
-        self.outbox = []
-        return out
+        outbox, self.outbox = self.outbox, []
+        collected = collect_outputs(outbox, self.args.scheduler.stream_interval)
+        messages = collected.messages
+        for r, e in collected.failed:  # NOTE: fail these only; the others' outputs are sent
+            log_internal_error(f"collecting the output of request {r.rid}", e)
+            self._fail([r], e)
+            messages.append(failure_output(r))
+        self.outbox = []  # _fail queued them; their final message is the one above
+        return messages
 
     # --- introspection ------------------------------------------------------------------------
 

@@ -135,5 +135,10 @@ def run_scheduler_process(
                 continue
             if reply is not None:
                 to_tokenizer.send_pyobj(reply)
-        for out in scheduler.step():
+        try:
+            outputs = scheduler.step()
+        except Exception as e:  # NOTE: last resort, for a bug outside step()'s own containment
+            logger.error("scheduler step failed: %s\n%s", e, traceback.format_exc())
+            outputs = scheduler.fail_all(e)
+        for out in outputs:
             to_detok.send_pyobj(out)

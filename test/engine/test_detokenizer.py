@@ -66,7 +66,7 @@ def test_stop_strings_travel_once_and_the_detokenizer_keeps_them(tokenizer):
         req.steps_since_stream = 1
         if step == len(chunks) - 1:
             req.finish(FinishReason.stop("STOP here"))
-        (msg,) = collect_outputs([req], stream_interval=1)
+        (msg,) = collect_outputs([req], stream_interval=1).messages
         sent_stops.append(msg.stop_strings[0])
         pieces.append(detok.handle(msg).delta_texts[0])
     assert sent_stops == [["STOP here"], [], []]
@@ -74,3 +74,32 @@ def test_stop_strings_travel_once_and_the_detokenizer_keeps_them(tokenizer):
     assert pieces[:2] == ["Hello world", " "]
     assert "".join(pieces) == "Hello world "
     assert "s" not in detok.states
+
+
+def test_a_request_that_fails_to_decode_fails_alone_and_its_later_outputs_are_dropped(tokenizer):
+    """A token id no tokenizer can decode (a bug upstream) fails that request with a 500 abort;
+    the batch's other request decodes as usual, and so do later batches."""
+    good = tokenizer.encode("Hello there, world")
+    detok = DetokenizerManager(tokenizer)
+
+    def batch(bad_ids: list[int], good_ids: list[int], finished: FinishReason | None):
+        return BatchTokenIDOut(
+            rids=["bad", "good"], rollbacks=[0, 0], new_token_ids=[bad_ids, good_ids],
+            finished_reasons=[finished, finished], metas=[None, None],
+            skip_special_tokens=[True, True], spaces_between_special_tokens=[True, True],
+            stop_strings=[[], []], no_stop_trim=[False, False],
+        )  # fmt: skip
+
+    first = detok.handle(batch([good[0], -1], good[:2], None))
+    assert first.rids == ["bad", "good"]
+    reason = first.finished_reasons[0]
+    assert reason.is_abort and reason.status_code == 500 and "detokenizer" in reason.message
+    assert first.delta_texts[0] == "" and first.finished_reasons[1] is None
+    # the scheduler still streams the failed request until the API's abort reaches it
+    second = detok.handle(batch([good[1]], good[2:], None))
+    assert second.rids == ["good"]
+    last = detok.handle(batch([], [], FinishReason.abort("aborted by the client", 499)))
+    assert last.rids == ["good"]
+    text = first.delta_texts[1] + second.delta_texts[0] + last.delta_texts[0]
+    assert text == tokenizer.decode(good)
+    assert not detok.states and not detok.failed

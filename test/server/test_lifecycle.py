@@ -118,42 +118,52 @@ def test_sigint_while_loading_stops_children():
     assert not wait_gone(pids), "engine children outlived the server"
 
 
-def test_dead_child_fails_requests_with_503_and_server_exits():
+def _ipc_dir(pids: list[int]) -> str:
+    """The engine's IPC dir: children are started as `child_main ROLE <ipc dir>/spec.pkl`."""
+    spec = psutil.Process(_role_pid(pids, "scheduler")).cmdline()[-1]
+    assert spec.endswith("spec.pkl") and os.path.isdir(os.path.dirname(spec)), spec
+    return os.path.dirname(spec)
+
+
+def _long_request(url: str, result: dict, **extra) -> None:
+    body = {"text": "Story:", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    result["r"] = httpx.post(url + "/generate", json={**body, **extra}, timeout=60)
+
+
+def _long_stream(url: str, result: dict, started: threading.Event, max_new_tokens=3000) -> None:
+    body = {"text": "Tale:", "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}  # fmt: skip
+    with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
+        events = []
+        for line in r.iter_lines():
+            if line:
+                events.append(line)
+                started.set()
+        result["events"] = events
+
+
+@pytest.mark.parametrize("role", ["scheduler", "detokenizer"])
+def test_dead_child_fails_requests_with_503_and_server_exits(role):
+    """SIGKILL of a child: in-flight requests get 503 (JSON / an error event), the server exits
+    non-zero within 10 s, leaving no engine process and no IPC dir."""
     srv = ServerProcess(*server_flags())
     try:
         srv.wait_healthy()
         pids = srv.child_pids()
+        ipc_dir = _ipc_dir(pids)
         result: dict = {}
         stream_started = threading.Event()
-
-        def long_request() -> None:
-            body = {
-                "text": "Story:",
-                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
-            }
-            result["r"] = httpx.post(srv.url + "/generate", json=body, timeout=60)
-
-        def long_stream() -> None:
-            body = {"text": "Tale:", "stream": True,
-                    "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
-            with httpx.stream("POST", srv.url + "/generate", json=body, timeout=60) as r:
-                events = []
-                for line in r.iter_lines():
-                    if line:
-                        events.append(line)
-                        stream_started.set()
-                result["events"] = events
-
-        t = threading.Thread(target=long_request)
+        t = threading.Thread(target=_long_request, args=(srv.url, result))
         t.start()
-        ts = threading.Thread(target=long_stream)
+        ts = threading.Thread(target=_long_stream, args=(srv.url, result, stream_started))
         ts.start()
         wait_until(
             lambda: stream_started.is_set() and _in_flight(srv.url) >= 2,
             60,
             what="both requests in flight, the stream's first event received",
         )
-        os.kill(_role_pid(pids, "scheduler"), signal.SIGKILL)
+        os.kill(_role_pid(pids, role), signal.SIGKILL)
+        killed_at = time.monotonic()
         wait_until(lambda: srv.health_status() != 200, 10, what="/health to fail")
         assert srv.health_status() in (503, None), "/health fails once a child is dead"
         t.join(30)
@@ -164,7 +174,58 @@ def test_dead_child_fails_requests_with_503_and_server_exits():
         assert events[-1] == "data: [DONE]", events[-3:]
         assert json.loads(events[-2][len("data: ") :])["error"]["code"] == 503
         srv.proc.wait(30)
+        assert time.monotonic() - killed_at < 10, "the server took over 10 s to exit"
         assert srv.proc.returncode == 1, srv.log()
         assert not wait_gone(pids), "engine children outlived the server"
+        assert not os.path.exists(ipc_dir), "the IPC dir was left behind"
+    finally:
+        srv.stop()
+
+
+def test_sigterm_drains_requests_in_flight_and_refuses_new_ones():
+    """SIGTERM: a request of a few dozen tokens in flight finishes; one that cannot finish within
+    --graceful-shutdown-timeout gets 503 then; new requests get 503 meanwhile; exit 0, no leftovers."""
+    srv = ServerProcess("--graceful-shutdown-timeout", "20", *server_flags())
+    try:
+        srv.wait_healthy()
+        pids = srv.child_pids()
+        ipc_dir = _ipc_dir(pids)
+        short: dict = {}
+        long: dict = {}
+        stream_started = threading.Event()
+        ts = threading.Thread(target=_long_stream, args=(srv.url, short, stream_started, 40))
+        ts.start()
+        tl = threading.Thread(target=_long_request, args=(srv.url, long))
+        tl.start()
+        wait_until(
+            lambda: stream_started.is_set() and _in_flight(srv.url) >= 2,
+            60,
+            what="both requests in flight, the stream's first event received",
+        )
+        srv.proc.send_signal(signal.SIGTERM)
+        sent_at = time.monotonic()
+
+        def refused() -> httpx.Response | None:
+            body = {"text": "Hi", "sampling_params": {"max_new_tokens": 1}}
+            r = httpx.post(srv.url + "/generate", json=body, timeout=10)
+            return r if r.status_code == 503 else None
+
+        r = wait_until(refused, 5, what="new requests to be refused")
+        assert r.json()["error"]["type"] == "service_unavailable"
+        assert "shutting down" in r.json()["error"]["message"]
+        assert httpx.get(srv.url + "/health").status_code == 503
+        ts.join(60)
+        events = short["events"]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        final = json.loads(events[-2][len("data: ") :])
+        assert final["meta_info"]["finish_reason"] == {"type": "length", "length": 40}, final
+        tl.join(60)
+        assert long["r"].status_code == 503, long["r"].text
+        assert "graceful shutdown timeout" in long["r"].json()["error"]["message"]
+        assert time.monotonic() - sent_at >= 19, "the long request was cut before the timeout"
+        srv.proc.wait(30)
+        assert srv.proc.returncode == 0, srv.log()
+        assert not wait_gone(pids), "engine children outlived the server"
+        assert not os.path.exists(ipc_dir), "the IPC dir was left behind"
     finally:
         srv.stop()

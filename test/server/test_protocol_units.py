@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from radixgen.errors import InvalidRequestError
+from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.finish_reason import FinishReason
+from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
 from radixgen.runtime.entrypoints.openai.protocol import (
@@ -125,3 +127,35 @@ def test_tool_mode():
     assert tc.tool_mode(TOOLS, "none") is None
     with pytest.raises(InvalidRequestError):
         tc.tool_mode(None, "required")
+
+
+@pytest.mark.parametrize(
+    ("status", "err_type"),
+    [(400, "invalid_request_error"), (500, "internal_error"), (503, "engine_dead")],
+)
+def test_failed_requests_answer_with_their_status(status, err_type):
+    """A request failed in the engine (bad input, a contained bug, a dead child) answers with its
+    status: an error JSON when not streamed, an error event when streamed; a client's own abort
+    (499) is a normal end."""
+    fr = FinishReason.abort(f"failed with {status}", status).to_dict()
+    result = {"text": "", "meta_info": {"finish_reason": fr}}
+    with pytest.raises(RadixGenError) as info:
+        hu.raise_if_failed([result, {"text": "", "meta_info": {"finish_reason": None}}])
+    body = hu.error_body(info.value)["error"]
+    assert (body["code"], body["type"], body["message"]) == (status, err_type, fr["message"])
+    event = hu.stream_error(result)["error"]
+    assert (event["code"], event["type"], event["retryable"]) == (status, err_type, status == 503)
+    client_abort = {"meta_info": {"finish_reason": FinishReason.abort("bye", 499).to_dict()}}
+    hu.raise_if_failed(client_abort)
+    assert hu.stream_error(client_abort) is None
+
+
+def test_a_stream_broken_by_a_bug_ends_with_a_500_event_and_logs_the_traceback(caplog):
+    try:
+        raise KeyError("lost")
+    except KeyError as e:
+        body = hu.stream_failure(e)["error"]
+    assert (body["code"], body["type"]) == (500, "internal_error") and "lost" in body["message"]
+    assert "Traceback" in caplog.text and "KeyError" in caplog.text
+    refused = hu.stream_failure(InvalidRequestError("bad", "x"))["error"]
+    assert (refused["code"], refused["param"]) == (400, "x")

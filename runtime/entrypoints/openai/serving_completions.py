@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
@@ -163,8 +163,8 @@ async def _stream(
                 {"id": rid, "object": "text_completion", "created": created, "model": model,
                  "choices": [], "usage": usage}
             )  # fmt: skip
-    except RadixGenError as e:
-        yield hu.sse_event(hu.error_body(e))
+    except Exception as e:  # NOTE: a bug too ends the stream with an error event
+        yield hu.sse_event(hu.stream_failure(e))
     finally:
         await rest.aclose()
     yield hu.SSE_DONE
