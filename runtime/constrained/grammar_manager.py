@@ -52,6 +52,7 @@ class JumpForwardEdit:
 
 @dataclass
 class _PendingCompile:
+    req: Req  # NOTE: held so that its id() cannot be reused by a new request while pending
     key: GrammarKey
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
 
@@ -112,7 +113,7 @@ class GrammarManager:
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        self._pending[id(req)] = _PendingCompile(key, future)
+        self._pending[id(req)] = _PendingCompile(req, key, future)
 
     def poll(self, reqs: list[Req]) -> tuple[list[Req], list[Req]]:
         """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
@@ -142,10 +143,17 @@ class GrammarManager:
                 else:
                     self._fail(req, error)
                     failed.append(req)
-        if len(self._pending) > len(reqs):  # drop compiles of requests aborted while waiting
+        self.drop_pending_except(reqs)
+        return ready, failed
+
+    def drop_pending_except(self, reqs: list[Req]) -> None:
+        """Forget the compiles of requests no longer waiting (aborted while they waited).
+
+        Runs at each poll, so they last until the next constrained request arrives at most.
+        """
+        if len(self._pending) > len(reqs):
             alive = {id(r) for r in reqs}
             self._pending = {k: v for k, v in self._pending.items() if k in alive}
-        return ready, failed
 
     def _compiled_size(self, compiled: Any) -> int:
         try:

@@ -226,3 +226,28 @@ def test_stats_report_counters(manager):
         "jump_forward_tokens",
     ):
         assert key in st and isinstance(st[key], (int, float))
+
+
+def test_a_request_aborted_while_waiting_leaves_no_pending_compile(tokenizer):
+    """Its compile entry holds the request (so a new request cannot inherit the entry through a
+    reused id()) and is dropped at the next poll that no longer lists it."""
+    import gc
+    import weakref
+
+    gm = new_manager(tokenizer)
+    try:
+        gone = make_req("gone", regex="(a|b)")
+        stays = make_req("stays", regex="(yes|no)")
+        submit_all(gm, [gone, stays])
+        ref = weakref.ref(gone)
+        del gone
+        gc.collect()
+        assert ref() is not None  # still held by its pending entry: its id() is not reused
+        assert gm.stats()["grammar_waiting_compiles"] == 2
+        ready, failed = settle(gm, [stays])  # the scheduler polls only what still waits
+        assert [r.rid for r in ready] == ["stays"] and not failed
+        assert gm.stats()["grammar_waiting_compiles"] == 0
+        gc.collect()
+        assert ref() is None
+    finally:
+        gm.shutdown()
