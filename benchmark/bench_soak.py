@@ -416,10 +416,14 @@ async def _run(args: argparse.Namespace, url: str, server_pid: int) -> dict[str,
         await asyncio.sleep(min(args.warmup, args.duration / 2))
         rss_warm = _rss_mb(procs)
         rss_peak = dict(rss_warm)
+        trend: list[tuple[float, dict[str, float]]] = []  # a sample a minute: leak or plateau
         while not all(c.done() for c in clients):
             await asyncio.sleep(5)
-            for name, mb in _rss_mb(procs).items():
+            now_rss = _rss_mb(procs)
+            for name, mb in now_rss.items():
                 rss_peak[name] = max(rss_peak[name], mb)
+            if not trend or time.monotonic() - start - trend[-1][0] >= 60:
+                trend.append((time.monotonic() - start, now_rss))
             done = len(soak.outcomes)
             print(f"  {time.monotonic() - start:6.0f} s  {done} requests", file=sys.stderr)
         await asyncio.gather(*clients)
@@ -450,6 +454,7 @@ async def _run(args: argparse.Namespace, url: str, server_pid: int) -> dict[str,
         "flush_status": flush_status,
         "rss": {"start": rss_start, "warm": rss_warm, "peak": rss_peak, "end": rss_end},
         "primed": primed,
+        "trend": trend,
     }
 
 
@@ -495,6 +500,7 @@ def _report(args: argparse.Namespace, run: dict[str, Any]) -> tuple[bool, str, d
         "health": {k: round(v, 1) if isinstance(v, float) else v for k, v in health.items()},
         "rss_mb": {k: {n: round(v) for n, v in d.items()} for k, d in rss.items()},
         "memory_growth_pct": {n: round(100 * g, 1) for n, g in growth.items()},
+        "rss_trend": [(round(t), {n: round(v) for n, v in r.items()}) for t, r in run["trend"]],
         "checks": checks,
         "failures": [f"{o.kind}: {o.result} {o.detail}" for o in failed[:20]],
     }
@@ -518,6 +524,8 @@ def _report(args: argparse.Namespace, run: dict[str, Any]) -> tuple[bool, str, d
             f"{rss['end'][n]:.0f} ({100 * growth[n]:+.1f} % since warm-up)"
             for n in rss["warm"]
         ),
+        "- RSS a minute apart (API / scheduler MiB): "
+        + ", ".join(f"{t:.0f} s {r['api']:.0f}/{r['scheduler']:.0f}" for t, r in run["trend"]),
         "- after the run: "
         + (
             f"idle; KV used {idle['kv_used_tokens']} = evictable {idle['cache_evictable_tokens']}, "

@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -53,6 +54,7 @@ T = TypeVar("T")
 MAX_TOP_LOGPROBS = 100
 # Retry-After of a 429 (queue full): on this hardware a running batch frees slots within seconds
 QUEUE_RETRY_AFTER_S = 1
+API_CPU_THREADS = 2  # worker threads for the API process's CPU work (see start())
 # An abort naming a rid with no request yet (it raced the request's tokenization or an n > 1
 # prompt prefill) is remembered this long, so the request ends as soon as it is submitted.
 EARLY_ABORT_TTL_S = 30.0
@@ -128,7 +130,14 @@ class TokenizerManager:
         self._recv.bind(self.ports.tokenizer_ipc)
         self._send = self._ctx.socket(zmq.PUSH)
         self._send.connect(self.ports.scheduler_input_ipc)
-        self._loop_task = asyncio.get_running_loop().create_task(self._recv_loop())
+        loop = asyncio.get_running_loop()
+        # NOTE: tokenizing, chat templates and big-body parsing go through asyncio.to_thread;
+        # a small pool bounds that work: threads beyond the cores add no speed, only glibc malloc
+        # arenas that each keep their peak (asyncio's default pool has cores + 4 threads).
+        loop.set_default_executor(
+            ThreadPoolExecutor(API_CPU_THREADS, thread_name_prefix="radixgen-api-cpu")
+        )
+        self._loop_task = loop.create_task(self._recv_loop())
 
     def close(self) -> None:
         if self._loop_task is not None:

@@ -81,20 +81,30 @@ def test_issue_repro_cheap_regex_is_served_while_deep_schemas_are_killed(tokeniz
 
 
 def test_deadline_counts_from_the_compile_start_not_from_submission(tokenizer):
-    # one worker, six ~1 s compiles (0.8 s in the worker, 0.3 s to deserialize) queued behind
-    # each other: the last waits longer than the timeout before it starts, yet each compile
-    # alone is well inside it
-    timeout = 4.0
+    # One worker and five compiles queued behind each other. The timeout is set from a measured
+    # compile (2.5x one compile's round trip), so each compile alone is well inside it while the
+    # last one waits about 4 compiles, longer than the timeout, before it starts: on any machine.
+    probe = new_manager(tokenizer, grammar_compile_workers=1, grammar_max_depth=500)
+    try:
+        settle(probe, submit_all(probe, [make_req("w", json_schema=nested_array_schema(20))]))
+        (_, _, when) = settle(
+            probe, submit_all(probe, [make_req("t", json_schema=nested_array_schema(100))])
+        )
+        one_compile = when["t"]
+    finally:
+        probe.shutdown()
+    timeout = max(2.5 * one_compile, 0.5)
     gm = new_manager(
         tokenizer, grammar_compile_workers=1, grammar_compile_timeout=timeout, grammar_max_depth=500
     )
     try:
+        settle(gm, submit_all(gm, [make_req("w", json_schema=nested_array_schema(20))]))
         reqs = [
             make_req(f"s{d}", limits=NO_LIMITS, json_schema=nested_array_schema(d))
-            for d in range(100, 106)
+            for d in range(101, 106)
         ]
-        ready, failed, _ = settle(gm, submit_all(gm, reqs), timeout=180)
-        assert not failed and len(ready) == 6
+        ready, failed, _ = settle(gm, submit_all(gm, reqs), timeout=60 + 20 * timeout)
+        assert not failed and len(ready) == 5
         st = gm.stats()
         assert st["grammar_compile_timeouts"] == 0
         assert st["grammar_compile_queue_seconds_max"] > timeout
