@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from radixgen.config_file import expand_config_file
 from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.sglang_flags import DOC_PATH, foreign_flag_notes, log_flag_notes
 from radixgen.version import __version__
@@ -81,9 +82,16 @@ def generate(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
     from radixgen.errors import InvalidRequestError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("serve", "generate"):
+            argv = [argv[0], *expand_config_file(argv[1:])]
+    except InvalidRequestError as e:
+        print(f"radixgen: error: {e}", file=sys.stderr)
+        return 2
+    ns = build_parser().parse_args(argv)
     try:
         if ns.command == "serve":
             return serve(ns)

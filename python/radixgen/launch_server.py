@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from radixgen.config_file import expand_config_file
 from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.sglang_flags import DOC_PATH, foreign_flag_notes
 
@@ -21,8 +22,14 @@ def main(argv: list[str] | None = None) -> int:
         "effect here (a startup-log warning each) and which are refused, and why.",
     )
     add_cli_args(parser)
-    ns = parser.parse_args(argv)
     from radixgen.errors import InvalidRequestError
+
+    try:
+        argv = expand_config_file(list(sys.argv[1:] if argv is None else argv))
+    except InvalidRequestError as e:
+        print(f"radixgen: error: {e}", file=sys.stderr)
+        return 2
+    ns = parser.parse_args(argv)
     from radixgen.runtime.entrypoints.http_server import run_server
 
     try:

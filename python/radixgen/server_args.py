@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixgen.config_file import CONFIG_FLAG
 from radixgen.errors import InvalidRequestError
 
 
@@ -399,6 +400,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                 metavar="{" + ",".join(ours) + "}" if ours else None,
                 help=f"{help_text} (default: {f.default})",
             )
+    parser.add_argument(
+        CONFIG_FLAG,
+        metavar="FILE",
+        help="A YAML file of these flags (SGLang's --config); flags on the command line win.",
+    )
     sf.add_foreign_flags(parser)
 
 
@@ -417,6 +423,8 @@ def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
     with its reason (SGLang's flags without a field: `sglang_flags.foreign_flag_notes`)."""
     from radixgen.sglang_flags import check_values
 
+    if getattr(ns, "config", None) is not None:  # parse_args(expand_config_file(argv)) reads it
+        raise InvalidRequestError(f"{CONFIG_FLAG} was not read: expand it before parsing", "config")
     owners = field_owners()
     ours = {k: v for k, v in vars(ns).items() if k in owners}
     check_values(ours, field_choices())

@@ -60,6 +60,12 @@ IMPLEMENTED: tuple[str, ...] = (
     "tool-call-parser", "reasoning-parser",
 )  # fmt: skip
 
+# SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
+IMPLEMENTED_ON_THE_COMMAND_LINE: dict[str, str] = {
+    "config": "A YAML file of launch flags (`model-path: ...`), read first: flags given on the "
+    "command line win.",
+}
+
 # Other spellings SGLang accepts for flags we implement.
 ALIASES: dict[str, tuple[str, ...]] = {
     "model-path": ("model",),
@@ -449,11 +455,6 @@ TOPICS: tuple[FlagTopic, ...] = (
         "only HTTP/1.1 at the root path is served: no gRPC, HTTP/2, sidecars, path prefix or Ray",
         "smg-grpc-mode grpc-mode grpc-port= sidecar= sidecar-args= "
         'smg-http-sidecar-port|grpc-http-sidecar-port= enable-http2 fastapi-root-path="" use-ray',
-    ),
-    FlagTopic(
-        R,
-        "config files are not read: give the flags on the command line",
-        "config=",
     ),
     # --- observability ----------------------------------------------------------------------
     FlagTopic(

@@ -17,6 +17,7 @@ from radixgen.errors import InvalidRequestError
 from radixgen.sglang_flag_table import (
     ALIASES,
     IMPLEMENTED,
+    IMPLEMENTED_ON_THE_COMMAND_LINE,
     TOPICS,
     VALUE_COMPAT,
     FlagStatus,
@@ -84,7 +85,8 @@ def _parse_spec(word: str, topic: FlagTopic) -> ForeignFlag:
 def _build() -> tuple[ForeignFlag, ...]:
     flags = [_parse_spec(word, topic) for topic in TOPICS for word in topic.specs.split()]
     names = [n for f in flags for n in f.names]
-    dupes = {n for n in names if names.count(n) > 1} | (set(names) & set(IMPLEMENTED))
+    implemented = {*IMPLEMENTED, *IMPLEMENTED_ON_THE_COMMAND_LINE}
+    dupes = {n for n in names if names.count(n) > 1} | (set(names) & implemented)
     assert not dupes, f"SGLang flags listed twice: {sorted(dupes)}"
     return tuple(flags)
 
@@ -220,6 +222,8 @@ def markdown_table() -> str:
         if extra and extra.refusal:
             note += f" SGLang's other values are refused: {extra.refusal}."
         rows.append((spelled, FlagStatus.IMPLEMENTED.value, note))
+    for name, note in IMPLEMENTED_ON_THE_COMMAND_LINE.items():
+        rows.append((f"`--{name}`", FlagStatus.IMPLEMENTED.value, note))
     for flag in FOREIGN_FLAGS:
         spelled = " / ".join(f"`--{n}`" for n in flag.names)
         status = flag.status.value

@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 from radixgen.cli import build_parser, main
+from radixgen.config_file import expand_config_file
+from radixgen.errors import InvalidRequestError
 from radixgen.server_args import ServerArgs, field_owners, from_cli_namespace
 from radixgen.sglang_flag_table import IMPLEMENTED, TOPICS, FlagStatus
 from radixgen.sglang_flags import (
@@ -224,6 +226,44 @@ def test_values_are_consumed_by_every_arity():
         "--attention-backend triton", "--cuda-graph-bs 1 2 4", "--enable-tf32-matmul",
         "--no-enable-fused-qk-norm-rope",
     ]  # fmt: skip
+
+
+def test_config_file_flags_go_first_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "flags.yaml"
+    config.write_text(
+        "model-path: from/file\ncontext_length: 1024\nenable-metrics: true\n"
+        "disable-radix-cache: false\ntrust-remote-code: true\ncuda-graph-bs: [1, 2]\n"
+    )
+    argv = expand_config_file(["--config", str(config), "--context-length", "512"])
+    args, notes = resolve(*argv)
+    assert args.model.model_path == "from/file" and args.model.context_length == 512
+    assert args.http.enable_metrics and not args.cache.disable_radix_cache
+    assert sorted(n.split(" has no effect")[0] for n in notes) == [
+        "--cuda-graph-bs 1 2", "--trust-remote-code",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "--config {path}: No such file"),
+        ("- a list\n", "--config {path}: must hold a mapping of flags"),
+        ("enable-lora: true\n", "--enable-lora is refused: LoRA adapters"),
+        ("tp-size: 2\n", "tensor and data parallelism are not available"),
+    ],
+)
+def test_config_file_errors_name_the_file_or_the_flag(tmp_path, capsys, content, needle):
+    path = tmp_path / "flags.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle.format(path=path) in err and "usage:" not in err
+
+
+def test_an_unread_config_flag_is_not_silently_dropped():
+    with pytest.raises(InvalidRequestError, match="--config was not read"):
+        from_cli_namespace(parse("--config", "x.yaml"))
 
 
 def test_launch_server_refuses_before_loading_anything():
