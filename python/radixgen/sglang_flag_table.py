@@ -201,7 +201,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         "triton-attention-split-tile-size= enable-fused-qk-norm-rope/no enable-tf32-matmul/no "
         "enable-fp32-lm-head enable-precise-embedding-interpolation enable-scattered-sconv "
         "enable-mis enable-amd-monokernel monokernel-backend= enable-nvidia-megakernel "
-        "enable-dsa-fused-indexer/no hybrid-kvcache-ratio=",
+        "enable-dsa-fused-indexer/no",
     ),
     FlagTopic(
         N,
@@ -241,7 +241,8 @@ TOPICS: tuple[FlagTopic, ...] = (
         "dsa-topk-backend= dsa-triton-union= enable-dsa-cache-layer-split dsv4-attn-backend= "
         "qsa-indexer-dtype= enable-deepseek-v4-fp4-indexer flashinfer-mla-disable-ragged "
         "disable-mla enable-flashinfer-mla enable-flashmla enable-double-sparsity "
-        "enable-linker-mla-dedup mamba-backend= max-mamba-cache-size= mamba-ssm-dtype= "
+        "enable-linker-mla-dedup hybrid-kvcache-ratio= mamba-backend= max-mamba-cache-size= "
+        "mamba-ssm-dtype= "
         "mamba-max-states-per-path= enable-mamba-cache-stochastic-rounding "
         "mamba-cache-philox-rounds= mamba-full-memory-ratio= mamba-radix-cache-strategy= "
         "mamba-track-interval= enable-int8-mamba-checkpoint int8-mamba-ckpt-size= "
@@ -414,7 +415,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         "skip-server-warmup warmups= weight-version= file-storage-path= strip-thinking-cache "
         "enable-strict-thinking sampling-defaults= asr-max-buffer-seconds= "
         "asr-max-concurrent-sessions= enable-streaming-session enable-response-store "
-        "grpc-response-timeout-secs= enable-http-worker-reuseport stream-output "
+        "grpc-response-timeout-secs= enable-http-worker-reuseport "
         "http2-max-concurrent-streams= http2-initial-connection-window-size= "
         "constrained-json-max-whitespace-cnt=",
     ),
@@ -428,7 +429,8 @@ TOPICS: tuple[FlagTopic, ...] = (
         R,
         "it changes what the API returns or how it reads requests, and that option is not "
         "implemented here",
-        "skip-tokenizer-init incremental-streaming-output stream-response-default-include-usage "
+        "skip-tokenizer-init incremental-streaming-output stream-output "
+        "stream-response-default-include-usage "
         "allow-auto-truncate return-input-ids return-output-ids preferred-sampling-params= "
         "default-chat-template-kwargs= completion-template= hf-chat-template-name= "
         "trust-request-chat-template tool-server= enable-custom-logit-processor "
