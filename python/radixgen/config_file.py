@@ -52,22 +52,26 @@ def _flags_of(path: str) -> list[str]:
         return []
     if not isinstance(data, dict):
         raise InvalidRequestError(f"{CONFIG_FLAG} {path}: must hold a mapping of flags", "config")
-    flags: list[str] = []
-    for key, value in data.items():
-        flags += _tokens(str(key), value, path)
-    return flags
+    try:
+        return flags_to_argv(data)
+    except ValueError as e:
+        raise InvalidRequestError(f"{CONFIG_FLAG} {path}: {e}", "config") from e
 
 
-def _tokens(key: str, value: Any, path: str) -> list[str]:
-    flag = "--" + key.removeprefix("--").replace("_", "-")
-    if isinstance(value, bool):
-        return [flag] if value else []
-    if value is None:
-        return []
-    if isinstance(value, list):
-        return [flag, *(str(v) for v in value)]
-    if isinstance(value, dict):
-        raise InvalidRequestError(
-            f"{CONFIG_FLAG} {path}: {key} must be a value or a list, not a mapping", "config"
-        )
-    return [flag, str(value)]
+def flags_to_argv(flags: dict[Any, Any]) -> list[str]:
+    """`{"tp_size": 1, "trust_remote_code": True}` -> `["--tp-size", "1", "--trust-remote-code"]`
+    (also what a launcher of `launch_server` with keyword arguments needs)."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        flag = "--" + str(key).removeprefix("--").replace("_", "-")
+        if isinstance(value, dict):
+            raise ValueError(f"{key} must be a value or a list, not a mapping")
+        if value is None or value is False:
+            continue  # the default; a switch left off
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
