@@ -76,7 +76,7 @@ def _parse_spec(word: str, topic: FlagTopic) -> ForeignFlag:
     if head.endswith("/no"):
         head, arity = head[: -len("/no")], "negatable"
     elif eq:
-        arity = {"*": "values", "?": "optional"}.get(tail, "value")  # type: ignore[assignment]
+        arity = "values" if tail == "*" else "optional" if tail == "?" else "value"
         if arity == "value" and tail:
             harmless = tuple("" if v == '""' else v for v in tail.split(","))
     return ForeignFlag(tuple(head.split("|")), arity, topic.status, topic.reason, harmless)
