@@ -282,10 +282,10 @@ def test_launch_server_refuses_before_loading_anything():
 def test_realistic_sglang_launch_command_serves():
     from radixgen.runtime.model_loader.resolve import default_model_file
 
-    flags = [a for a in REALISTIC if a not in ("--port", "30001", "some/model")]
-    flags[flags.index("--model-path") + 1 : flags.index("--model-path") + 1] = [
-        str(default_model_file())
-    ]
+    flags = list(REALISTIC)
+    flags[flags.index("some/model")] = str(default_model_file())
+    del flags[flags.index("--port") : flags.index("--port") + 2]  # ServerProcess picks a free one
+    del flags[flags.index("--dtype") : flags.index("--dtype") + 2]  # float16 is slow on a CPU
     flags += ["--quantization", "gguf", "--served-model-name", "smol", "--watchdog-timeout", "300"]
     proc = ServerProcess(*flags, *server_flags())
     try:
