@@ -1,7 +1,8 @@
 """The `radixgen` command: `serve` (the HTTP server) and `generate` (one offline answer).
 
 Flags are built from the `ServerArgs` dataclass fields and named like SGLang's, so
-`radixgen serve --model-path ... --port 30000` matches `python -m sglang.launch_server`.
+`radixgen serve --model-path ... --port 30000` matches `python -m sglang.launch_server`; SGLang's
+other launch flags are accepted without effect or refused with the reason (`sglang_flags`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import argparse
 import json
 import sys
 
+from radixgen.config_file import expand_config_file
 from radixgen.server_args import add_cli_args, from_cli_namespace
+from radixgen.sglang_flags import DOC_PATH, foreign_flag_notes, log_flag_notes
 from radixgen.version import __version__
 
 
@@ -20,6 +23,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="Start the HTTP server (SGLang native API + OpenAI-compatible API).",
         description="Start the RadixGen HTTP server. /health answers 503 until the model is "
         "loaded, then 200; SIGINT / SIGTERM stop the server and every engine process.",
+        epilog=f"SGLang's other launch flags are accepted too: {DOC_PATH} says which have no "
+        "effect here (a startup-log warning each) and which are refused, and why.",
     )
     add_cli_args(p)
 
@@ -52,13 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 def serve(ns: argparse.Namespace) -> int:
     from radixgen.runtime.entrypoints.http_server import run_server
 
-    return run_server(from_cli_namespace(ns))
+    args = from_cli_namespace(ns)
+    return run_server(args, foreign_flag_notes(ns))
 
 
 def generate(ns: argparse.Namespace) -> int:
     from radixgen.runtime.entrypoints.engine import Engine
 
     args = from_cli_namespace(ns)
+    log_flag_notes(foreign_flag_notes(ns))
     engine = Engine(**args.to_flat_dict())
     try:
         prompt = ns.prompt
@@ -75,9 +82,16 @@ def generate(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
     from radixgen.errors import InvalidRequestError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("serve", "generate"):
+            argv = [argv[0], *expand_config_file(argv[1:])]
+    except InvalidRequestError as e:
+        print(f"radixgen: error: {e}", file=sys.stderr)
+        return 2
+    ns = build_parser().parse_args(argv)
     try:
         if ns.command == "serve":
             return serve(ns)

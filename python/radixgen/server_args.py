@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixgen.config_file import CONFIG_FLAG
 from radixgen.errors import InvalidRequestError
 
 
@@ -186,6 +187,24 @@ class LimitsConfig:
     max_stop_string_chars: int = _f(128, "Longest stop string, in characters.")
 
 
+@dataclass(frozen=True)
+class ParserConfig:
+    """How OpenAI chat replies are split into tool calls and reasoning (SGLang's parser names)."""
+
+    tool_call_parser: str | None = _f(
+        None,
+        "Parse tool calls out of chat replies in this model family's format "
+        "(qwen25 / qwen / hermes: <tool_call> JSON; llama3; mistral: [TOOL_CALLS]; pythonic).",
+        ("qwen25", "qwen", "hermes", "llama3", "mistral", "pythonic"),
+    )
+    reasoning_parser: str | None = _f(
+        None,
+        "Split <think> reasoning out of chat replies into reasoning_content "
+        "(deepseek-r1: the reply opens inside the reasoning; qwen3: reasoning in <think> tags).",
+        ("deepseek-r1", "qwen3"),
+    )
+
+
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
@@ -194,6 +213,7 @@ _GROUPS: dict[str, type] = {
     "parallel": ParallelConfig,
     "http": HttpConfig,
     "limits": LimitsConfig,
+    "parsers": ParserConfig,
 }
 
 
@@ -208,6 +228,7 @@ class ServerArgs:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    parsers: ParserConfig = field(default_factory=ParserConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -241,7 +262,7 @@ class ServerArgs:
             for f in dataclasses.fields(cls):
                 choices = f.metadata.get("choices")
                 value = getattr(group, f.name)
-                if choices and value not in choices:
+                if choices and value is not None and value not in choices:
                     raise InvalidRequestError(
                         f"{f.name} must be one of {', '.join(choices)}, got {value!r}", f.name
                     )
@@ -326,6 +347,21 @@ def field_owners() -> dict[str, str]:
     return {f.name: g for g, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
 
 
+def field_help() -> dict[str, str]:
+    """Flat flag name -> its help text."""
+    return {f.name: f.metadata["help"] for cls in _GROUPS.values() for f in dataclasses.fields(cls)}
+
+
+def field_choices() -> dict[str, tuple[str, ...]]:
+    """Flat flag name -> its allowed values, for the flags that have a fixed set."""
+    return {
+        f.name: f.metadata["choices"]
+        for cls in _GROUPS.values()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("choices")
+    }
+
+
 def _base_type(annotation: Any) -> type:
     hint = annotation
     if isinstance(hint, str):
@@ -338,27 +374,58 @@ def _base_type(annotation: Any) -> type:
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per config field, help from the field metadata."""
+    """One flag per config field, help from the field metadata; then SGLang's other launch flags
+    (`sglang_flags`), so an SGLang launch command parses unchanged."""
+    from radixgen import sglang_flags as sf
+
     for g, cls in _GROUPS.items():
         group = parser.add_argument_group(g)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            name = f.name.replace("_", "-")
+            flags = [f"--{n}" for n in (name, *sf.flag_aliases(name))]
             help_text = f.metadata.get("help", "")
             typ = _base_type(f.type)
             if typ is bool:
                 # a flag that defaults on also gets --no-<flag>
                 action = argparse.BooleanOptionalAction if f.default else "store_true"
-                group.add_argument(flag, action=action, default=f.default, help=help_text)
-            else:
-                group.add_argument(
-                    flag,
-                    type=typ,
-                    default=f.default,
-                    choices=f.metadata.get("choices"),
-                    help=f"{help_text} (default: {f.default})",
-                )
+                group.add_argument(*flags, action=action, default=f.default, help=help_text)
+                continue
+            ours = f.metadata.get("choices")
+            group.add_argument(
+                *flags,
+                dest=f.name,
+                type=_cli_type(typ, name) if typ is str else typ,
+                default=f.default,
+                choices=sf.cli_choices(name, ours),
+                metavar="{" + ",".join(ours) + "}" if ours else None,
+                help=f"{help_text} (default: {f.default})",
+            )
+    parser.add_argument(
+        CONFIG_FLAG,
+        metavar="FILE",
+        help="A YAML file of these flags (SGLang's --config); flags on the command line win.",
+    )
+    sf.add_foreign_flags(parser)
+
+
+def _cli_type(typ: type, name: str) -> Any:
+    from radixgen import sglang_flags as sf
+
+    def parse(text: str) -> str:
+        return sf.value_alias(name, typ(text))
+
+    parse.__name__ = typ.__name__  # argparse names the type in its errors
+    return parse
 
 
 def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
+    """Our fields from a parsed command line; an SGLang value we do not implement is refused
+    with its reason (SGLang's flags without a field: `sglang_flags.foreign_flag_notes`)."""
+    from radixgen.sglang_flags import check_values
+
+    if getattr(ns, "config", None) is not None:  # parse_args(expand_config_file(argv)) reads it
+        raise InvalidRequestError(f"{CONFIG_FLAG} was not read: expand it before parsing", "config")
     owners = field_owners()
-    return ServerArgs.from_kwargs(**{k: v for k, v in vars(ns).items() if k in owners})
+    ours = {k: v for k, v in vars(ns).items() if k in owners}
+    check_values(ours, field_choices())
+    return ServerArgs.from_kwargs(**ours)

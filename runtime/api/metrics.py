@@ -4,6 +4,7 @@ Request-level figures (counts, tokens, TTFT / inter-token / end-to-end latency) 
 the TokenizerManager's hooks as outputs arrive: O(1) work per output batch, nothing per token.
 Engine-level figures (running / queued requests, KV usage, radix hit rate, grammar stats) are read
 from the scheduler's `internal_state()` when Prometheus scrapes, so they cost nothing otherwise.
+The same figures are also exported under SGLang's names (`sglang:*`, `sglang_metrics`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from radixgen.runtime.api.sglang_metrics import SGLangMetrics
 
 PREFIX = "radixgen_"
 LATENCY_BUCKETS = (
@@ -108,7 +111,15 @@ class ServerMetrics:
         )
         self.engine_state = _EngineStateCollector()
         r.register(self.engine_state)
+        self.sglang = SGLangMetrics(r)
+        self.sglang.model_name = served_model_name
         self._last_output: dict[str, float] = {}
+        self._ttft: dict[str, float] = {}  # streamed requests in flight: their time to first token
+
+    def set_model(self, served_model_name: str, context_len: int, page_size: int) -> None:
+        """What the `sglang:` series label and report; known once the engine is up."""
+        self.sglang.model_name = served_model_name
+        self.sglang.context_len, self.sglang.page_size = context_len, page_size
 
     # --- hooks called by the TokenizerManager ----------------------------------------------------
 
@@ -117,27 +128,45 @@ class ServerMetrics:
         self.prompt_tokens.inc(st.prompt_tokens)
 
     def on_output(self, st: Any, new_tokens: int, now: float) -> None:
-        last = self._last_output.get(st.rid)
+        ttft = self._ttft.get(st.rid)
         if new_tokens:
+            last = self._last_output.get(st.rid)
             if last is None:
-                if not (st.finished and new_tokens > 1):
-                    self.ttft.observe(now - st.created)
-                else:  # not streamed: all tokens arrive at the finish; use the scheduler's clock
-                    delay = getattr(st.meta, "first_token_delay", None)
-                    if delay is not None:
-                        self.ttft.observe(delay)
-                        self.itl.observe(max(0.0, now - st.created - delay) / (new_tokens - 1))
+                ttft = self._observe_first_output(st, new_tokens, now)
             else:
-                self.itl.observe((now - last) / new_tokens)
+                per_token = (now - last) / new_tokens
+                self.itl.observe(per_token)
+                self.sglang.on_tokens(per_token, new_tokens)
             self._last_output[st.rid] = now
             self.generation_tokens.inc(new_tokens)
-        if st.finished:
-            self._last_output.pop(st.rid, None)
-            self.e2e.observe(now - st.created)
-            reason = st.finish_reason.kind if st.finish_reason else "unknown"
-            self.requests.labels(finish_reason=reason).inc()
-            if st.meta is not None:
-                self.cached_tokens.inc(st.meta.cached_tokens)
+        if not st.finished:
+            if ttft is not None:
+                self._ttft[st.rid] = ttft
+            return
+        self._last_output.pop(st.rid, None)
+        self._ttft.pop(st.rid, None)
+        self.e2e.observe(now - st.created)
+        reason = st.finish_reason.kind if st.finish_reason else "unknown"
+        self.requests.labels(finish_reason=reason).inc()
+        if st.meta is not None:
+            self.cached_tokens.inc(st.meta.cached_tokens)
+        self.sglang.on_finish(st, now - st.created, ttft)
+
+    def _observe_first_output(self, st: Any, new_tokens: int, now: float) -> float | None:
+        """Time to first token (None if unknown); when every token came at once, also their
+        inter-token latency."""
+        if not (st.finished and new_tokens > 1):
+            ttft: float | None = now - st.created
+        else:  # not streamed: all tokens arrive at the finish; use the scheduler's clock
+            ttft = getattr(st.meta, "first_token_delay", None)
+            if ttft is None:
+                return None
+            per_token = max(0.0, now - st.created - ttft) / (new_tokens - 1)
+            self.itl.observe(per_token)
+            self.sglang.on_tokens(per_token, new_tokens - 1)
+        self.ttft.observe(ttft)
+        self.sglang.on_first_token(st.stream, ttft)
+        return ttft
 
     # --- scrape ---------------------------------------------------------------------------------
 
@@ -146,6 +175,8 @@ class ServerMetrics:
         self.in_flight.set(len(live_rids))
         # requests aborted by their client never report a finish: forget their timestamps
         self._last_output = {k: v for k, v in self._last_output.items() if k in live_rids}
+        self._ttft = {k: v for k, v in self._ttft.items() if k in live_rids}
         if engine_state is not None:
             self.engine_state.snapshot = {**engine_state, "snapshot_time": time.time()}
+            self.sglang.update_engine_state(engine_state)
         return generate_latest(self.registry)

@@ -81,6 +81,8 @@ class ReqState:
     output_top_logprobs: list[Any] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
+    stream: bool = False  # metrics label requests by it, as SGLang does
+    constrained: bool = False  # has a grammar: SGLang's structured-output request count
 
     @property
     def finished(self) -> bool:
@@ -477,6 +479,8 @@ class TokenizerManager:
             return_text=it.return_text_in_logprobs,
             created=time.perf_counter(),
             internal=internal,
+            stream=bool(it.stream),
+            constrained=sp.constraint is not None,
         )
         self.states[rid] = st
         if self._aborted_early(rid):

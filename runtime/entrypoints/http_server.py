@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from types import FrameType
 
@@ -27,6 +27,7 @@ from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
 from radixgen.server_args import ServerArgs, resolve_api_key
+from radixgen.sglang_flags import FlagNote, log_flag_notes
 from radixgen.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -118,9 +119,11 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run_server(args: ServerArgs) -> int:
-    """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code."""
+def run_server(args: ServerArgs, flag_notes: Sequence[FlagNote] = ()) -> int:
+    """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code.
+    `flag_notes`: SGLang launch flags given that have no effect here, logged once now."""
     configure_logging(args.http.log_level, "server")
+    log_flag_notes(flag_notes)
     holder: dict[str, _Server] = {}
     state = ServerState(args, request_exit=lambda code: holder["server"].request_exit(code))
     app = create_app(state)

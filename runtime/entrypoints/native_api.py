@@ -129,6 +129,12 @@ async def ping() -> Response:
     return Response(status_code=200)
 
 
+@router.api_route("/", methods=["GET", "HEAD"])
+async def root() -> Response:
+    """SGLang answers its root with a JSON string saying it runs; load balancers probe it."""
+    return json_response("RadixGen is running")
+
+
 @router.get("/ready")
 async def ready(request: Request) -> Response:
     return await health(request)

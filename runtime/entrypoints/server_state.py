@@ -154,6 +154,10 @@ class ServerState:
         except Exception as e:
             self._on_dead(f"warm-up generation failed: {e}")
             return
+        if self.metrics is not None:
+            self.metrics.set_model(
+                tm.served_model_name, tm.context_length, self.args.cache.page_size
+            )
         tm.metrics = self.metrics  # after the warm-up, so it is not counted
         self.tm = tm
         self.ready_at = time.time()

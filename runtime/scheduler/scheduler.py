@@ -570,6 +570,7 @@ class Scheduler:
         return {
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting) + len(self.grammar_waiting),
+            "grammar_waiting_requests": len(self.grammar_waiting),
             "max_total_num_tokens": self.kv_pool.size,
             "kv_used_tokens": used,
             "kv_usage": used / self.kv_pool.size,

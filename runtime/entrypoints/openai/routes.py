@@ -13,6 +13,8 @@ from radixgen.runtime.entrypoints.openai.serving_completions import create_compl
 router = APIRouter()
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+# SageMaker's name for chat completions, which SGLang serves too
+router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
 
 def _model_card(request: Request) -> dict:
