@@ -2,7 +2,7 @@
 
 The one table behind `radixgen serve` / `python -m radixgen.launch_server` accepting an SGLang
 launch command unchanged, the startup log line of every flag given without effect, and the flag
-table in docs/sglang_flags.md. Flags with a field in `ServerArgs` (`--tp-size`, `--page-size`,
+table in python/radixgen/sglang_flags.md. Flags with a field in `ServerArgs` (`--tp-size`, `--page-size`,
 ...) are implemented and live there; `ALIASES` and `VALUE_COMPAT` map SGLang's other spellings
 of them. Names and arities follow SGLang 0.5.23's `ServerArgs` (plus a few flags of older
 releases still found in launch scripts); a test checks the table against SGLang's own parser.

@@ -26,7 +26,7 @@ from radixgen.sglang_flag_table import (
 
 Arity = Literal["switch", "negatable", "value", "values", "optional"]
 DEST_PREFIX = "sglang_flag__"
-DOC_PATH = "docs/sglang_flags.md"
+DOC_PATH = "python/radixgen/sglang_flags.md"
 logger = logging.getLogger(__name__)
 
 
@@ -125,7 +125,7 @@ def _shown(flag: ForeignFlag, value: Any) -> str:
 
 
 def add_foreign_flags(parser: argparse.ArgumentParser) -> None:
-    """Every SGLang flag without a field here, out of --help (docs/sglang_flags.md lists them)."""
+    """Every SGLang flag without a field here, out of --help (python/radixgen/sglang_flags.md lists them)."""
     group = parser.add_argument_group("SGLang flags without a counterpart here")
     for flag in FOREIGN_FLAGS:
         opts = [f"--{n}" for n in flag.names]
@@ -207,7 +207,7 @@ def log_flag_notes(notes: Iterable[FlagNote]) -> None:
 
 
 def markdown_table() -> str:
-    """docs/sglang_flags.md: every SGLang flag, what it does here and why (a test keeps the file
+    """python/radixgen/sglang_flags.md: every SGLang flag, what it does here and why (a test keeps the file
     equal to this)."""
     from radixgen.server_args import field_help
 
