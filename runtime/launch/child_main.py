@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import tempfile
 from typing import Any
 
 
@@ -39,6 +40,11 @@ def main() -> None:
     channel = ReadyChannel(spec["ready_endpoint"], role)
     if role == "scheduler":
         from radixgen.runtime.scheduler.scheduler_process import run_scheduler_process
+
+        # NOTE: temp files of this process (the grammar compile forkserver's socket folder,
+        # multiprocessing's pymp-*) go into the IPC folder, which the launcher removes when the
+        # server stops, even after a SIGKILL; in the default temp folder they were left behind.
+        tempfile.tempdir = spec["ports"].ipc_dir
 
         run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel)
     elif role == "detokenizer":
