@@ -277,3 +277,17 @@ def test_reasoning_then_tool_call_streams():
     got = stream(b, text, random.Random(3))
     assert got["reasoning_content"] == "need weather" and got["content"] == ""
     assert [(c["name"], c["arguments"]) for c in got["tool_calls"].values()] == [("now", "{}")]
+
+
+@pytest.mark.parametrize("name", ["qwen25", "mistral"])
+def test_a_forced_call_streams_with_the_prompt_prefix(name):
+    """A forced reply continues the format's opening that ended the prompt."""
+    parser = create_tool_call_parser(name)
+    call = json.dumps({"name": "get_weather", "arguments": WEATHER})
+    reply = call if name == "qwen25" else f"[{call}]"
+    b = ChatDeltaBuilder(None, True, ToolCallStreamer(parser, NAMES, 1, parser.forced_prefix))
+    got = stream(b, reply, random.Random(1))
+    assert got["content"] == "" and got["has_calls"]
+    assert json.loads(got["tool_calls"][0]["arguments"]) == WEATHER
+    broken = ChatDeltaBuilder(None, True, ToolCallStreamer(parser, NAMES, 1, parser.forced_prefix))
+    assert stream(broken, "no call", random.Random(1))["content"] == "no call"

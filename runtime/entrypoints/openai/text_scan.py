@@ -6,8 +6,13 @@ whether a value is complete yet (its end index) or not (None), without parsing i
 
 from __future__ import annotations
 
+import re
+
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
 _SCALAR_ENDS = frozenset(",}])\n\r\t ")
+_STRING_SPECIAL = {q: re.compile(rf"[{q}\\]") for q in "\"'"}
+_JSON_STRUCTURAL = re.compile(r'["{}\[\]]')
+_PY_STRUCTURAL = re.compile(r"[\"'{}\[\]()]")
 
 
 def skip_ws(text: str, i: int) -> int:
@@ -18,17 +23,16 @@ def skip_ws(text: str, i: int) -> int:
 
 def string_end(text: str, i: int) -> int | None:
     """End (exclusive) of the string literal opening at text[i] (its quote char), or None."""
-    quote = text[i]
+    special = _STRING_SPECIAL[text[i]]
     j = i + 1
-    while j < len(text):
-        ch = text[j]
-        if ch == "\\":
-            j += 2
+    while True:
+        m = special.search(text, j)
+        if m is None:
+            return None
+        if m.group() == "\\":
+            j = m.start() + 2
             continue
-        if ch == quote:
-            return j + 1
-        j += 1
-    return None
+        return m.end()
 
 
 def value_end(text: str, i: int, python: bool = False) -> int | None:
@@ -44,23 +48,26 @@ def value_end(text: str, i: int, python: bool = False) -> int | None:
         return string_end(text, i)
     if text[i] in _CLOSERS and (python or text[i] != "("):
         stack = [_CLOSERS[text[i]]]
+        structural = _PY_STRUCTURAL if python else _JSON_STRUCTURAL
         j = i + 1
-        while j < len(text):
-            ch = text[j]
+        while True:
+            m = structural.search(text, j)  # jump to the next quote or bracket
+            if m is None:
+                return None
+            ch, j = m.group(), m.start()
             if ch in quotes:
                 end = string_end(text, j)
                 if end is None:
                     return None
                 j = end
                 continue
-            if ch in _CLOSERS and (python or ch != "("):
+            if ch in _CLOSERS:
                 stack.append(_CLOSERS[ch])
             elif ch == stack[-1]:
                 stack.pop()
                 if not stack:
                     return j + 1
             j += 1
-        return None
     j = i
     while j < len(text) and text[j] not in _SCALAR_ENDS:
         j += 1

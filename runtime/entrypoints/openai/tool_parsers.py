@@ -65,6 +65,9 @@ class ToolCallParser(ABC):
     arguments_key: ClassVar[str] = "arguments"
     # what the prompt ends with when a call is forced (tool_choice required / named)
     forced_prefix: ClassVar[str] = ""
+    # the format's marker strings: where a tokenizer has them as special tokens, replies are
+    # decoded keeping special tokens, or the markers would vanish from the text
+    markers: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def scan(self, text: str, names: set[str], final: bool) -> Scan:
@@ -161,6 +164,7 @@ class HermesParser(ToolCallParser):
     name = "qwen25"
     open_tag, close_tag = "<tool_call>", "</tool_call>"
     forced_prefix = "<tool_call>\n"
+    markers = (open_tag, close_tag)
 
     def scan(self, text: str, names: set[str], final: bool) -> Scan:
         start = text.find(self.open_tag)
@@ -196,6 +200,7 @@ class Llama3Parser(ToolCallParser):
     name = "llama3"
     arguments_key = "parameters"
     tag = "<|python_tag|>"
+    markers = (tag,)
 
     def scan(self, text: str, names: set[str], final: bool) -> Scan:
         tag = text.find(self.tag)
@@ -232,6 +237,7 @@ class MistralParser(ToolCallParser):
     name = "mistral"
     tag = "[TOOL_CALLS]"
     forced_prefix = "[TOOL_CALLS] "
+    markers = (tag,)
 
     def scan(self, text: str, names: set[str], final: bool) -> Scan:
         start = text.find(self.tag)
