@@ -291,3 +291,14 @@ def test_a_forced_call_streams_with_the_prompt_prefix(name):
     assert json.loads(got["tool_calls"][0]["arguments"]) == WEATHER
     broken = ChatDeltaBuilder(None, True, ToolCallStreamer(parser, NAMES, 1, parser.forced_prefix))
     assert stream(broken, "no call", random.Random(1))["content"] == "no call"
+
+
+def test_pythonic_grammar_with_only_optional_arguments():
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}}}})  # fmt: skip
+    grammar = Grammar.from_ebnf(forced_call_constraint(
+        create_tool_call_parser("pythonic"), [tool], "f")["ebnf"])  # fmt: skip
+    for ok in ["[f()]", "[f(a=-3)]", "[f(a=1, b=True)]"]:
+        assert _is_grammar_accept_string(grammar, ok), ok
+    for bad in ["[f(a=1.5)]", "[f(b=1)]", "[f(a=1, )]", "[g()]"]:
+        assert not _is_grammar_accept_string(grammar, bad), bad
