@@ -233,3 +233,37 @@ def test_sglang_parse_routes(mistral_server):
     ]:
         r = httpx.post(url + route, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+@pytest.fixture(scope="module")
+def llama3_oai() -> Iterator[openai.OpenAI]:
+    proc = ServerProcess("--tool-call-parser", "llama3", *server_flags())
+    try:
+        proc.wait_healthy()
+        yield _client(proc)
+    finally:
+        proc.stop()
+
+
+def test_llama3_json_calls(llama3_oai):
+    """A forced call is the bare `{"name", "parameters"}` object; in auto mode such a reply (here
+    steered by a regex) is a call, streamed or not."""
+    r = llama3_oai.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER_TOOL], tool_choice=NAMED, max_tokens=60,
+        temperature=0,
+    )  # fmt: skip
+    assert r.choices[0].finish_reason == "tool_calls"
+    _check_call(r.choices[0].message.tool_calls[0])
+    steer = r'\{"name": "get_weather", "parameters": \{"city": "Oslo", "unit": "(celsius|fahrenheit)"\}\}'
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], max_tokens=60, temperature=0,
+                  extra_body={"regex": steer})  # fmt: skip
+    plain = llama3_oai.chat.completions.create(**kwargs).choices[0]
+    assert plain.finish_reason == "tool_calls" and plain.message.content is None
+    assert _check_call(plain.message.tool_calls[0])["city"] == "Oslo"
+    with llama3_oai.chat.completions.stream(**kwargs) as s:
+        streamed = s.get_final_completion().choices[0]
+    assert not streamed.message.content  # the role delta opens with content ""
+    assert (
+        streamed.message.tool_calls[0].function.arguments
+        == plain.message.tool_calls[0].function.arguments
+    )
