@@ -13,6 +13,8 @@ Where we differ from SGLang 0.5.23, on purpose:
   `s.parsed("x")` gives the typed value (model instance, dict, int/float/bool for dtype).
 - role markers come from the served model's own chat template (see chat_template.py), so
   SmolLM2 gets ChatML plus its default system prompt without naming a template.
+- `separate_reasoning` also splits a streamed run's variable once its gen is done (SGLang skips
+  it when streaming); the text already streamed keeps the reasoning.
 - select's null logprob entries count as 0.0 where SGLang's greedy/unconditional rules crash.
 """
 
@@ -33,6 +35,7 @@ from radixgen.lang.api import (
     get_server_info,
     image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -88,6 +91,7 @@ __all__ = [
     "greedy_token_selection",
     "image",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",

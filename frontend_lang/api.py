@@ -17,7 +17,10 @@ from radixgen.lang.ir import (
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
+    SglSeparateReasoning,
+    as_expr,
 )
+from radixgen.reasoning_parser import REASONING_FORMATS
 
 
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
@@ -208,3 +211,15 @@ def image(path_or_bytes: Any) -> SglExpr:
 
 def video(path: str, num_frames: int) -> SglExpr:
     raise NotImplementedError("video(): RadixGen serves text-only models")
+
+
+def separate_reasoning(expr: SglExpr | None = None, model_type: str | None = None) -> SglExpr:
+    """`s += separate_reasoning(gen("x"), model_type="deepseek-r1")`: run the gen, then split its
+    `<think>` reasoning into `s["x_reasoning_content"]`, leaving the answer in `s["x"]` and in
+    the text (model types: radixgen.reasoning_parser, SGLang's names)."""
+    if model_type not in REASONING_FORMATS:
+        raise ValueError(
+            f"separate_reasoning: model_type must be one of {', '.join(REASONING_FORMATS)}, "
+            f"got {model_type!r}"
+        )
+    return SglExprList([as_expr(expr), SglSeparateReasoning(model_type, expr)])

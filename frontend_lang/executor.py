@@ -33,11 +33,13 @@ from radixgen.lang.ir import (
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
+    SglSeparateReasoning,
     SglVariable,
     SglVarScopeBegin,
     SglVarScopeEnd,
     as_expr,
 )
+from radixgen.reasoning_parser import ReasoningParser
 
 logger = logging.getLogger(__name__)
 # fork(n) prefills the shared text only when at least this much of it is new to the server: text
@@ -227,6 +229,9 @@ class StreamExecutor:
     def _init_var_event(self, expr: SglExpr) -> None:
         if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)) and expr.name is not None:
             self.variable_event.setdefault(expr.name, threading.Event()).clear()
+        elif isinstance(expr, SglSeparateReasoning):
+            for name in expr.names:
+                self.variable_event.setdefault(name, threading.Event()).clear()
         elif isinstance(expr, SglExprList):
             for e in expr.expr_list:
                 self._init_var_event(e)
@@ -271,6 +276,8 @@ class StreamExecutor:
             if len(self.text_) - self.server_seen >= FORK_PRECACHE_MIN_CHARS:
                 self.backend.commit_lazy_operations(self)
                 self.server_seen = len(self.text_)
+        elif isinstance(expr, SglSeparateReasoning):
+            self._separate_reasoning(expr)
         elif isinstance(expr, SglConcateAndAppend):
             for state in expr.states:
                 child = state.stream_executor
@@ -280,6 +287,21 @@ class StreamExecutor:
                 self._fill(child.text_[child.fork_start_text_pos :])
         else:
             raise TypeError(f"cannot execute {expr!r}")
+
+    def _separate_reasoning(self, expr: SglSeparateReasoning) -> None:
+        """Split each named gen's reply; the reasoning leaves the program text when the reply is
+        still its end (so later gens do not see it, as in SGLang)."""
+        parser = ReasoningParser(expr.model_type)
+        for expr_name, var in zip(_named_outputs(expr.expr), expr.names, strict=True):
+            text = self.variables.get(expr_name)
+            if not isinstance(text, str):
+                raise ValueError(f"separate_reasoning: {expr_name!r} holds no generated text")
+            reasoning, answer = parser.parse(text)
+            if self.text_.endswith(text):
+                self.text_ = self.text_[: len(self.text_) - len(text)] + answer
+                self.server_seen = min(self.server_seen, len(self.text_))
+            self.variables[expr_name] = answer
+            self._set_result(var, reasoning or "", self.meta_info.get(expr_name))
 
     def _fill(self, text: str) -> None:
         self.text_ += text
@@ -374,6 +396,14 @@ class StreamExecutor:
             f"no output matched dtype {constraints.dtype_name(params.dtype)} after "
             f"{len(seen)} tries (constrained decoding is off): {seen!r}"
         )
+
+
+def _named_outputs(expr: SglExpr | None) -> list[str]:
+    if isinstance(expr, (SglGen, SglSelect)) and expr.name is not None:
+        return [expr.name]
+    if isinstance(expr, SglExprList):
+        return [n for e in expr.expr_list for n in _named_outputs(e)]
+    return []
 
 
 def _describe(expr: SglExpr) -> str:

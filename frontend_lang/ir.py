@@ -301,6 +301,35 @@ class SglConcateAndAppend(SglExpr):
         return f"ConcateAndAppend({len(self.states)} states)"
 
 
+class SglSeparateReasoning(SglExpr):
+    """separate_reasoning(gen("x"), model_type): after the gen, its <think> part moves to the
+    variable `x_reasoning_content` and out of `x` and the program text (SGLang's semantics)."""
+
+    def __init__(self, model_type: str, expr: SglExpr | None) -> None:
+        super().__init__()
+        self.model_type = model_type
+        self.expr = expr
+        self.names = [reasoning_var_name(n) for n in _generated_names(expr)]
+        self.name = self.names[0] if self.names else None
+
+    def __repr__(self) -> str:
+        return f"SeparateReasoning(model_type={self.model_type}, names={self.names})"
+
+
+def reasoning_var_name(name: str | None) -> str:
+    if not name:
+        raise ValueError("separate_reasoning needs a named gen or select")
+    return f"{name}_reasoning_content"
+
+
+def _generated_names(expr: SglExpr | None) -> list[str | None]:
+    if isinstance(expr, (SglGen, SglSelect)):
+        return [expr.name]
+    if isinstance(expr, SglExprList):
+        return [n for e in expr.expr_list for n in _generated_names(e)]
+    return []
+
+
 class RoleMethods:
     """`s.system/user/assistant(expr)` and `with s.user():` for every kind of program state;
     a state says how it appends one expression (`_append_expr`)."""

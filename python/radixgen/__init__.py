@@ -19,7 +19,7 @@ _LAZY = {
 _LANG_NAMES = (
     "function", "gen", "gen_int", "gen_string", "select", "image", "video",
     "system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
-    "assistant_begin", "assistant_end", "set_default_backend", "flush_cache", "get_server_info",
+    "assistant_begin", "assistant_end", "separate_reasoning", "set_default_backend", "flush_cache", "get_server_info",
     "global_config", "greedy_token_selection", "token_length_normalized",
     "unconditional_likelihood_normalized", "RuntimeEndpoint", "OpenAI", "EngineBackend",
     "ProgramState", "ProgramError", "BackendError", "SglFunction",

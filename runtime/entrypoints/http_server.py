@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
+from radixgen.runtime.entrypoints.parser_api import router as parser_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
 from radixgen.server_args import ServerArgs, resolve_api_key
@@ -59,6 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics = ServerMetrics()
     app.include_router(native_router)
     app.include_router(openai_router)
+    app.include_router(parser_router)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -11,12 +11,14 @@ from radixgen.finish_reason import FinishReason
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
+from radixgen.runtime.entrypoints.openai.chat_deltas import ToolCallStreamer
 from radixgen.runtime.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     Tool,
     parse_request,
 )
+from radixgen.runtime.entrypoints.openai.tool_parsers import create_tool_call_parser
 
 TOOLS = [
     Tool.model_validate({"type": "function", "function": {"name": "add", "parameters": {
@@ -111,14 +113,15 @@ def test_forced_call_and_schema():
 
 
 def test_stream_filter_holds_back_a_possible_tag():
-    f = tc.ToolCallStreamFilter()
-    assert f.content_delta("Hello <tool") == "Hello "
-    assert f.content_delta("Hello <tool_call>{") == ""
-    assert f.in_call
-    g = tc.ToolCallStreamFilter()
-    assert g.content_delta("a <to") == "a "
-    assert g.content_delta("a <tomato>") == "<tomato>"
-    assert g.rest("a <tomato> end") == " end"
+    """Streamed content stops before a possible `<tool_call>` and resumes when it is not one."""
+    parser = create_tool_call_parser("qwen25")
+    f = ToolCallStreamer(parser, {"add", "now"}, None)
+    assert f.update("Hello <tool") == ("Hello", [])
+    assert f.update("Hello <tool_call>{") == ("", [])
+    g = ToolCallStreamer(parser, {"add", "now"}, None)
+    assert g.update("a <to") == ("a", [])
+    assert g.update("a <tomato>") == (" <tomato>", [])
+    assert g.finish("a <tomato> end") == (" end", [])
 
 
 def test_tool_mode():

@@ -16,11 +16,15 @@ from fastapi.responses import Response
 from radixgen.errors import InvalidRequestError
 from radixgen.grammar_limits import check_schema_object
 from radixgen.io_struct import GenerateReqInput
+from radixgen.reasoning_parser import ReasoningParser
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
+from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder, ToolCallStreamer
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
+from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
+from radixgen.runtime.entrypoints.openai.tool_parsers import create_tool_call_parser
 
 
 class ChatPlan:
@@ -40,15 +44,23 @@ class ChatPlan:
                 "messages",
             )
         native_tools = "tools" in tok.chat_template.source
+        http = tm.args.http
+        self.parser = create_tool_call_parser(http.tool_call_parser, tok.chat_template.source)
+        self.tool_names = {t.function.name for t in req.tools or []}
+        self.max_calls = 1 if req.parallel_tool_calls is False else None
+        self.reasoning = _reasoning_parser(http.reasoning_parser, req, self.forced)
         messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
         tm.limits.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         tools_arg = None
         if self.mode is not None and native_tools:
             tools_arg = [t.model_dump(exclude_none=True) for t in req.tools or []]
         elif req.tools:
-            messages = tc.history_messages(messages)
+            messages = tc.history_messages(messages, self.parser)
             if self.mode is not None:
-                messages = _with_system(messages, tc.tools_system_prompt(req.tools, self.mode))
+                prompt = tc.tools_system_prompt(
+                    req.tools, self.mode, self.parser, self.max_calls is None
+                )
+                messages = _with_system(messages, prompt)
         kwargs = dict(req.chat_template_kwargs or {})
         clash = sorted(set(kwargs) & {"messages", "tools", "add_generation_prompt"})
         if clash:
@@ -67,8 +79,8 @@ class ChatPlan:
                 rendered = rendered.truncated(cut + len(last))
         else:
             rendered = tok.render_chat(messages, True, tools_arg, **kwargs)
-        if self.forced:
-            rendered = rendered.with_suffix(tc.CALL_OPEN + "\n")
+        if self.forced and self.parser.forced_prefix:
+            rendered = rendered.with_suffix(self.parser.forced_prefix)
         self.input_ids = tok.encode_chat(rendered, tm.args.model.allow_special_tokens_in_messages)
         limit = tm.max_request_tokens
         max_new = (
@@ -77,12 +89,20 @@ class ChatPlan:
         if max_new is None:
             max_new = max(0, limit - len(self.input_ids))
         self.sampling_params = common.sampling_params(req, max_new)
+        markers = self.parser.markers if self.mode is not None else ()
+        if self.reasoning is not None:
+            markers += (self.reasoning.format.open_tag, self.reasoning.format.close_tag)
+        if any(tok.holds_special_token(m) for m in markers):
+            self.sampling_params["skip_special_tokens"] = False  # as SGLang: keep the markers
         if self.forced:
-            if "json_schema" in self.sampling_params or "json_object" in self.sampling_params:
+            if {"json_schema", "json_object", "regex", "ebnf"} & set(self.sampling_params):
                 raise InvalidRequestError(
-                    "a forced tool call cannot be combined with response_format", "tool_choice"
+                    "a forced tool call cannot be combined with response_format, regex or ebnf",
+                    "tool_choice",
                 )
-            self.sampling_params["json_schema"] = tc.call_schema(req.tools or [], self.mode)
+            assert self.mode is not None
+            constraint = forced_call_constraint(self.parser, req.tools or [], self.mode)
+            self.sampling_params.update(constraint)
 
     def generate_input(self) -> GenerateReqInput:
         req = self.req
@@ -101,16 +121,45 @@ class ChatPlan:
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a finished reply, and whether it holds tool calls."""
         calls: list[dict[str, Any]] = []
-        content: str | None = text
+        reasoning, answer = None, text
+        if self.reasoning is not None:
+            reasoning, answer = self.reasoning.parse(text)
+        content: str | None = answer
         if self.forced:
-            calls = tc.parse_forced_call(text, self.req.tools or [])
+            prefixed = self.parser.forced_prefix + text
+            _, calls = self.parser.parse(prefixed, self.tool_names, 1)
             content = None if calls else text
         elif self.mode == "auto":
-            content, calls = tc.parse_tool_calls(text, self.req.tools or [])
-        msg: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": None}
+            content, calls = self.parser.parse(answer, self.tool_names, self.max_calls)
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+        }
         if calls:
             msg["tool_calls"] = calls
         return msg, bool(calls)
+
+    def delta_builder(self) -> ChatDeltaBuilder:
+        """Turns one choice's text so far into stream deltas, agreeing with `message`."""
+        tools = None
+        if self.mode is not None:
+            prefix = self.parser.forced_prefix if self.forced else ""
+            max_calls = 1 if self.forced else self.max_calls
+            tools = ToolCallStreamer(self.parser, self.tool_names, max_calls, prefix)
+        return ChatDeltaBuilder(self.reasoning, self.req.stream_reasoning, tools)
+
+
+def _reasoning_parser(
+    name: str | None, req: ChatCompletionRequest, forced_call: bool
+) -> ReasoningParser | None:
+    """The server's reasoning parser for this request, unless the request opts out
+    (separate_reasoning=false), turns thinking off (qwen3 enable_thinking=false), or forces a
+    tool call (the reply is the call)."""
+    if name is None or not req.separate_reasoning or forced_call:
+        return None
+    thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True)
+    return ReasoningParser(name, enabled=not (name == "qwen3" and thinking is False))
 
 
 def _template_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +242,7 @@ async def _stream(
     req = plan.req
     rid, created = common.new_id("chatcmpl"), common.now()
     sent: dict[int, int] = {}
-    filters: dict[int, tc.ToolCallStreamFilter] = {}
+    builders: dict[int, ChatDeltaBuilder] = {}
     prompt, completion, cached = {}, {}, {}
 
     def event(index: int, delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
@@ -220,16 +269,12 @@ async def _stream(
             meta, text = chunk["meta_info"], chunk["text"]
             if i not in sent:
                 sent[i] = 0
-                filters[i] = tc.ToolCallStreamFilter()
+                builders[i] = plan.delta_builder()
                 yield event(i, {"role": "assistant", "content": ""})
             prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
             cached[i] = meta.get("cached_tokens", 0)
-            delta_text = text[sent[i] :]
             sent[i] = len(text)
-            if plan.mode == "auto":
-                delta_text = filters[i].content_delta(text)
-            elif plan.forced:
-                delta_text = ""
+            delta = builders[i].update(text)
             extra: dict[str, Any] = {}
             if req.logprobs and meta.get("output_token_logprobs"):
                 extra["logprobs"] = {
@@ -239,19 +284,15 @@ async def _stream(
                     ),
                     "refusal": None,
                 }  # fmt: skip
-            if delta_text or extra:
-                yield event(i, {"content": delta_text}, **extra)
+            if delta or extra:
+                yield event(i, delta or {"content": ""}, **extra)
             reason, matched = common.finish_reason(meta)
             if reason is not None:
-                msg, has_calls = plan.message(text)
+                last, has_calls = builders[i].finish(text)
+                if last:
+                    yield event(i, last)
                 if has_calls:
-                    calls = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
-                    yield event(i, {"tool_calls": calls})
                     reason = "tool_calls"
-                elif plan.mode is not None:
-                    left = filters[i].rest(text) if plan.mode == "auto" else text
-                    if left:
-                        yield event(i, {"content": left})
                 yield event(i, {}, reason, matched_stop=matched)
             try:
                 chunk = await rest.__anext__()

@@ -1,0 +1,127 @@
+"""Streamed chat deltas: reasoning_content, content and tool-call deltas from the text so far
+(API process).
+
+Every chunk's cumulative text is rescanned (reasoning split, then the tool-call parser), and what
+was not sent yet goes out as one OpenAI delta. Tool calls stream as OpenAI does: first an entry
+with the call's index, id, type and name (arguments ""), then argument fragments; the client
+joins the fragments of an index into the call's `arguments` (one delta may hold several entries
+of one index, which the openai client merges in order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixgen.reasoning_parser import ReasoningParser
+from radixgen.runtime.entrypoints.openai.tool_parsers import ToolCallParser, new_call
+
+
+class ToolCallStreamer:
+    """Content and tool-call deltas of one choice; `prefix` is prompt text the parser must see
+    (the opening of a forced call)."""
+
+    def __init__(
+        self, parser: ToolCallParser, names: set[str], max_calls: int | None, prefix: str = ""
+    ) -> None:
+        self.parser, self.names, self.max_calls, self.prefix = parser, names, max_calls, prefix
+        self.sent_content = ""
+        self.sent_args: list[str] = []
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.sent_args)
+
+    def update(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content delta, tool-call delta entries) for the reply text so far."""
+        scan = self.parser.scan(self.prefix + text, self.names, final=False)
+        content = self._content(scan.content)
+        return content, [] if scan.invalid else self._call_entries(scan.calls)
+
+    def finish(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """The rest at the end: the remaining calls, or, when the reply holds none that parse,
+        the held-back text as content."""
+        full = self.prefix + text
+        scan = self.parser.scan(full, self.names, final=True)
+        parsed = (
+            scan.started
+            and not scan.invalid
+            and bool(scan.calls)
+            and all(c.complete and c.name for c in scan.calls)
+        )
+        if parsed or self.sent_args:
+            content = self._content(scan.content)
+            return content, [] if scan.invalid else self._call_entries(scan.calls)
+        rest = full[max(len(self.sent_content), len(self.prefix)) :]
+        self.sent_content += rest
+        return rest, []
+
+    def _content(self, before_calls: str) -> str:
+        if self.sent_args:
+            return ""
+        target = before_calls.rstrip()  # whitespace before a call is not content
+        if len(target) <= len(self.sent_content) or not target.startswith(self.sent_content):
+            return ""
+        out = target[len(self.sent_content) :]
+        self.sent_content = target
+        return out
+
+    def _call_entries(self, views: list[Any]) -> list[dict[str, Any]]:
+        entries = []
+        for index, view in enumerate(views[: self.max_calls]):
+            if view.name is None:
+                break  # calls are announced in order
+            if index == len(self.sent_args):  # the name first, with arguments ""
+                entries.append({"index": index, **new_call(view.name, "")})
+                self.sent_args.append("")
+            sent = self.sent_args[index]
+            if len(view.arguments) > len(sent) and view.arguments.startswith(sent):
+                fragment = view.arguments[len(sent) :]
+                self.sent_args[index] = view.arguments
+                entries.append({"index": index, "function": {"arguments": fragment}})
+        return entries
+
+
+class ChatDeltaBuilder:
+    """One choice's stream: reasoning first (held until its end when not `stream_reasoning`),
+    then content and tool calls."""
+
+    def __init__(
+        self,
+        reasoning: ReasoningParser | None,
+        stream_reasoning: bool,
+        tools: ToolCallStreamer | None,
+    ) -> None:
+        self.reasoning, self.stream_reasoning, self.tools = reasoning, stream_reasoning, tools
+        self.sent_reasoning = ""
+        self.sent_content = ""
+
+    def update(self, text: str) -> dict[str, Any]:
+        return self._delta(text, final=False)
+
+    def finish(self, text: str) -> tuple[dict[str, Any], bool]:
+        """The last delta, and whether the reply holds tool calls."""
+        delta = self._delta(text, final=True)
+        return delta, self.tools is not None and self.tools.has_calls
+
+    def _delta(self, text: str, final: bool) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        content_text = text
+        if self.reasoning is not None:
+            split = self.reasoning.split(text, final)
+            target = split.reasoning or ""
+            if self.stream_reasoning or split.reasoning_done:
+                if len(target) > len(self.sent_reasoning):
+                    delta["reasoning_content"] = target[len(self.sent_reasoning) :]
+                    self.sent_reasoning = target
+            content_text = split.content
+        if self.tools is not None:
+            step = self.tools.finish if final else self.tools.update
+            content, calls = step(content_text)
+            if calls:
+                delta["tool_calls"] = calls
+        else:
+            content = content_text[len(self.sent_content) :]
+            self.sent_content = content_text
+        if content:
+            delta["content"] = content
+        return delta
