@@ -157,20 +157,6 @@ class HttpConfig:
         "On SIGTERM, seconds to let requests in flight finish (new ones get 503) before the "
         "rest are failed with 503 and the server exits; 0 exits at once.",
     )
-    tool_call_parser: str | None = _f(
-        None,
-        "Tool-call format of the model's replies (SGLang's names): qwen25/qwen/hermes "
-        "(<tool_call>{...}</tool_call>), llama3 (JSON, <|python_tag|>), mistral ([TOOL_CALLS] "
-        "[...]), pythonic ([f(a=1)]). Default: the format the chat template writes, else qwen25.",
-        ("qwen25", "qwen", "hermes", "llama3", "mistral", "pythonic"),
-    )
-    reasoning_parser: str | None = _f(
-        None,
-        "Split <think> reasoning into reasoning_content: deepseek-r1 (the reply starts inside "
-        "the reasoning), qwen3 (only after <think>; chat_template_kwargs enable_thinking=false "
-        "turns it off), qwen3-thinking (like deepseek-r1). Default: no split.",
-        ("deepseek-r1", "qwen3", "qwen3-thinking"),
-    )
 
 
 @dataclass(frozen=True)
@@ -207,15 +193,17 @@ class ParserConfig:
 
     tool_call_parser: str | None = _f(
         None,
-        "Parse tool calls out of chat replies in this model family's format "
-        "(qwen25 / qwen / hermes: <tool_call> JSON; llama3; mistral: [TOOL_CALLS]; pythonic).",
+        "Tool-call format of the model's replies (SGLang's names): qwen25/qwen/hermes "
+        "(<tool_call>{...}</tool_call>), llama3 (JSON, <|python_tag|>), mistral ([TOOL_CALLS] "
+        "[...]), pythonic ([f(a=1)]). Default: the format the chat template writes, else qwen25.",
         ("qwen25", "qwen", "hermes", "llama3", "mistral", "pythonic"),
     )
     reasoning_parser: str | None = _f(
         None,
-        "Split <think> reasoning out of chat replies into reasoning_content "
-        "(deepseek-r1: the reply opens inside the reasoning; qwen3: reasoning in <think> tags).",
-        ("deepseek-r1", "qwen3"),
+        "Split <think> reasoning into reasoning_content: deepseek-r1 (the reply starts inside "
+        "the reasoning), qwen3 (only after <think>; chat_template_kwargs enable_thinking=false "
+        "turns it off), qwen3-thinking (like deepseek-r1). Default: no split.",
+        ("deepseek-r1", "qwen3", "qwen3-thinking"),
     )
 
 

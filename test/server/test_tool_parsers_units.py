@@ -221,7 +221,7 @@ def test_parser_choice_by_flag_and_by_template():
     fields = {f.name: f for f in dataclasses.fields(HttpConfig)}
     assert fields["tool_call_parser"].metadata["choices"] == TOOL_CALL_PARSER_NAMES
     assert fields["reasoning_parser"].metadata["choices"] == REASONING_PARSER_NAMES
-    assert ServerArgs.from_kwargs(tool_call_parser="llama3").http.tool_call_parser == "llama3"
+    assert ServerArgs.from_kwargs(tool_call_parser="llama3").parsers.tool_call_parser == "llama3"
     with pytest.raises(Exception, match="tool_call_parser"):
         ServerArgs.from_kwargs(tool_call_parser="nope")
 

@@ -44,11 +44,11 @@ class ChatPlan:
                 "messages",
             )
         native_tools = "tools" in tok.chat_template.source
-        http = tm.args.http
-        self.parser = create_tool_call_parser(http.tool_call_parser, tok.chat_template.source)
+        parsers = tm.args.parsers
+        self.parser = create_tool_call_parser(parsers.tool_call_parser, tok.chat_template.source)
         self.tool_names = {t.function.name for t in req.tools or []}
         self.max_calls = 1 if req.parallel_tool_calls is False else None
-        self.reasoning = _reasoning_parser(http.reasoning_parser, req, self.forced)
+        self.reasoning = _reasoning_parser(parsers.reasoning_parser, req, self.forced)
         messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
         tm.limits.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         tools_arg = None
