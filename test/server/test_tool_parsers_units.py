@@ -20,7 +20,7 @@ from radixgen.runtime.entrypoints.openai.tool_parsers import (
     TOOL_CALL_PARSERS,
     create_tool_call_parser,
 )
-from radixgen.server_args import HttpConfig, ServerArgs
+from radixgen.server_args import ParserConfig, ServerArgs
 
 TOOLS = [
     Tool.model_validate({"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -218,7 +218,7 @@ def test_parser_choice_by_flag_and_by_template():
     assert create_tool_call_parser("pythonic", "[TOOL_CALLS]").name == "pythonic"
     import dataclasses
 
-    fields = {f.name: f for f in dataclasses.fields(HttpConfig)}
+    fields = {f.name: f for f in dataclasses.fields(ParserConfig)}
     assert fields["tool_call_parser"].metadata["choices"] == TOOL_CALL_PARSER_NAMES
     assert fields["reasoning_parser"].metadata["choices"] == REASONING_PARSER_NAMES
     assert ServerArgs.from_kwargs(tool_call_parser="llama3").parsers.tool_call_parser == "llama3"
