@@ -47,7 +47,7 @@ async def parse_function_call(request: Request) -> Response:
         req = await read_parsed(request, lambda b: parse_request(ParseFunctionCallReq, b))
         _check_name(req.tool_call_parser, TOOL_CALL_PARSER_NAMES, "tool_call_parser")
         if req.tool_call_parser is None:
-            args = request.app.state.server.args.http
+            args = request.app.state.server.args.parsers
             parser = create_tool_call_parser(args.tool_call_parser)
         else:
             parser = create_tool_call_parser(req.tool_call_parser)
