@@ -302,6 +302,7 @@ class TokenizerManager:
         sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
+        self.limits.check_stop_regexes(sp.stop_regex)
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(

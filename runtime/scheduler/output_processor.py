@@ -114,6 +114,7 @@ def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
         # NOTE: stop strings go out once, with the request's first message; the detokenizer
         # keeps them in its per-request state (a long stop list is not re-sent every chunk)
         "stop_strings": [] if r.sent_stop_strings else sp.stop,
+        "stop_regexes": [] if r.sent_stop_strings else sp.stop_regex,
         "no_stop_trim": sp.no_stop_trim,
         "output_token_logprobs": None,
         "output_top_logprobs": None,
