@@ -15,7 +15,12 @@ import regex
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
-from radixgen.runtime.text.stop_regex import compile_patterns, held_back, match_start
+from radixgen.runtime.text.stop_regex import (
+    StopRegexTimeout,
+    compile_patterns,
+    held_back,
+    match_start,
+)
 from radixgen.runtime.text.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -134,7 +139,11 @@ class DetokenizerManager:
         else:
             held = _held_back(st.text, stops) if stops else 0
             if st.stop_regexes and trim:
-                held = max(held, held_back(st.text, st.stop_regexes))
+                try:
+                    held = max(held, held_back(st.text, st.stop_regexes))
+                except StopRegexTimeout as e:  # NOTE: once; never again for this request
+                    logger.warning("request %s: %s; its text is not held back", batch.rids[i], e)
+                    st.stop_regexes = []
             end -= held
         end = max(end, st.sent_len)
         delta = st.text[st.sent_len : end]

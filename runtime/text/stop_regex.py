@@ -5,13 +5,13 @@ few tokens of context, as the detokenizer does) and every check searches the who
 so `^`, lookbehinds and matches of any length behave as on the final text; a search is C-speed
 and the text is at most the output. Detokenizer process: a streamed chunk never shows text from
 where a match may still begin (`regex`'s partial matches), and the final text ends where the
-match begins. Every search runs under a timeout: a pattern that backtracks catastrophically ends
-its own request (scheduler) or is not held back (detokenizer), never stalls the other requests.
+match begins. Every check runs under a deadline: a pattern that backtracks catastrophically ends
+its own request (scheduler) or is no longer held back (detokenizer), never stalls the others.
 """
 
 from __future__ import annotations
 
-import logging
+import time
 from typing import TYPE_CHECKING
 
 import regex
@@ -19,29 +19,42 @@ import regex
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.interfaces import TextDecoder
 
-logger = logging.getLogger(__name__)
-
-# The longest one search may take before the request is ended with a 400 (a sane pattern
-# searches thousands of characters in microseconds).
-SEARCH_TIMEOUT_S = 0.05
+# The longest one check of a request's patterns (all of them together) may take: past it the
+# request ends with a 400 in the scheduler, and the detokenizer stops holding its text back. A
+# sane pattern searches thousands of characters in microseconds.
+SEARCH_TIMEOUT_S = 0.02
 _CONTEXT_TOKENS = 5  # tokens re-decoded as left context (byte-level BPE, leading spaces)
 
 
 class StopRegexTimeout(Exception):
-    """A stop_regex search ran past SEARCH_TIMEOUT_S."""
+    """A check of a request's stop_regex patterns ran past SEARCH_TIMEOUT_S."""
 
     def __init__(self, pattern: str, text_chars: int) -> None:
         super().__init__(
-            f"stop_regex {pattern!r} took over {SEARCH_TIMEOUT_S * 1000:g} ms to search "
-            f"{text_chars} characters of output (catastrophic backtracking?); simplify the pattern"
+            f"stop_regex {pattern!r} took over {SEARCH_TIMEOUT_S * 1000:g} ms (all patterns "
+            f"together) to search {text_chars} characters of output (catastrophic "
+            "backtracking?); simplify the pattern"
         )
+
+
+def _search(
+    compiled: regex.Pattern[str], text: str, pos: int, deadline: float, partial: bool = False
+) -> regex.Match[str] | None:
+    """One search that must end by `deadline` (time.monotonic); raises StopRegexTimeout."""
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise TimeoutError
+        return compiled.search(text, pos, partial=partial, timeout=left)
+    except TimeoutError:
+        raise StopRegexTimeout(compiled.pattern, len(text)) from None
 
 
 class StopRegexMatcher:
     """One request's stop_regex patterns and its output text decoded so far."""
 
     def __init__(self, patterns: list[str]) -> None:
-        self.patterns = [(p, regex.compile(p)) for p in patterns]
+        self.patterns = compile_patterns(patterns)
         self.text = ""
         self.decoded = 0  # output tokens whose text is in `text`
 
@@ -53,13 +66,10 @@ class StopRegexMatcher:
     def search(self, output_ids: list[int], decoder: TextDecoder) -> str | None:
         """The first pattern that matches the output text, or None; raises StopRegexTimeout."""
         self._extend(output_ids, decoder)
-        for pattern, compiled in self.patterns:
-            try:
-                found = compiled.search(self.text, timeout=SEARCH_TIMEOUT_S)
-            except TimeoutError:
-                raise StopRegexTimeout(pattern, len(self.text)) from None
-            if found is not None:
-                return pattern
+        deadline = time.monotonic() + SEARCH_TIMEOUT_S
+        for compiled in self.patterns:
+            if _search(compiled, self.text, 0, deadline) is not None:
+                return str(compiled.pattern)
         return None
 
     def _extend(self, ids: list[int], decoder: TextDecoder) -> None:
@@ -79,31 +89,28 @@ def compile_patterns(patterns: list[str]) -> list[regex.Pattern[str]]:
 
 
 def held_back(text: str, patterns: list[regex.Pattern[str]]) -> int:
-    """Length of the tail of `text` from where a match may still begin (not streamed yet)."""
+    """Length of the tail of `text` from where a match may still begin (not streamed yet);
+    raises StopRegexTimeout past SEARCH_TIMEOUT_S (the caller then stops holding back)."""
     start = len(text)
+    deadline = time.monotonic() + SEARCH_TIMEOUT_S
     for compiled in patterns:
         pos = 0
-        try:
-            while pos <= len(text):
-                found = compiled.search(text, pos, partial=True, timeout=SEARCH_TIMEOUT_S)
-                if found is None:
-                    break
-                if found.partial:
-                    start = min(start, found.start())
-                    break
-                # a whole match the request did not stop on (before min_new_tokens): look past it
-                pos = found.end() if found.end() > found.start() else found.start() + 1
-        except TimeoutError:
-            logger.warning(
-                "stop_regex %r timed out while streaming; not held back", compiled.pattern
-            )
+        while pos <= len(text):
+            found = _search(compiled, text, pos, deadline, partial=True)
+            if found is None:
+                break
+            if found.partial:
+                start = min(start, found.start())
+                break
+            # a whole match the request did not stop on (before min_new_tokens): look past it
+            pos = found.end() if found.end() > found.start() else found.start() + 1
     return len(text) - start
 
 
 def match_start(text: str, pattern: str) -> int | None:
     """Where the first match of `pattern` begins in the final text (the text is cut there)."""
     try:
-        found = regex.search(pattern, text, timeout=SEARCH_TIMEOUT_S)
-    except TimeoutError:
+        found = _search(regex.compile(pattern), text, 0, time.monotonic() + SEARCH_TIMEOUT_S)
+    except StopRegexTimeout:
         return None
     return None if found is None else found.start()

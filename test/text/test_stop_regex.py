@@ -159,3 +159,23 @@ def test_streamed_pieces_never_show_text_the_final_answer_trims(tokenizer, no_st
     else:
         assert pieces == ["Result", " ", ""]  # "[4" could grow into a match: never sent
     assert "s" not in detok.states
+
+
+def test_a_catastrophic_pattern_stops_being_held_back_in_the_detokenizer(tokenizer):
+    from radixgen.io_struct import BatchTokenIDOut
+    from radixgen.runtime.detokenizer.detokenizer_manager import DetokenizerManager
+    from radixgen.runtime.text.stop_regex import StopRegexTimeout
+
+    pattern = r"(a|aa)+c$"
+    text = "a" * 60 + "b"
+    with pytest.raises(StopRegexTimeout, match="simplify the pattern"):
+        held_back(text, compile_patterns([pattern]))
+    detok = DetokenizerManager(tokenizer)
+    batch = BatchTokenIDOut(
+        rids=["r"], rollbacks=[0], new_token_ids=[tokenizer.encode(text, add_special_tokens=False)],
+        finished_reasons=[None], metas=[None], skip_special_tokens=[True],
+        spaces_between_special_tokens=[True], stop_strings=[[]], no_stop_trim=[False],
+        stop_regexes=[[pattern]],
+    )  # fmt: skip
+    assert detok.handle(batch).delta_texts == [text]  # sent, not held back
+    assert detok.states["r"].stop_regexes == []  # and never searched again
