@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 # fork(n) prefills the shared text only when at least this much of it is new to the server: text
 # a gen or select just sent (prompt and output) is in the radix cache already
 FORK_PRECACHE_MIN_CHARS = 64
+# meta_info lists a streaming server sends per chunk (each chunk's own tokens); a streamed gen's
+# meta_info holds them accumulated, as a non-streamed gen's does
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -239,11 +242,12 @@ class StreamExecutor:
     def _set_result(self, name: str | None, value: Any, meta: Any) -> None:
         if name is None:
             return
-        self.variables[name] = value
-        self.meta_info[name] = meta
-        if name in self.variable_event:
-            self.variable_event[name].set()
-        self._notify()
+        with self.changed:
+            self.variables[name] = value
+            self.meta_info[name] = meta
+            if name in self.variable_event:
+                self.variable_event[name].set()
+            self._notify()
 
     # --- expressions -----------------------------------------------------------------------
 
@@ -364,16 +368,22 @@ class StreamExecutor:
         name = expr.name
         if name is not None:
             self.variables[name] = ""
-        logprobs: list[Any] = []
+        so_far: dict[str, list[Any]] = {key: [] for key in STREAMED_LOGPROB_KEYS}
         for delta, meta in self.backend.generate_stream(self, params):
-            if meta and meta.get("output_token_logprobs"):
-                logprobs.extend(meta["output_token_logprobs"])
-                meta = {**meta, "output_token_logprobs": list(logprobs)}
-            self.text_ += delta
-            if name is not None:
-                self.variables[name] += delta
-                self.meta_info[name] = meta
-            self._notify()
+            if meta:
+                meta = dict(meta)
+                for key, entries in so_far.items():
+                    if key in meta:  # the server sends each chunk's own entries
+                        entries.extend(meta[key] or [])
+                        meta[key] = list(entries)
+            # NOTE: text and meta change together, under the lock streaming readers take, so a
+            # reader never sees a chunk's text without its logprobs (or the reverse)
+            with self.changed:
+                self.text_ += delta
+                if name is not None:
+                    self.variables[name] += delta
+                    self.meta_info[name] = meta
+                self._notify()
         self.server_seen = len(self.text_)
         if name is not None:
             self._set_result(name, self.variables[name], self.meta_info.get(name))

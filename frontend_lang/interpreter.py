@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from radixgen.lang.executor import StreamExecutor, program_site
+from radixgen.lang.executor import STREAMED_LOGPROB_KEYS, StreamExecutor, program_site
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import (
     RoleMethods,
@@ -137,15 +137,17 @@ class ProgramState(RoleMethods):
         exe, seen, pos = self.stream_executor, -1, 0
         while True:
             seen = self._wait_change(seen)
-            finished = exe.is_finished
-            if var_name is None:
-                current, done = exe.text_, finished
-            else:
-                event = exe.variable_event.get(var_name)
-                done = finished or (event is not None and event.is_set())
-                current = exe.variables.get(var_name, "")
-                current = current if isinstance(current, str) else ""
-            yield current[pos:], exe.meta_info.get(var_name) if var_name else None, done
+            with exe.changed:  # text and meta_info of the same chunk (see _execute_gen)
+                finished = exe.is_finished
+                if var_name is None:
+                    current, done = exe.text_, finished
+                else:
+                    event = exe.variable_event.get(var_name)
+                    done = finished or (event is not None and event.is_set())
+                    current = exe.variables.get(var_name, "")
+                    current = current if isinstance(current, str) else ""
+                meta = exe.meta_info.get(var_name) if var_name else None
+            yield current[pos:], meta, done
             pos = len(current)
             if done:
                 if exe.error_ is not None:
@@ -171,19 +173,21 @@ class ProgramState(RoleMethods):
             yield (value, self.get_meta_info(var_name)) if return_meta_data and var_name else value
             return
         deltas = self._stream_deltas(var_name)
-        sent_logprobs = 0
+        sent = dict.fromkeys(STREAMED_LOGPROB_KEYS, 0)
         while True:
             item = await asyncio.to_thread(next, deltas, None)
             if item is None:
                 return
             delta, meta, _ = item
             if not delta:
-                continue
+                continue  # its tokens' entries go with the next item that has text
             if return_meta_data:
                 meta = dict(meta or {})
-                logprobs = meta.get("output_token_logprobs") or []
-                meta["output_token_logprobs"] = logprobs[sent_logprobs:]
-                sent_logprobs = len(logprobs)
+                for key in STREAMED_LOGPROB_KEYS:
+                    if key in meta:
+                        entries = meta[key] or []
+                        meta[key] = entries[sent[key] :]
+                        sent[key] = len(entries)
                 yield delta, meta
             else:
                 yield delta

@@ -110,7 +110,7 @@ class SglSamplingParams:
         for key in ("regex", "json_schema", "choices"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        if self.stop_regex:  # sent so that a server without it refuses it, never dropped here
+        if self.stop_regex:  # a server without it refuses it: never dropped here
             out["stop_regex"] = (
                 [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
             )

@@ -2,8 +2,8 @@
 
 The scheduler, the detokenizer and the tokenizer manager pass `FinishReason` objects (pickled
 between our own processes); only `to_dict()` spells SGLang's `meta_info.finish_reason` shape:
-`{"type": "stop", "matched": str | int}`, `{"type": "length", "length": N}`,
-`{"type": "abort", "message": str, "status_code": int}`.
+`{"type": "stop", "matched": str | int}` (a stop string, token id or stop_regex pattern),
+`{"type": "length", "length": N}`, `{"type": "abort", "message": str, "status_code": int}`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ class FinishReason:
     """Build with `FinishReason.stop(matched)`, `.length(n)` or `.abort(message, status)`."""
 
     kind: FinishKind
-    matched: int | str | None = None  # stop: the token id or stop string that ended it
+    matched: int | str | None = None  # stop: the token id, stop string or stop_regex pattern
+    by_regex: bool = False  # stop: `matched` is a stop_regex pattern
     num_tokens: int = 0  # length: the limit that was reached
     message: str = ""  # abort: why, for the client
     status_code: int = 0  # abort: the HTTP status the API answers with
@@ -27,6 +28,11 @@ class FinishReason:
     @classmethod
     def stop(cls, matched: int | str) -> FinishReason:
         return cls("stop", matched=matched)
+
+    @classmethod
+    def stop_regex(cls, pattern: str) -> FinishReason:
+        """Stopped by a stop_regex match; SGLang reports the pattern (not the text) as matched."""
+        return cls("stop", matched=pattern, by_regex=True)
 
     @classmethod
     def length(cls, n: int) -> FinishReason:
@@ -43,7 +49,14 @@ class FinishReason:
     @property
     def matched_stop_string(self) -> str | None:
         """The stop string that ended the request (the detokenizer trims it from the text)."""
-        return self.matched if self.kind == "stop" and isinstance(self.matched, str) else None
+        if self.kind == "stop" and isinstance(self.matched, str) and not self.by_regex:
+            return self.matched
+        return None
+
+    @property
+    def matched_stop_regex(self) -> str | None:
+        """The stop_regex pattern that ended the request (the detokenizer trims its match)."""
+        return self.matched if self.by_regex and isinstance(self.matched, str) else None
 
     @property
     def matched_token_id(self) -> int | None:

@@ -118,6 +118,9 @@ class BatchTokenIDOut:
     output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
     input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
     input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
+    # stop_regex patterns, like stop_strings with a request's first message only (a failure's
+    # message, built without them, leaves this list empty)
+    stop_regexes: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

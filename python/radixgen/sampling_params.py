@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import regex
+
 from radixgen.errors import InvalidRequestError
 from radixgen.grammar_limits import GrammarSpecLimits, check_constraint, check_schema_object
 
@@ -34,6 +36,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -68,11 +71,6 @@ class SamplingParams:
         kwargs: dict[str, Any] = {}
         for key, value in params.items():
             key = _ALIASES.get(key, key)
-            if key == "stop_regex" and value:
-                _bad(
-                    "stop_regex",
-                    "is not supported by this server; use stop strings, or a regex constraint",
-                )
             if key in _IGNORED_KEYS:
                 continue
             if key not in known:
@@ -126,6 +124,7 @@ class SamplingParams:
             self.stop = list(self.stop)
         else:
             raise InvalidRequestError("stop must be a string or a list of strings", "stop")
+        self.stop_regex = _stop_regexes(self.stop_regex)
         if isinstance(self.stop_token_ids, int):
             self.stop_token_ids = [self.stop_token_ids]
         self.stop_token_ids = [
@@ -227,9 +226,8 @@ class SamplingParams:
 
 
 _ALIASES = {"sampling_seed": "seed", "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-# Accepted for compatibility with SGLang clients; they change nothing here (an empty stop_regex
-# is what SGLang's frontend sends by default; a non-empty one is refused above).
-_IGNORED_KEYS = {"stop_regex", "custom_params"}
+# Accepted for compatibility with SGLang clients; it changes nothing here.
+_IGNORED_KEYS = {"custom_params"}
 
 
 def _bad(param: str, why: str) -> NoReturn:
@@ -253,6 +251,27 @@ def _as_float(value: Any, name: str) -> float:
     if not math.isfinite(number):
         _bad(name, f"must be finite, got {number}")
     return number
+
+
+def _stop_regexes(value: Any) -> list[str]:
+    """stop_regex as a list of patterns that compile (with the `regex` module the scheduler
+    matches with) and cannot match the empty text (such a pattern would end every request at
+    its first token)."""
+    if value == "":  # what a client that sets no pattern may send
+        return []
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, (list, tuple)):
+        _bad("stop_regex", "must be a regular expression or a list of them")
+    for i, pattern in enumerate(patterns):
+        if not isinstance(pattern, str) or not pattern:
+            _bad("stop_regex", "every pattern must be a non-empty string")
+        try:
+            compiled = regex.compile(pattern)
+        except (regex.error, RecursionError, OverflowError) as e:
+            _bad("stop_regex", f"pattern {i} ({pattern!r}) is not a valid regular expression: {e}")
+        if compiled.search("") is not None:
+            _bad("stop_regex", f"pattern {i} ({pattern!r}) matches the empty text")
+    return list(patterns)
 
 
 def _as_list(value: Any, name: str) -> list[Any]:

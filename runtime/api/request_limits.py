@@ -52,3 +52,20 @@ class RequestLimits:
                     "(--max-stop-string-chars)",
                     "stop",
                 )
+
+    def check_stop_regexes(self, patterns: list[str]) -> None:
+        """stop_regex patterns are searched on every step and every streamed chunk: the stop-string
+        limits bound their number and length too."""
+        count, chars = self.config.max_stop_strings, self.config.max_stop_string_chars
+        if len(patterns) > count:
+            raise InvalidRequestError(
+                f"stop_regex has {len(patterns)} patterns; the limit is {count} (--max-stop-strings)",
+                "stop_regex",
+            )
+        for i, pattern in enumerate(patterns):
+            if len(pattern) > chars:
+                raise InvalidRequestError(
+                    f"stop_regex pattern {i} has {len(pattern)} characters; the limit is {chars} "
+                    "(--max-stop-string-chars)",
+                    "stop_regex",
+                )

@@ -313,6 +313,7 @@ class TokenizerManager:
         sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
+        self.limits.check_stop_regexes(sp.stop_regex)
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
@@ -509,7 +510,16 @@ class TokenizerManager:
         return self.build_output(st, 0)
 
     async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
+        """One chunk per wake-up that added text (or finished the request), carrying the logprob
+        entries of every token since the previous chunk.
+
+        NOTE: a wake-up whose tokens added no text yet (a held-back stop-string prefix or a
+        partial UTF-8 character) sends nothing: its tokens and logprobs go with the next chunk.
+        SGLang's server never streams a chunk without text either, and its frontend relies on
+        it: a textless chunk coalesced with the next one on the client loses its logprobs.
+        """
         sent_lp = [0] * len(states)
+        sent_text = [0] * len(states)
         pending = set(range(len(states)))
         waiters = {i: asyncio.ensure_future(states[i].event.wait()) for i in pending}
         try:
@@ -522,12 +532,17 @@ class TokenizerManager:
                         continue
                     st = states[i]
                     st.event.clear()
-                    chunk = self.build_output(st, sent_lp[i])
-                    sent_lp[i] = len(st.output_token_logprobs)
-                    if plural:
-                        chunk["index"] = i
-                    yield chunk
-                    if st.finished:
+                    # NOTE: judged before the yield: while the consumer holds the chunk, more
+                    # output (the finish too) may arrive; it sets the event for the next round
+                    final = st.finished
+                    if final or len(st.text) > sent_text[i]:
+                        chunk = self.build_output(st, sent_lp[i])
+                        sent_lp[i] = len(st.output_token_logprobs)
+                        sent_text[i] = len(st.text)
+                        if plural:
+                            chunk["index"] = i
+                        yield chunk
+                    if final:
                         pending.discard(i)
                     else:
                         waiters[i] = asyncio.ensure_future(st.event.wait())

@@ -1,9 +1,9 @@
 """Incremental detokenization (detokenizer process): token ids in, text deltas out.
 
 A streamed piece never ends in a broken UTF-8 character (text ending in U+FFFD is held back until
-the next token completes it), never shows the start of a possible stop string, and the matched
-stop string is trimmed from the final text. Each incoming batch is decoded with two batched
-`decode_batch` calls, not one call per request.
+the next token completes it), never shows the start of a possible stop string or stop_regex
+match, and the matched stop string (or match) is trimmed from the final text. Each incoming batch
+is decoded with two batched `decode_batch` calls, not one call per request.
 """
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import regex
+
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
+from radixgen.runtime.text.stop_regex import (
+    StopRegexTimeout,
+    compile_patterns,
+    held_back,
+    match_start,
+)
 from radixgen.runtime.text.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -37,6 +45,7 @@ class DecodeState:
     text: str = ""  # decoded text of ids[:read_offset] (may hold back held text below)
     sent_len: int = 0  # chars of `text` already sent
     stop_strings: list[str] = field(default_factory=list)  # from the request's first message
+    stop_regexes: list[regex.Pattern[str]] = field(default_factory=list)  # the same
 
 
 class DetokenizerManager:
@@ -90,7 +99,10 @@ class DetokenizerManager:
         rid = batch.rids[i]
         st = self.states.get(rid)
         if st is None:
-            st = self.states[rid] = DecodeState(stop_strings=batch.stop_strings[i])
+            patterns = batch.stop_regexes[i] if i < len(batch.stop_regexes) else []
+            st = self.states[rid] = DecodeState(
+                stop_strings=batch.stop_strings[i], stop_regexes=compile_patterns(patterns)
+            )
         rollback = batch.rollbacks[i]
         if rollback:
             self._rollback(st, rollback, batch.skip_special_tokens[i])
@@ -112,15 +124,27 @@ class DetokenizerManager:
             st.text += full[len(prefix) :]
             st.read_offset = len(st.ids)
         end = len(st.text)
-        stops = st.stop_strings
+        stops, trim = st.stop_strings, not batch.no_stop_trim[i]
         if finished is not None:
             matched = finished.matched_stop_string
-            if matched is not None and not batch.no_stop_trim[i]:
+            pattern = finished.matched_stop_regex
+            if matched is not None and trim:
                 pos = st.text.find(matched)
                 if pos != -1:
                     end = pos
-        elif stops:
-            end -= _held_back(st.text, stops)
+            elif pattern is not None and trim:
+                start = match_start(st.text, pattern)
+                if start is not None:
+                    end = start
+        else:
+            held = _held_back(st.text, stops) if stops else 0
+            if st.stop_regexes and trim:
+                try:
+                    held = max(held, held_back(st.text, st.stop_regexes))
+                except StopRegexTimeout as e:  # NOTE: once; never again for this request
+                    logger.warning("request %s: %s; its text is not held back", batch.rids[i], e)
+                    st.stop_regexes = []
+            end -= held
         end = max(end, st.sent_len)
         delta = st.text[st.sent_len : end]
         st.sent_len = end

@@ -1,8 +1,8 @@
 """SGLang's native HTTP API (API process): /generate, health, info, cache, abort, tokenize.
 
 What `sglang.RuntimeEndpoint` and SGLang's HTTP clients call. Streaming sends SSE chunks with the
-cumulative text, delta output logprobs and cumulative token counters, one chunk per scheduler
-output (never a replayed burst), then `data: [DONE]`.
+cumulative text, delta output logprobs and cumulative token counters, one chunk per output that
+adds text (or finishes; never a replayed burst), then `data: [DONE]`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""When a request stops: EOS, stop token ids, length, context end, grammar end, stop strings.
+"""When a request stops: EOS, stop token ids, length, context end, grammar end, stop strings,
+stop_regex (runtime/text/stop_regex.py).
 
 Runs in the scheduler after each sampled token. Stop strings are found by decoding only the tail
 of the output (enough tokens to cover the longest stop string), so the check is cheap per step;
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixgen.finish_reason import FinishReason
+from radixgen.runtime.text.stop_regex import StopRegexTimeout
 
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.interfaces import TextDecoder
@@ -32,6 +34,15 @@ def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: T
         matched = _match_stop_string(req, tokenizer)
         if matched is not None:
             req.finish(FinishReason.stop(matched))
+            return
+    if req.stop_regex is not None and len(req.output_ids) >= sp.min_new_tokens:
+        try:
+            pattern = req.stop_regex.search(req.output_ids, tokenizer)
+        except StopRegexTimeout as e:
+            req.finish(FinishReason.abort(str(e), 400))
+            return
+        if pattern is not None:
+            req.finish(FinishReason.stop_regex(pattern))
             return
     if len(req.output_ids) >= sp.max_new_tokens:
         req.finish(FinishReason.length(sp.max_new_tokens))

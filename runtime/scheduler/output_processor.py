@@ -114,6 +114,7 @@ def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
         # NOTE: stop strings go out once, with the request's first message; the detokenizer
         # keeps them in its per-request state (a long stop list is not re-sent every chunk)
         "stop_strings": [] if r.sent_stop_strings else sp.stop,
+        "stop_regexes": [] if r.sent_stop_strings else sp.stop_regex,
         "no_stop_trim": sp.no_stop_trim,
         "output_token_logprobs": None,
         "output_top_logprobs": None,
@@ -121,6 +122,9 @@ def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
         "input_top_logprobs": None,
     }
     if r.return_logprob:
+        # NOTE: one entry per output token (jump-forward, which adds tokens without a model
+        # step, is off for these requests): a chunk's entries are exactly its new tokens'
+        assert len(r.output_token_logprobs) == len(r.output_ids), "an output token has no logprob"
         first = not r.sent_input_logprobs
         entry["output_token_logprobs"] = r.output_token_logprobs[r.sent_output_len :]
         entry["output_top_logprobs"] = (

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import LogprobList, RequestMeta, TokenizedGenerateReq, TopLogprobList
+from radixgen.runtime.text.stop_regex import StopRegexMatcher
 from radixgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class Req:
         self.stop_tail_tokens = (
             max((len(s.encode("utf-8")) for s in self.sampling_params.stop), default=0) + 4
         )
+        patterns = self.sampling_params.stop_regex
+        self.stop_regex = StopRegexMatcher(patterns) if patterns else None
 
     # --- token views ------------------------------------------------------------------------
 

@@ -490,6 +490,8 @@ class Scheduler:
             req.kv_len = keep_pos
         del req.output_ids[keep:]
         req.output_ids.extend(new_tokens)
+        if req.stop_regex is not None:
+            req.stop_regex.reset()
         if keep < req.sent_output_len:
             req.rollback_pending += req.sent_output_len - keep
             req.sent_output_len = keep

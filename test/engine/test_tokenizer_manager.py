@@ -200,3 +200,97 @@ def _finished(rid: str):
         [rid], [""], [[]], [FinishReason.length(0)], [RequestMeta(1, 0, 0)], [None], [None],
         [None], [None], [0],
     )  # fmt: skip
+
+
+# --- streaming: every chunk carries the logprob entries of exactly the tokens it adds ----------
+
+
+def _output(rid: str, text: str, tokens: list[int], total: int, finished: bool = False):
+    """One detokenizer output: `tokens` added (`total` so far), each with a logprob entry."""
+    from radixgen.finish_reason import FinishReason
+    from radixgen.io_struct import BatchStrOut, RequestMeta
+
+    lps = [(-0.25 * t, t) for t in tokens]
+    reason = FinishReason.length(total) if finished else None
+    return BatchStrOut(
+        [rid], [text], [tokens], [reason], [RequestMeta(1, total, 0)], [lps], [None], [None],
+        [None], [0],
+    )  # fmt: skip
+
+
+def _stream_req(rid: str) -> GenerateReqInput:
+    return GenerateReqInput(
+        text="Hello", rid=rid, stream=True, return_logprob=True,
+        sampling_params={"max_new_tokens": 8},
+    )  # fmt: skip
+
+
+def _check_chunk(chunk, text: str, tokens: list[int], total: int) -> None:
+    meta = chunk["meta_info"]
+    assert chunk["text"] == text
+    assert [tid for _, tid, _ in meta["output_token_logprobs"]] == tokens
+    assert meta["completion_tokens"] == meta["output_token_logprobs_length"] == total
+
+
+async def _until(predicate) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_a_textless_output_goes_out_with_the_next_chunk_and_its_logprobs(wiring):
+    """Token 11's text is held back (say, a possible stop-string prefix): no chunk carries it
+    alone; the next chunk carries tokens 11 and 12 and both logprob entries (the case SGLang's
+    frontend loses an entry on when the two chunks reach it together)."""
+
+    async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
+        agen = tm.generate(_stream_req("s"))
+        first = asyncio.ensure_future(agen.__anext__())
+        await sched.next()
+        tm._on_outputs(_output("s", "", [11], 1))
+        await asyncio.sleep(0.1)  # the stream wakes up for it, and sends nothing
+        assert not first.done()
+        tm._on_outputs(_output("s", "Hi", [12], 2))
+        _check_chunk(await asyncio.wait_for(first, 5), "Hi", [11, 12], 2)
+        tm._on_outputs(_output("s", "!", [13], 3, finished=True))
+        last = await asyncio.wait_for(agen.__anext__(), 5)
+        _check_chunk(last, "Hi!", [13], 3)
+        assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+        with pytest.raises(StopAsyncIteration):
+            await agen.__anext__()
+
+    run(wiring, body)
+
+
+def test_outputs_that_pile_up_before_the_consumer_reads_go_out_as_one_chunk(wiring):
+    async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
+        agen = tm.generate(_stream_req("s"))
+        first = asyncio.ensure_future(agen.__anext__())
+        await sched.next()
+        tm._on_outputs(_output("s", "a", [11], 1))
+        tm._on_outputs(_output("s", "b", [12], 2))
+        _check_chunk(await asyncio.wait_for(first, 5), "ab", [11, 12], 2)
+        await agen.aclose()
+
+    run(wiring, body)
+
+
+def test_the_finish_that_arrives_while_the_consumer_holds_a_chunk_is_not_lost(wiring):
+    async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
+        agen = tm.generate(_stream_req("s"))
+        first = asyncio.ensure_future(agen.__anext__())
+        await sched.next()
+        tm._on_outputs(_output("s", "a", [11], 1))
+        _check_chunk(await asyncio.wait_for(first, 5), "a", [11], 1)
+        # the consumer still holds chunk 1 (e.g. writing it to a slow socket): the rest arrives
+        tm._on_outputs(_output("s", "b", [12], 2))
+        tm._on_outputs(_output("s", "c", [13], 3, finished=True))
+        last = await asyncio.wait_for(agen.__anext__(), 5)
+        _check_chunk(last, "abc", [12, 13], 3)
+        assert last["meta_info"]["finish_reason"] is not None
+        with pytest.raises(StopAsyncIteration):
+            await agen.__anext__()
+
+    run(wiring, body)

@@ -117,13 +117,13 @@ def test_no_program_threads_are_left_behind(endpoint):
     wait_until(program_threads_exited, 0.5, what="worker threads of finished programs to exit")
 
 
-def test_stop_regex_is_refused_by_our_server_not_dropped(backend):
-    """RadixGen does not implement stop_regex: a program that asks for it gets a clear error
-    instead of a generation that ignores it."""
+def test_an_invalid_stop_regex_is_refused_by_the_server_naming_the_pattern(backend):
+    """stop_regex is served (test_primitives.py); a pattern that does not compile is the
+    server's 400, raised with the program's line instead of a generation that ignores it."""
 
     @rg.function
     def prog(s):
-        s += "Count: 1, 2," + rg.gen("rest", max_tokens=8, stop_regex=r"\d{2}")
+        s += "Count: 1, 2," + rg.gen("rest", max_tokens=8, stop_regex=r"(\d")
 
-    with pytest.raises(rg.ProgramError, match="stop_regex"):
+    with pytest.raises(rg.ProgramError, match=r"stop_regex pattern 0 .* is not a valid regular"):
         prog.run(backend=backend)

@@ -42,6 +42,23 @@ def test_gen_stop_is_trimmed_and_text_appended(backend):
     assert meta["finish_reason"]["type"] == "stop" and meta["completion_tokens"] <= 12
 
 
+def test_gen_stop_regex_stops_at_the_first_match_and_trims_it(backend):
+    @rg.function
+    def count(s):
+        s += "Count: 1, 2, 3,"
+        s += rg.gen("rest", max_tokens=16, temperature=0, ignore_eos=True)
+        s += "!"
+
+    full = count.run(backend=backend)["rest"]
+    digit = re.search(r"\d", full)
+    assert digit is not None and digit.start() > 0, full
+    pattern = r"(?<=\D)\d+"  # a number after a non-digit: matches where `digit` begins
+    state = count.run(backend=backend, stop_regex=pattern)
+    assert state["rest"] == full[: digit.start()]
+    assert state.text() == "Count: 1, 2, 3," + state["rest"] + "!"
+    assert state.get_meta_info("rest")["finish_reason"] == {"type": "stop", "matched": pattern}
+
+
 def test_roles_render_the_models_template_and_messages(backend):
     state = chat_answer.run(question="What is the capital of France?", backend=backend)
     answer = state["answer"]
@@ -263,6 +280,28 @@ def test_streaming_text_iter_matches_the_unstreamed_result(backend):
     assert text == full["rest"] and logprobs == 6
     whole = "".join(counter.run(stream=True, backend=backend).text_iter())
     assert whole == "Count to five: one, two," + full["rest"]
+
+
+def test_text_async_iter_read_after_the_end_carries_every_entry(backend):
+    """A reader that only looks once the gen has ended sees all its chunks as one item: that
+    item carries every token's entries, top logprobs included (none lost in the merge)."""
+
+    @rg.function
+    def counter(s):
+        s += "Count to five: one, two,"
+        s += rg.gen("rest", max_tokens=6, temperature=0, ignore_eos=True, return_logprob=True,
+                    top_logprobs_num=2)  # fmt: skip
+
+    async def read_after_the_end():
+        state = counter.run(stream=True, backend=backend)
+        await asyncio.to_thread(state.stream_executor.variable_event["rest"].wait)
+        return [item async for item in state.text_async_iter("rest", return_meta_data=True)]
+
+    items = asyncio.run(read_after_the_end())
+    assert len(items) == 1
+    meta = items[0][1]
+    assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == 6
+    assert all(len(row) == 2 for row in meta["output_top_logprobs"])
 
 
 def test_backend_control_and_default_backend(backend):

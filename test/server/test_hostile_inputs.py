@@ -185,7 +185,38 @@ CASES: dict[str, tuple[str, Any, int, str]] = {
         400,
         "2000 characters; the limit is 64 (--max-stop-string-chars)",
     ),
-    "stop_regex": ("/generate", gen(stop_regex="a+"), 400, "stop_regex"),
+    # stop_regex is served (test_native_api.py); bad patterns are 400s that name them
+    "stop_regex invalid": (
+        "/generate",
+        gen(stop_regex=["ok", "(a"]),
+        400,
+        "stop_regex pattern 1 ('(a') is not a valid regular expression",
+    ),
+    "stop_regex matching empty text": (
+        "/generate",
+        gen(stop_regex="x?"),
+        400,
+        "matches the empty text",
+    ),
+    "stop_regex wrong type": ("/generate", gen(stop_regex=5), 400, "stop_regex must be"),
+    "too many stop_regex": (
+        "/generate",
+        gen(stop_regex=[f"s{i}" for i in range(1000)]),
+        400,
+        "stop_regex has 1000 patterns; the limit is 8 (--max-stop-strings)",
+    ),
+    "stop_regex too long": (
+        "/generate",
+        gen(stop_regex="x" * 2000),
+        400,
+        "2000 characters; the limit is 64 (--max-stop-string-chars)",
+    ),
+    "chat stop_regex invalid": (
+        "/v1/chat/completions",
+        chat(stop_regex="[unclosed"),
+        400,
+        "not a valid regular expression",
+    ),
     # --- batches and n
     "2000-prompt batch": (
         "/generate",

@@ -3,6 +3,7 @@ against our server through `sgl.RuntimeEndpoint`: gen, select, regex, fork, batc
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -100,3 +101,57 @@ def test_flush_cache_and_server_info(backend):
 def test_regex_constrained_gen(backend):
     state = moon_year.run()
     assert re.fullmatch(r"(19|20)[0-9]{2}", state["year"]), state["year"]
+
+
+# --- streamed logprobs (issue 15): SGLang's own test_stream_logprobs, and its logic repeated ----
+
+HAWAII = (
+    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
+    "experiences and must-see attractions."
+)
+
+
+@sgl.function
+def travel_qa(s, question):  # the program of SGLang's test_stream_logprobs
+    s += sgl.system("You are a helpful assistant.")
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", return_logprob=True))
+
+
+def _streamed_chunks(max_new_tokens: int) -> list[tuple[str, dict]]:
+    async def collect() -> list[tuple[str, dict]]:
+        state = travel_qa.run(
+            question=HAWAII, stream=True, temperature=0, max_new_tokens=max_new_tokens,
+            ignore_eos=True,
+        )  # fmt: skip
+        return [chunk async for chunk in state.text_async_iter("answer", return_meta_data=True)]
+
+    return asyncio.run(collect())
+
+
+def test_sglang_test_stream_logprobs_itself(backend):
+    """SGLang's test, unchanged (64 tokens), imported from the installed sglang package."""
+    from sglang.test import test_programs as sglang_programs
+
+    sglang_programs.test_stream_logprobs()
+
+
+def test_stream_logprobs_logic_ten_times(backend):
+    """SGLang's per-chunk assertions (every chunk has text, and exactly the entries of the tokens
+    it adds), 10 runs of 16 tokens; the entries add up to the non-streamed request's."""
+    whole = travel_qa.run(question=HAWAII, temperature=0, max_new_tokens=16, ignore_eos=True)
+    expected = [tid for _, tid, _ in whole.get_meta_info("answer")["output_token_logprobs"]]
+    assert len(expected) == 16
+    for run in range(10):
+        chunks = _streamed_chunks(16)
+        assert chunks, f"run {run}: no chunk"
+        prev_tokens, ids = 0, []
+        for text, meta in chunks:
+            assert text, f"run {run}: a chunk without text"
+            added = meta["output_token_logprobs"]
+            assert meta["completion_tokens"] == meta["output_token_logprobs_length"]
+            assert len(added) == meta["completion_tokens"] - prev_tokens, f"run {run}: {meta}"
+            prev_tokens = meta["completion_tokens"]
+            ids += [tid for _, tid, _ in added]
+        assert ids == expected, f"run {run}"
+        assert "".join(text for text, _ in chunks) == whole["answer"]

@@ -38,7 +38,7 @@ class SGLangSamplingExtras(_Strict):
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
     stop_token_ids: list[int] | None = None
-    stop_regex: str | list[str] | None = None  # only empty values are accepted (see serving_common)
+    stop_regex: str | list[str] | None = None  # SGLang extra: stop when the text matches
     no_stop_trim: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True

@@ -61,7 +61,7 @@ def sampling_params(
         "regex": req.regex,
         "ebnf": req.ebnf,
         "json_schema": req.json_schema,
-        "stop_regex": req.stop_regex,  # refused when non-empty, by SamplingParams
+        "stop_regex": req.stop_regex,
     }
     fmt = req.response_format
     if fmt is not None and fmt.type != "text":

@@ -69,17 +69,16 @@ class CompletionPlan:
         assert self.ids is not None
         return self.tm.tokenizer.decode(self.ids[i], skip_special_tokens=False)
 
-    def logprobs(self, meta: dict[str, Any], choice: int, first_chunk: bool) -> dict[str, Any]:
+    def logprobs(self, meta: dict[str, Any], first_chunk: bool, offset0: int) -> dict[str, Any]:
+        """The chunk's logprobs object; `offset0`: the text offset of its first token (where the
+        previous chunk's tokens ended), so streamed offsets continue as in one response."""
         tokens = list(meta.get("output_token_logprobs", []))
         tops = meta.get("output_top_logprobs") if self.req.logprobs else None
-        offset = 0
         if self.req.echo and first_chunk:
             tokens = list(meta.get("input_token_logprobs", [])) + tokens
             if tops is not None:
                 tops = list(meta.get("input_top_logprobs", [])) + list(tops)
-        elif self.req.echo:
-            offset = len(self.prompt_text(choice))
-        return common.completion_logprobs(tokens, tops, offset)
+        return common.completion_logprobs(tokens, tops, offset0)
 
 
 async def create_completion(request: Request) -> Response:
@@ -100,7 +99,7 @@ def _response(
             {
                 "index": i,
                 "text": text,
-                "logprobs": plan.logprobs(meta, i, True) if plan.req.logprobs is not None else None,
+                "logprobs": plan.logprobs(meta, True, 0) if plan.req.logprobs is not None else None,
                 "finish_reason": reason,
                 "matched_stop": matched,
             }
@@ -122,6 +121,7 @@ async def _stream(
     req = plan.req
     rid, created = common.new_id("cmpl"), common.now()
     sent: dict[int, int] = {}
+    lp_end: dict[int, int] = {}  # text offset where each choice's streamed tokens end
     prompt, completion, cached = {}, {}, {}
 
     def event(choice: dict[str, Any]) -> bytes:
@@ -147,7 +147,11 @@ async def _stream(
             prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
             cached[i] = meta.get("cached_tokens", 0)
             reason, matched = common.finish_reason(meta)
-            lp = plan.logprobs(meta, i, first_for_choice) if req.logprobs is not None else None
+            lp = None
+            if req.logprobs is not None:
+                lp = plan.logprobs(meta, first_for_choice, lp_end.get(i, 0))
+                if lp["tokens"]:
+                    lp_end[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             if delta or reason is not None or (lp and lp["tokens"]):
                 yield event(
                     {"index": i, "text": delta, "logprobs": lp, "finish_reason": reason,
