@@ -220,48 +220,31 @@ async def _stream(
         return Outcome(kind, "answered", 200, tokens=chunks)
 
 
+def _generate_body(kind: str, rng: random.Random, sp: dict[str, Any]) -> dict[str, Any] | None:
+    """The /generate body of a non-streamed kind (None for the kinds that do more)."""
+    if kind == "plain":
+        return {"text": _prompt(rng), "sampling_params": sp}
+    if kind == "few_shot":
+        question = _prompt(rng) if rng.random() < 0.5 else f"Q: {rng.choice(QUESTIONS)}\nA:"
+        return {"text": rng.choice(FEW_SHOT) + question, "sampling_params": sp}
+    if kind == "n2":
+        return {"text": _prompt(rng), "sampling_params": {**sp, "n": 2}}
+    if kind == "json":
+        sp.update(max_new_tokens=48, json_schema=json.dumps(PERSON_SCHEMA))
+        return {"text": "A person as JSON: ", "sampling_params": sp}
+    if kind == "regex":
+        sp.update(regex=r"(yes|no|maybe)\.", max_new_tokens=8)
+        return {"text": f"Q: {rng.choice(QUESTIONS)} Is it easy?\nA:", "sampling_params": sp}
+    if kind == "long_prompt":
+        return {"text": _long_text(rng, rng.randint(900, 1400)), "sampling_params": sp}
+    return None
+
+
 async def _one(soak: Soak, session: aiohttp.ClientSession, kind: str) -> Outcome:
     rng = soak.rng
     sp: dict[str, Any] = {"max_new_tokens": rng.randint(8, 40), "temperature": 0.7}
-    if kind == "plain":
-        status, body = await _post_json(
-            soak,
-            session,
-            "/generate",
-            {"text": _prompt(rng), "sampling_params": sp},
-            REQUEST_TIMEOUT_S,
-        )
-        return _classify(kind, status, body)
-    if kind == "few_shot":
-        text = rng.choice(FEW_SHOT) + (
-            _prompt(rng) if rng.random() < 0.5 else f"Q: {rng.choice(QUESTIONS)}\nA:"
-        )
-        status, body = await _post_json(
-            soak, session, "/generate", {"text": text, "sampling_params": sp}, REQUEST_TIMEOUT_S
-        )
-        return _classify(kind, status, body)
-    if kind == "n2":
-        sp["n"] = 2
-        status, body = await _post_json(
-            soak,
-            session,
-            "/generate",
-            {"text": _prompt(rng), "sampling_params": sp},
-            REQUEST_TIMEOUT_S,
-        )
-        return _classify(kind, status, body)
-    if kind == "json":
-        sp.update(max_new_tokens=48, json_schema=json.dumps(PERSON_SCHEMA))
-        body = {"text": "A person as JSON: ", "sampling_params": sp}
-        status, out = await _post_json(soak, session, "/generate", body, REQUEST_TIMEOUT_S)
-        return _classify(kind, status, out)
-    if kind == "regex":
-        sp.update(regex=r"(yes|no|maybe)\.", max_new_tokens=8)
-        body = {"text": f"Q: {rng.choice(QUESTIONS)} Is it easy?\nA:", "sampling_params": sp}
-        status, out = await _post_json(soak, session, "/generate", body, REQUEST_TIMEOUT_S)
-        return _classify(kind, status, out)
-    if kind == "long_prompt":
-        body = {"text": _long_text(rng, rng.randint(900, 1400)), "sampling_params": sp}
+    body = _generate_body(kind, rng, sp)
+    if body is not None:
         status, out = await _post_json(soak, session, "/generate", body, REQUEST_TIMEOUT_S)
         return _classify(kind, status, out)
     if kind == "stream":

@@ -43,6 +43,18 @@ class Scan:
     invalid: bool = False  # what began as a call list is not one (it is content after all)
 
 
+def _next_list_item(text: str, end: int, out: Scan) -> int | None:
+    """After a call in a `[a, b]` list: where the next call starts, or None when the list ends
+    here (or the text so far does, or what follows is no list: `out` is marked invalid)."""
+    nxt = skip_ws(text, end)
+    if nxt >= len(text) or text[nxt] == "]":
+        return None
+    if text[nxt] != ",":
+        out.invalid = True
+        return None
+    return nxt + 1
+
+
 def new_call(name: str, arguments: str) -> dict[str, Any]:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -259,13 +271,10 @@ class MistralParser(ToolCallParser):
             out.calls.append(view)
             if end is None or not is_array:
                 return out
-            nxt = skip_ws(text, end)
-            if nxt >= len(text) or text[nxt] == "]":
+            nxt = _next_list_item(text, end, out)
+            if nxt is None:
                 return out
-            if text[nxt] != ",":
-                out.invalid = True
-                return out
-            i = nxt + 1
+            i = nxt
 
     def render_calls(self, calls: list[tuple[str, Any]]) -> str:
         body = ", ".join(_json_call(n, a, "arguments") for n, a in calls)
@@ -305,13 +314,10 @@ class PythonicParser(ToolCallParser):
             if end is None:
                 out.invalid = final
                 return out
-            nxt = skip_ws(text, end)
-            if nxt >= len(text) or text[nxt] == "]":
+            nxt = _next_list_item(text, end, out)
+            if nxt is None:
                 return out
-            if text[nxt] != ",":
-                out.invalid = True
-                return out
-            i = nxt + 1
+            i = nxt
 
     @staticmethod
     def _list_start(text: str, names: set[str], final: bool) -> int | None:
