@@ -86,9 +86,17 @@ def test_deadline_counts_from_the_compile_start_not_from_submission(tokenizer):
     # last one waits about 4 compiles, longer than the timeout, before it starts: on any machine.
     probe = new_manager(tokenizer, grammar_compile_workers=1, grammar_max_depth=500)
     try:
-        settle(probe, submit_all(probe, [make_req("w", json_schema=nested_array_schema(20))]))
+        settle(
+            probe,
+            submit_all(
+                probe, [make_req("w", limits=NO_LIMITS, json_schema=nested_array_schema(20))]
+            ),
+        )
         (_, _, when) = settle(
-            probe, submit_all(probe, [make_req("t", json_schema=nested_array_schema(100))])
+            probe,
+            submit_all(
+                probe, [make_req("t", limits=NO_LIMITS, json_schema=nested_array_schema(100))]
+            ),
         )
         one_compile = when["t"]
     finally:
@@ -98,7 +106,10 @@ def test_deadline_counts_from_the_compile_start_not_from_submission(tokenizer):
         tokenizer, grammar_compile_workers=1, grammar_compile_timeout=timeout, grammar_max_depth=500
     )
     try:
-        settle(gm, submit_all(gm, [make_req("w", json_schema=nested_array_schema(20))]))
+        settle(
+            gm,
+            submit_all(gm, [make_req("w", limits=NO_LIMITS, json_schema=nested_array_schema(20))]),
+        )
         reqs = [
             make_req(f"s{d}", limits=NO_LIMITS, json_schema=nested_array_schema(d))
             for d in range(101, 106)
