@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from grammar_helpers import NO_LIMITS, VOCAB_SIZE, make_req, nested_array_schema
 from wait_helpers import wait_until
 
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.server_args import GrammarConfig
+
+pytestmark = pytest.mark.slow  # worker processes, deliberate timeouts
 
 
 def new_manager(tokenizer, **config) -> GrammarManager:

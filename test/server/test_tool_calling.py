@@ -18,7 +18,7 @@ import pytest
 from .conftest import needs_grammar
 from .server_process import ServerProcess, server_flags
 
-pytestmark = needs_grammar
+pytestmark = [needs_grammar, pytest.mark.slow]  # starts servers of its own
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER_TOOL = {
