@@ -63,6 +63,7 @@ _LAZY_BACKENDS = {
     "RuntimeEndpoint": "radixgen.lang.backend.runtime_endpoint",
     "EngineBackend": "radixgen.lang.backend.engine",
     "OpenAI": "radixgen.lang.backend.openai",
+    "Runtime": "radixgen.lang.local_runtime",
 }
 
 
