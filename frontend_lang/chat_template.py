@@ -102,6 +102,16 @@ def match_chat_template_name(model_path: str) -> str | None:
     return None
 
 
+def match_chat_template_by_source(source: str) -> str | None:
+    """The registered template whose family's markers a Jinja chat template writes."""
+    from radixgen.lang.chat_template_data import SOURCE_RULES
+
+    for markers, name in SOURCE_RULES:
+        if all(m in source for m in markers):
+            return name
+    return None
+
+
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
     """The template for a model path or name by its family's name; "default" when none matches.
     Backends prefer the model's own Jinja template when they can read it (runtime_endpoint.py)."""
@@ -192,6 +202,19 @@ def chat_template_from_jinja(source: str, eos_token: str = "", name: str = "mode
     )
 
 
+def chat_template_for_source(source: str, eos_token: str = "", name: str = "model") -> ChatTemplate:
+    """The model's own template: its role markers read off the Jinja source, else (a template
+    not expressible as fixed markers) the registered template of the family whose markers the
+    source writes; TemplateShapeError when neither works."""
+    try:
+        return chat_template_from_jinja(source, eos_token=eos_token, name=name)
+    except TemplateShapeError:
+        family = match_chat_template_by_source(source)
+        if family is None:
+            raise
+        return get_chat_template(family)
+
+
 def chat_template_from_folder(folder: str | Path) -> ChatTemplate | None:
     """The template of a local model/tokenizer folder, or None if it has none or is unreadable."""
     folder = Path(folder)
@@ -205,4 +228,4 @@ def chat_template_from_folder(folder: str | Path) -> ChatTemplate | None:
         return None
     eos = config.get("eos_token") or ""
     eos = eos.get("content", "") if isinstance(eos, dict) else eos
-    return chat_template_from_jinja(source, eos_token=eos, name=folder.name)
+    return chat_template_for_source(source, eos_token=eos, name=folder.name)

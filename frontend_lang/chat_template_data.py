@@ -184,3 +184,20 @@ NAME_RULES: tuple[tuple[str, str | None, str], ...] = (
     (r"phi-3", None, "phi-3"),
     (r"hermes|chatml", None, "chatml"),
 )  # fmt: skip
+
+# (markers a family's Jinja template writes, all required; template name): how a model's own
+# template that is not expressible as fixed role markers (Gemma refuses a system turn, Llama 2
+# folds it into the first [INST]) still names its family; the first rule that matches wins
+SOURCE_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|start_header_id|>", "<|eot_id|>"), "llama-3-instruct"),
+    (("<|header_start|>", "<|eot|>"), "llama-4"),
+    (("<<SYS>>", "[INST]"), "llama-2-chat"),
+    (("[INST]",), "mistral"),
+    (("<start_of_turn>",), "gemma-it"),
+    (("<|turn>", "<turn|>"), "gemma-4-it"),
+    (("<｜User｜>", "<｜Assistant｜>"), "deepseek-v3"),
+    (("<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>"), "c4ai-command-r"),
+    (("<|start_of_role|>", "<|end_of_role|>"), "granite-3-instruct"),
+    (("<|user|>", "<|end|>"), "phi-3"),
+    (("<|im_start|>", "<|im_end|>"), "chatml"),
+)

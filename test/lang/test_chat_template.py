@@ -212,3 +212,60 @@ def test_template_from_reported_model_info(default_model_folder):
     assert reported.default_system_prompt == SMOLLM_SYSTEM and reported.name == "remote-model"
     by_name = template_for_model({"model_path": "SmolLM2-135M-Instruct", "tokenizer_path": "/nope"})
     assert by_name.name == "smollm"
+
+
+# templates that are not fixed per-role markers: Gemma refuses a system turn, Llama 2 folds the
+# system prompt into the first [INST] block (the families' published Jinja)
+GEMMA_JINJA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}"
+    "{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + "
+    "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"
+)
+LLAMA2_JINJA = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + "
+    "system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}"
+    "{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+def _render(source: str, messages: list[dict[str, str]], **tokens: str) -> str:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment()
+    env.globals["raise_exception"] = lambda message: pytest.fail(message)
+    return env.from_string(source).render(messages=messages, **tokens)
+
+
+def test_a_models_own_template_names_its_family_when_not_plain():
+    from radixgen.lang.backend.runtime_endpoint import template_for_model
+    from radixgen.lang.chat_template import chat_template_for_source
+
+    for source, family in ((GEMMA_JINJA, "gemma-it"), (LLAMA2_JINJA, "llama-2-chat")):
+        with pytest.raises(TemplateShapeError):
+            chat_template_from_jinja(source)
+        assert chat_template_for_source(source).name == family
+        # a local checkpoint whose name says nothing: the template it serves decides
+        served = template_for_model({"model_path": "/ckpt/step-1000", "chat_template": source})
+        assert served.role_prefix_and_suffix == get_chat_template(family).role_prefix_and_suffix
+    # the registered templates render these conversations as the models' own Jinja does
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"}]  # fmt: skip
+    assert get_chat_template("gemma-it").get_prompt(chat) == _render(GEMMA_JINJA, chat)
+    # Llama 2: the model's reply starts with a space, and the tokenizer adds the first <s>
+    chat[1]["content"] = " Hello!"
+    for turns in (chat, [{"role": "system", "content": "Be brief."}, *chat]):
+        expected = _render(LLAMA2_JINJA, turns, bos_token="<s>", eos_token="</s>")
+        assert "<s>" + get_chat_template("llama-2-chat").get_prompt(turns) == expected
+    with pytest.raises(TemplateShapeError):
+        chat_template_for_source("{{ raise_exception('only user and assistant roles') }}")
