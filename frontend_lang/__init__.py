@@ -4,11 +4,13 @@ An SGLang program ports by changing its import: `import radixgen as sgl` (or `ra
 Backends load lazily, so importing this package pulls in neither torch nor the runtime.
 
 Where we differ from SGLang 0.5.23, on purpose:
-- `f.run()` waits for the program and raises its first failure as `ProgramError` naming the
-  program line that queued the failing statement (SGLang returns a state whose `error()` is set
-  and leaves `s["x"]` to raise KeyError); `run_batch` keeps per-program errors in `error()`.
-- `gen(choices=[...])` without `choices_method` decodes under a `choices` grammar; with a
-  `choices_method` (and always for `select`) choices are scored by logprobs as in SGLang.
+- `f.run()` returns a state whose `error()` holds a failed statement's error, as SGLang's does,
+  and that error is a `ProgramError` naming the program line that queued the statement (its
+  cause is the backend's error); reading a variable the failure left unset raises it where
+  SGLang raises KeyError. `run_batch` also keeps an exception raised by a program's own code
+  in that program's `error()` where SGLang's run_batch raises it and loses the other results.
+- `choices_method=constrained_choice` (gen or select) decodes under a grammar of the choices
+  instead of scoring them (SGLang's only way is scoring, our default too).
 - `json_schema` also takes a dict or a pydantic model class; `s["x"]` stays the text and
   `s.parsed("x")` gives the typed value (model instance, dict, int/float/bool for dtype).
 - role markers come from the served model's own chat template (see chat_template.py), so
@@ -47,6 +49,7 @@ from radixgen.lang.api import (
 )
 from radixgen.lang.chat_template import ChatTemplate, get_chat_template
 from radixgen.lang.choices import (
+    constrained_choice,
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
@@ -60,6 +63,7 @@ _LAZY_BACKENDS = {
     "RuntimeEndpoint": "radixgen.lang.backend.runtime_endpoint",
     "EngineBackend": "radixgen.lang.backend.engine",
     "OpenAI": "radixgen.lang.backend.openai",
+    "Runtime": "radixgen.lang.local_runtime",
 }
 
 
@@ -80,6 +84,7 @@ __all__ = [
     "assistant",
     "assistant_begin",
     "assistant_end",
+    "constrained_choice",
     "flush_cache",
     "function",
     "gen",

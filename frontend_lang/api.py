@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixgen.lang import constraints
-from radixgen.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixgen.lang.choices import ChoicesSamplingMethod, ConstrainedChoice, token_length_normalized
 from radixgen.lang.function import SglFunction
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import (
@@ -81,16 +81,19 @@ def gen(
 ) -> SglExpr:
     """Generate text into variable `name`; None inherits the run()-level default.
 
-    `choices` with a `choices_method` is a `select` (scored by logprobs, as in SGLang); without
-    one the model picks a choice under grammar-constrained decoding. `dtype` (int/float/str/bool)
+    `choices` makes it a `select`, as in SGLang: each choice is scored by its prompt logprobs
+    (`choices_method`, default token_length_normalized) and the meta holds
+    normalized_prompt_logprobs / input_token_logprobs / output_token_logprobs;
+    `choices_method=constrained_choice` decodes under a grammar of the choices instead (one
+    request, sampled at `temperature`, the usual generate meta). `dtype` (int/float/str/bool)
     and `regex` constrain decoding; `json_schema` (dict, JSON text or pydantic model class)
     constrains to the schema. `s[name]` is always the text; `s.parsed(name)` the typed value.
     """
     if choices is not None and not choices:
         raise ValueError(f"gen({name!r}): choices must not be empty")
-    if choices and choices_method is not None:
-        return SglSelect(name, list(choices), 0.0 if temperature is None else temperature,
-                         choices_method)  # fmt: skip
+    if choices and not isinstance(choices_method, ConstrainedChoice):
+        return select(name, list(choices), 0.0 if temperature is None else temperature,
+                      choices_method or token_length_normalized)  # fmt: skip
     if regex is not None:
         constraints.check_regex(regex)
     if dtype is not None:
@@ -153,11 +156,15 @@ def select(
     temperature: float = 0.0,
     choices_method: ChoicesSamplingMethod = token_length_normalized,
 ) -> SglExpr:
-    """Append the most likely of `choices` (scored by prompt logprobs) and store it in `name`."""
+    """Append the most likely of `choices` (scored by prompt logprobs) and store it in `name`;
+    `choices_method=constrained_choice` decodes under a grammar of the choices instead."""
     if not choices:
         raise ValueError(f"select({name!r}) needs a non-empty list of choices")
     if not all(isinstance(c, str) for c in choices):
         raise TypeError(f"select({name!r}): every choice must be a string")
+    if isinstance(choices_method, ConstrainedChoice):
+        return gen(name, choices=list(choices), choices_method=choices_method,
+                   temperature=temperature)  # fmt: skip
     return SglSelect(name, list(choices), temperature, choices_method)
 
 

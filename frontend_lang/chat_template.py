@@ -1,5 +1,6 @@
 """Role markers for `system/user/assistant`: read off the served model's own Jinja template when a
-backend can provide it, else picked by model name from a small registry (SGLang's approach).
+backend can provide it, else picked by model name from the registry (chat_template_data.py holds
+the templates and the name rules; SGLang's approach).
 
 A `ChatTemplate` is "plain": each role has a fixed (prefix, suffix), the first non-system role
 inserts `default_system_prompt` when there is one, and `stop_str` ends every gen (the template's
@@ -25,96 +26,96 @@ class ChatTemplate:
     role_prefix_and_suffix: dict[str, tuple[str, str]]
     stop_str: tuple[str, ...] = ()
     image_token: str = "<image>"
+    # "plain": fixed markers per role; "llama2": the first system turn opens the first [INST]
+    # block and the user turn after it continues that block (Llama 2's format)
+    style: str = "plain"
 
     def get_prefix_and_suffix(
         self, role: str, hist_messages: list[dict[str, Any]]
     ) -> tuple[str, str]:
-        return self.role_prefix_and_suffix.get(role, ("", ""))
+        prefix, suffix = self.role_prefix_and_suffix.get(role, ("", ""))
+        if self.style == "llama2":
+            if role == "system" and not hist_messages:
+                return self.role_prefix_and_suffix["user"][0] + prefix, suffix
+            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["role"] == "system":
+                return "", suffix
+        return prefix, suffix
 
     def get_prompt(self, messages: list[dict[str, Any]]) -> str:
-        """Render OpenAI-style messages the way the interpreter would have appended them."""
+        """Render OpenAI-style messages the way the interpreter would have appended them
+        (a system message whose content is None stands for the default system prompt)."""
         prompt = ""
         if messages and messages[0]["role"] != "system" and self.default_system_prompt:
             messages = [{"role": "system", "content": self.default_system_prompt}, *messages]
-        for i, message in enumerate(messages):
-            prefix, suffix = self.get_prefix_and_suffix(message["role"], messages[:i])
-            prompt += f"{prefix}{message['content']}{suffix}"
+        rendered: list[dict[str, Any]] = []
+        for message in messages:
+            content = message["content"]
+            if message["role"] == "system" and content is None:
+                content = self.default_system_prompt
+                if content is None:
+                    continue
+            prefix, suffix = self.get_prefix_and_suffix(message["role"], rendered)
+            prompt += f"{prefix}{content}{suffix}"
+            rendered.append({"role": message["role"], "content": content})
         return prompt
 
 
-def _chatml(name: str, default_system_prompt: str | None) -> ChatTemplate:
-    roles = ("system", "user", "assistant")
-    return ChatTemplate(
-        name=name,
-        default_system_prompt=default_system_prompt,
-        role_prefix_and_suffix={r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in roles},
-        stop_str=("<|im_end|>",),
-    )
+_REGISTRY: dict[str, ChatTemplate] = {}
 
 
-_REGISTRY: dict[str, ChatTemplate] = {
-    t.name: t
-    for t in (
-        ChatTemplate(
-            name="default",
-            default_system_prompt=None,
-            role_prefix_and_suffix={
-                "system": ("SYSTEM:", "\n"),
-                "user": ("USER:", "\n"),
-                "assistant": ("ASSISTANT:", "\n"),
-            },
-        ),
-        _chatml("chatml", None),
-        _chatml("qwen", "You are a helpful assistant."),
-        _chatml("smollm", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
-        ChatTemplate(
-            name="llama-3-instruct",
-            default_system_prompt=None,
-            role_prefix_and_suffix={
-                r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
-                for r in ("system", "user", "assistant")
-            },
-            stop_str=("<|eot_id|>",),
-        ),
-        ChatTemplate(
-            name="gemma-it",
-            default_system_prompt=None,
-            role_prefix_and_suffix={
-                "system": ("", ""),
-                "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
-                "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n"),
-            },
-            stop_str=("<end_of_turn>",),
-        ),
-    )
-}
+def _registry() -> dict[str, ChatTemplate]:
+    """The registry, filled with chat_template_data's templates on first use (that module needs
+    ChatTemplate from here, so it cannot be imported at this module's load)."""
+    if "default" not in _REGISTRY:
+        from radixgen.lang.chat_template_data import BUILTIN_TEMPLATES
 
-# (pattern on the lower-cased model path, template name), first match wins
-_NAME_RULES = (
-    (r"smollm", "smollm"),
-    (r"qwen.*(chat|instruct)", "qwen"),
-    (r"llama-3.*instruct", "llama-3-instruct"),
-    (r"gemma.*-it", "gemma-it"),
-    (r"tinyllama|chatml|hermes", "chatml"),
-)
+        for template in BUILTIN_TEMPLATES:
+            _REGISTRY.setdefault(template.name, template)
+    return _REGISTRY
 
 
 def get_chat_template(name: str) -> ChatTemplate:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown chat template {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"unknown chat template {name!r}; known: {', '.join(sorted(registry))}")
+    return registry[name]
 
 
 def register_chat_template(template: ChatTemplate) -> None:
-    _REGISTRY[template.name] = template
+    """Add or replace a template by its name."""
+    _registry()[template.name] = template
+
+
+def chat_template_names() -> list[str]:
+    return sorted(_registry())
+
+
+def match_chat_template_name(model_path: str) -> str | None:
+    """The registered template a model path names (SGLang's rules, plus SmolLM and Phi-3)."""
+    from radixgen.lang.chat_template_data import NAME_RULES
+
+    for pattern, veto, name in NAME_RULES:
+        if re.search(pattern, model_path, re.IGNORECASE) and not (
+            veto and re.search(veto, model_path, re.IGNORECASE)
+        ):
+            return name
+    return None
+
+
+def match_chat_template_by_source(source: str) -> str | None:
+    """The registered template whose family's markers a Jinja chat template writes."""
+    from radixgen.lang.chat_template_data import SOURCE_RULES
+
+    for markers, name in SOURCE_RULES:
+        if all(m in source for m in markers):
+            return name
+    return None
 
 
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
-    lowered = model_path.lower()
-    for pattern, name in _NAME_RULES:
-        if re.search(pattern, lowered):
-            return _REGISTRY[name]
-    return _REGISTRY["default"]
+    """The template for a model path or name by its family's name; "default" when none matches.
+    Backends prefer the model's own Jinja template when they can read it (runtime_endpoint.py)."""
+    return get_chat_template(match_chat_template_name(model_path) or "default")
 
 
 # --- reading the role markers off a Jinja chat template --------------------------------------
@@ -201,6 +202,19 @@ def chat_template_from_jinja(source: str, eos_token: str = "", name: str = "mode
     )
 
 
+def chat_template_for_source(source: str, eos_token: str = "", name: str = "model") -> ChatTemplate:
+    """The model's own template: its role markers read off the Jinja source, else (a template
+    not expressible as fixed markers) the registered template of the family whose markers the
+    source writes; TemplateShapeError when neither works."""
+    try:
+        return chat_template_from_jinja(source, eos_token=eos_token, name=name)
+    except TemplateShapeError:
+        family = match_chat_template_by_source(source)
+        if family is None:
+            raise
+        return get_chat_template(family)
+
+
 def chat_template_from_folder(folder: str | Path) -> ChatTemplate | None:
     """The template of a local model/tokenizer folder, or None if it has none or is unreadable."""
     folder = Path(folder)
@@ -214,4 +228,4 @@ def chat_template_from_folder(folder: str | Path) -> ChatTemplate | None:
         return None
     eos = config.get("eos_token") or ""
     eos = eos.get("content", "") if isinstance(eos, dict) else eos
-    return chat_template_from_jinja(source, eos_token=eos, name=folder.name)
+    return chat_template_for_source(source, eos_token=eos, name=folder.name)

@@ -120,9 +120,19 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
         )
 
 
+class ConstrainedChoice(ChoicesSamplingMethod):
+    """Not a scoring rule: `choices_method=constrained_choice` makes gen/select decode under a
+    grammar of the choices (one generate request; `temperature` then samples among them)."""
+
+    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
+                 output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision:  # fmt: skip
+        raise TypeError("constrained_choice decodes under a grammar; it does not score choices")
+
+
 token_length_normalized = TokenLengthNormalized()
 greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
+constrained_choice = ConstrainedChoice()
 
 
 def logprob_start(prefix_tokens: int) -> int:

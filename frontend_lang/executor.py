@@ -2,8 +2,9 @@
 
 `s += expr` only queues; the worker calls the backend, appends text and sets variables, so a
 program (and each fork) overlaps its model calls with the caller's Python. A failure stops the
-worker, wakes every waiter and is re-raised, naming the program line that queued the expression,
-by the next `s += ...`, `s["var"]`, `sync()` or `run()`: nothing waits forever on a dead worker.
+worker, wakes every waiter and is kept, naming the program line that queued the expression, as
+the state's `error()` (SGLang's semantics: later statements are dropped, the text so far stays);
+reading a variable the failure left unset raises it, so nothing waits forever on a dead worker.
 """
 
 from __future__ import annotations
@@ -111,17 +112,22 @@ class StreamExecutor:
     # --- called from the program's thread ---------------------------------------------------
 
     def submit(self, expr: Any, site: str | None = None) -> None:
+        """Queue `expr`; after a failure it is dropped (the failure stays in `error_`), except
+        without a worker thread, where the statement runs inline and its failure raises, as in
+        SGLang."""
         expr = as_expr(expr)
         with self._submit_lock:
             if self.error_ is not None:
-                raise self.error_
+                if not self.use_thread:
+                    raise self.error_
+                return
             self._init_var_event(expr)
             if self.use_thread and not self._dead:
                 self.queue.put((expr, site))
                 return
         self.sync()  # after end() (a joined fork, say): run inline once the worker has drained
         self._execute_guarded(expr, site)
-        if self.error_ is not None:
+        if self.error_ is not None and not self.use_thread:
             raise self.error_
 
     def sync(self) -> None:
@@ -155,15 +161,24 @@ class StreamExecutor:
             raise TimeoutError(f"timed out waiting for variable {name!r}")
         return self.meta_info.get(name)
 
+    def adopt_error(self, error: BaseException) -> None:
+        """Record a failure found outside the worker (a joined fork's): later statements drop."""
+        with self._submit_lock:
+            if self.error_ is None:
+                self.error_ = error
+        for event in self.variable_event.values():
+            event.set()
+        self._notify()
+
     def fork(self, size: int = 1) -> list[StreamExecutor]:
+        """Branches that start from this state's text; a failed state's branches carry its
+        error (their statements are dropped, as the parent's are)."""
         size = int(size)
         if size < 1:
             raise ValueError(f"fork needs at least one branch, got {size}")
         if size > 1 and global_config.enable_fork_precache:
             self.submit(SglCommitLazy(), program_site())  # the worker may not have the text yet
         self.sync()
-        if self.error_ is not None:
-            raise self.error_
         children = []
         for _ in range(size):
             child = StreamExecutor(
@@ -178,6 +193,8 @@ class StreamExecutor:
             child.cur_role_begin_pos = self.cur_role_begin_pos
             child.fork_start_text_pos = len(self.text_)
             child.server_seen = self.server_seen
+            if self.error_ is not None:
+                child.adopt_error(self.error_)
             children.append(child)
         return children
 

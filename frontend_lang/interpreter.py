@@ -149,9 +149,7 @@ class ProgramState(RoleMethods):
                 meta = exe.meta_info.get(var_name) if var_name else None
             yield current[pos:], meta, done
             pos = len(current)
-            if done:
-                if exe.error_ is not None:
-                    raise exe.error_
+            if done:  # a failure ends the stream quietly, as in SGLang; state.error() holds it
                 return
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
@@ -202,7 +200,8 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         """gather_variable: each new child variable becomes a list in the parent (branch order);
-        concate_and_append: each child's new text is appended to the parent's text.
+        concate_and_append: each child's new text is appended to the parent's text. A failed
+        branch's error becomes the parent's `error()` (join itself does not raise).
 
         As in SGLang, a variable the parent already has when `join` runs (set before or after the
         fork, or by an earlier join) keeps the parent's value."""
@@ -214,7 +213,7 @@ class ProgramStateGroup:
                 exe = child.stream_executor
                 exe.sync()
                 if exe.error_ is not None:
-                    raise exe.error_
+                    src.adopt_error(exe.error_)  # SGLang's join does not raise; error() tells
                 for name in exe.variables.keys() - base_vars:
                     src.variables.setdefault(name, []).append(exe.variables[name])
                     if name in exe.parsers:
@@ -222,8 +221,6 @@ class ProgramStateGroup:
         elif mode == "concate_and_append":
             self.src_state += SglConcateAndAppend(self.states)
             self.src_state.stream_executor.sync()
-            if self.src_state.stream_executor.error_ is not None:
-                raise self.src_state.stream_executor.error_
         else:
             raise ValueError(f"unknown join mode {mode!r}: gather_variable or concate_and_append")
         for child in self.states:
@@ -285,8 +282,12 @@ def run_program(
     use_thread: bool = True,
     raise_errors: bool = True,
 ) -> ProgramState:
-    """Run one program. Without streaming it returns once all its statements are done and
-    raises the first failure (`state.error()` keeps it when `raise_errors` is False)."""
+    """Run one program; without streaming, return once all its statements are done.
+
+    SGLang's semantics: a statement that fails (the backend refused it, say) does not raise here:
+    the returned state's `error()` holds it and its text so far is kept. An exception raised by
+    the program's own code propagates (`raise_errors`), as SGLang's run() lets it; with
+    `raise_errors=False` (run_batch) it is kept in `error()` too."""
     backend = resolve_backend(backend)
     kwargs = {**kwargs, **program.bind_arguments}
     exe = StreamExecutor(backend, kwargs, default_sampling_para, None, stream, use_thread)
@@ -302,6 +303,4 @@ def run_program(
         if raise_errors:
             raise
     exe.sync()
-    if raise_errors and exe.error_ is not None:
-        raise exe.error_
     return state

@@ -71,5 +71,5 @@ def check_select_temperature(temperature: float) -> None:
     if temperature > 1e-5:
         raise ValueError(
             f"select scores choices by likelihood, so temperature must be 0 (got {temperature}); "
-            "use gen(choices=..., temperature=...) to sample a choice"
+            "use choices_method=constrained_choice to sample a choice under a grammar"
         )

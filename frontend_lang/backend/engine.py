@@ -13,7 +13,7 @@ from typing import Any
 from radixgen.lang.backend.native import NativeBackend
 from radixgen.lang.chat_template import (
     TemplateShapeError,
-    chat_template_from_jinja,
+    chat_template_for_source,
     get_chat_template_by_model_path,
 )
 from radixgen.lang.errors import BackendError
@@ -46,7 +46,7 @@ class EngineBackend(NativeBackend):
                     if isinstance(getattr(tokenizer, "eos_token", None), str)
                     else ""
                 )
-                self.chat_template = chat_template_from_jinja(template.source, eos, self.model_path)
+                self.chat_template = chat_template_for_source(template.source, eos, self.model_path)
             except TemplateShapeError:
                 pass
 

@@ -20,8 +20,8 @@ from radixgen.lang.backend.native import NativeBackend
 from radixgen.lang.chat_template import (
     ChatTemplate,
     TemplateShapeError,
+    chat_template_for_source,
     chat_template_from_folder,
-    chat_template_from_jinja,
     get_chat_template,
     get_chat_template_by_model_path,
 )
@@ -118,13 +118,14 @@ class RuntimeEndpoint(NativeBackend):
 
 
 def template_for_model(model_info: dict[str, Any]) -> ChatTemplate:
-    """The served model's template: reported Jinja source, local tokenizer folder, or by name."""
+    """The served model's template: reported Jinja source, local tokenizer folder (either read
+    off the Jinja or recognised by its family's markers), or by the model's name."""
     name = str(model_info.get("model_path") or model_info.get("served_model_name") or "")
     source = model_info.get("chat_template")
     try:
         if isinstance(source, str) and source:
             eos = model_info.get("eos_token") or ""
-            return chat_template_from_jinja(source, eos_token=eos, name=name)
+            return chat_template_for_source(source, eos_token=eos, name=name)
         folder = model_info.get("tokenizer_path")
         if isinstance(folder, str) and folder:
             template = chat_template_from_folder(folder)

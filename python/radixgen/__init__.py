@@ -20,8 +20,8 @@ _LANG_NAMES = (
     "function", "gen", "gen_int", "gen_string", "select", "image", "video",
     "system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
     "assistant_begin", "assistant_end", "separate_reasoning", "set_default_backend", "flush_cache", "get_server_info",
-    "global_config", "greedy_token_selection", "token_length_normalized",
-    "unconditional_likelihood_normalized", "RuntimeEndpoint", "OpenAI", "EngineBackend",
+    "global_config", "greedy_token_selection", "constrained_choice", "token_length_normalized",
+    "unconditional_likelihood_normalized", "RuntimeEndpoint", "OpenAI", "EngineBackend", "Runtime",
     "ProgramState", "ProgramError", "BackendError", "SglFunction",
 )  # fmt: skip
 _LAZY.update(dict.fromkeys(_LANG_NAMES, "radixgen.lang"))

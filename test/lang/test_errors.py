@@ -1,7 +1,10 @@
-"""Failures surface to the caller with the program's own line, never as a hung thread."""
+"""Failures surface with the program's own line, never as a hung thread. As in SGLang, run()
+returns a state whose error() holds a failed statement's error (text so far kept), while an
+exception raised by the program's own code propagates from run()."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import traceback
@@ -36,13 +39,56 @@ def test_server_rejected_regex_names_the_program_line(endpoint):
         s += rg.gen("x", max_tokens=4, regex=r"(?=a)ab")  # valid in Python, not for the grammar
         s += rg.gen("y", max_tokens=2)
 
-    with pytest.raises(rg.ProgramError) as info:
-        lookahead.run(backend=endpoint)
-    message = str(info.value)
+    state = lookahead.run(backend=endpoint)
+    error = state.error()
+    assert isinstance(error, rg.ProgramError)
+    message = str(error)
     assert "test_errors.py" in message and 'regex=r"(?=a)ab"' in message
     assert "invalid regex" in message and "gen('x') failed" in message
-    assert isinstance(info.value.__cause__, rg.BackendError)
-    assert info.value.__cause__.status == 400
+    assert isinstance(error.__cause__, rg.BackendError)
+    assert error.__cause__.status == 400
+    # the text before the failure is kept; the statements after it did not run
+    assert state.text() == "Answer: " and "y" not in state
+    with pytest.raises(rg.ProgramError, match="invalid regex"):
+        state["x"]
+
+
+def test_run_keeps_the_error_like_sglangs_run(lang_server, endpoint):
+    """The same failing program on SGLang's frontend and ours: neither run() raises, both states
+    hold the server's refusal in error() and keep the text so far."""
+    sglang = pytest.importorskip("sglang")
+
+    def make(sgl):
+        @sgl.function
+        def bad(s):
+            s += "Answer: "
+            s += sgl.gen("x", max_tokens=4, regex=r"(?=a)ab")
+            s += "after"
+
+        return bad
+
+    theirs = make(sglang).run(
+        backend=sglang.RuntimeEndpoint(lang_server.url, chat_template_name="chatml")
+    )
+    ours = make(rg).run(backend=endpoint)
+    assert theirs.error() is not None and "invalid regex" in str(theirs.error())
+    assert isinstance(ours.error(), rg.ProgramError) and "invalid regex" in str(ours.error())
+    assert ours.text() == theirs.text() == "Answer: "
+
+
+def test_a_failed_fork_branch_becomes_the_parents_error(endpoint):
+    @rg.function
+    def branches(s):
+        s += "Pick:"
+        forks = s.fork(2)
+        forks[0] += rg.gen("ok", max_tokens=2, temperature=0)
+        forks[1] += rg.gen("bad", max_tokens=2, regex=r"(?=a)ab")
+        forks.join()  # does not raise, as SGLang's join
+        s += " done"
+
+    state = branches.run(backend=endpoint)
+    assert isinstance(state.error(), rg.ProgramError) and "gen('bad') failed" in str(state.error())
+    assert state.text() == "Pick:"  # statements after the failure were dropped
 
 
 def test_reading_a_failed_variable_raises_instead_of_hanging(engine_backend):
@@ -75,9 +121,9 @@ def test_streaming_error_ends_the_iterator(endpoint):
         s += "Go:" + rg.gen("x", max_tokens=4, regex=r"(?=a)ab")
 
     state = stream_fails.run(stream=True, backend=endpoint)
-    with pytest.raises(rg.ProgramError, match="invalid regex"):
-        list(state.text_iter())
+    assert "".join(state.text_iter()) == "Go:"  # ends quietly, as SGLang's text_iter
     assert isinstance(state.error(), rg.ProgramError)
+    assert "invalid regex" in str(state.error()) and "gen('x') failed" in str(state.error())
 
 
 def test_bad_arguments_fail_at_definition_or_call(endpoint):
@@ -125,5 +171,6 @@ def test_an_invalid_stop_regex_is_refused_by_the_server_naming_the_pattern(backe
     def prog(s):
         s += "Count: 1, 2," + rg.gen("rest", max_tokens=8, stop_regex=r"(\d")
 
-    with pytest.raises(rg.ProgramError, match=r"stop_regex pattern 0 .* is not a valid regular"):
-        prog.run(backend=backend)
+    error = prog.run(backend=backend).error()
+    assert isinstance(error, rg.ProgramError)
+    assert re.search(r"stop_regex pattern 0 .* is not a valid regular", str(error)), error

@@ -121,8 +121,8 @@ def test_select_refuses_sampling(backend):
     def sampled(s):
         s += "Pick:" + rg.select("x", choices=["a", "b"], temperature=0.7)
 
-    with pytest.raises(rg.ProgramError, match="temperature must be 0"):
-        sampled.run(backend=backend)
+    error = sampled.run(backend=backend).error()
+    assert isinstance(error, rg.ProgramError) and "temperature must be 0" in str(error)
 
 
 def test_dtypes_and_regex_are_constrained(backend):
@@ -171,15 +171,49 @@ def test_json_schema_dict_string_and_pydantic(backend):
     assert isinstance(state.parsed("as_model"), City)
 
 
-def test_gen_choices_is_constrained_decoding(backend):
+def test_gen_choices_scores_them_like_sglangs_select(backend):
+    """SGLang's gen(choices=...) is a select with token_length_normalized: same decision and the
+    select's meta (normalized_prompt_logprobs per choice)."""
+
+    @rg.function
+    def pick(s, how):
+        s += "The sky on a clear day is"
+        if how == "gen":
+            s += rg.gen("colour", choices=[" blue", " green", " red"])
+        else:
+            s += rg.select("colour", choices=[" blue", " green", " red"])
+
+    by_gen, by_select = (pick.run(how, backend=backend) for how in ("gen", "select"))
+    assert by_gen["colour"] == by_select["colour"] in (" blue", " green", " red")
+    assert by_gen.text() == "The sky on a clear day is" + by_gen["colour"]
+    meta = by_gen.get_meta_info("colour")
+    assert set(meta) >= {"normalized_prompt_logprobs", "input_token_logprobs",
+                         "output_token_logprobs"}  # fmt: skip
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(
+        by_select.get_meta_info("colour")["normalized_prompt_logprobs"], abs=1e-4
+    )  # two forward passes of the same text: equal up to float noise
+    best = max(range(3), key=lambda i: meta["normalized_prompt_logprobs"][i])
+    assert by_gen["colour"] == [" blue", " green", " red"][best]
+
+
+def test_constrained_choice_decodes_under_a_grammar(backend):
     @rg.function
     def pick(s):
         s += "The sky on a clear day is"
-        s += rg.gen("colour", choices=[" blue", " green", " red"])
+        s += rg.gen("colour", choices=[" blue", " green", " red"],
+                    choices_method=rg.constrained_choice)  # fmt: skip
+        s += " and grass is" + rg.select("grass", choices=[" green", " blue"],
+                                         choices_method=rg.constrained_choice)  # fmt: skip
 
     state = pick.run(backend=backend)
     assert state["colour"] in (" blue", " green", " red")
-    assert state.text() == "The sky on a clear day is" + state["colour"]
+    assert state["grass"] in (" green", " blue")
+    assert (
+        state.text() == f"The sky on a clear day is{state['colour']} and grass is{state['grass']}"
+    )
+    assert "normalized_prompt_logprobs" not in state.get_meta_info(
+        "colour"
+    )  # generated, not scored
 
 
 def test_fork_gathers_variables_and_concatenates_text(backend):
