@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
+import time
 import types
 
 import pytest
@@ -25,6 +27,8 @@ sgl = pytest.importorskip("sglang", reason="the SGLang frontend is not installed
 
 from sglang.lang.backend.runtime_endpoint import Runtime as SglangRuntime  # noqa: E402
 from sglang.test import test_programs as sglang_programs  # noqa: E402
+
+PROGRAM_TIMEOUT_S = 300.0
 
 # Each was run against our server; none is left out for a fault of ours.
 EXCLUDED = {
@@ -94,6 +98,24 @@ def runtime(base_url):
     sgl.set_default_backend(attached)
     yield attached
     sgl.set_default_backend(previous)
+
+
+@pytest.fixture(autouse=True)
+def no_program_errors(recwarn):
+    """SGLang's interpreter runs a program in threads and only warns when it fails ("Error in
+    stream_executor"); `run()` returns before the program ends, so a function that reads no
+    variable (test_expert_answer with check_answer=False) would pass at once, its requests still
+    running into later tests. Here each test waits for the programs it started, and a failed one
+    fails it."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + PROGRAM_TIMEOUT_S
+    for thread in set(threading.enumerate()) - before:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not alive, f"programs still running after {PROGRAM_TIMEOUT_S} s: {alive}"
+    errors = [str(w.message) for w in recwarn if "Error in stream_executor" in str(w.message)]
+    assert not errors, errors[0]
 
 
 @pytest.fixture
