@@ -598,8 +598,10 @@ class TokenizerManager:
     # --- info ---------------------------------------------------------------------------------
 
     def model_info(self) -> dict[str, Any]:
+        # NOTE: `model_path` is always loadable by Hugging Face tools (SGLang clients pass it to
+        # `get_tokenizer`): the bundled default model reports its converted folder, not a name.
         return {
-            "model_path": self.args.model.model_path or self.served_model_name,
+            "model_path": self.args.model.model_path or self.model_folder,
             "served_model_name": self.served_model_name,
             "tokenizer_path": self.args.model.tokenizer_path or self.model_folder,
             "is_generation": True,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import openai
+import pydantic
 import pytest
 
 from .conftest import needs_grammar
@@ -138,6 +140,30 @@ def test_completion_stream_and_stop(oai):
     assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
 
 
+def test_stream_continuous_usage_stats(oai):
+    """SGLang's `stream_options.continuous_usage_stats`: every chunk carries its choice's usage
+    so far, ending at the final usage chunk's counts."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    for create, kwargs in (
+        (oai.chat.completions.create, {"messages": USER}),
+        (oai.completions.create, {"prompt": "One, two,"}),
+    ):
+        chunks = list(
+            create(
+                model=MODEL, max_tokens=4, temperature=0, stream=True, stream_options=options,
+                extra_body={"ignore_eos": True}, **kwargs,
+            )
+        )  # fmt: skip
+        final = chunks[-1]
+        assert final.choices == [] and final.usage.completion_tokens == 4
+        usages = [c.usage for c in chunks[:-1]]
+        assert usages and all(u is not None for u in usages), chunks
+        counts = [u.completion_tokens for u in usages]
+        assert counts == sorted(counts) and counts[-1] == 4
+        assert all(u.prompt_tokens == final.usage.prompt_tokens for u in usages)
+        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+
+
 @pytest.mark.parametrize(
     ("call", "param"),
     [
@@ -222,6 +248,16 @@ def test_json_schema_response_format(oai):
     )  # fmt: skip
     obj = json.loads(r.choices[0].message.content)
     assert set(obj) == {"name", "adult"} and isinstance(obj["adult"], bool)
+
+    class Person(pydantic.BaseModel):  # the client's own structured-output helper
+        name: Literal["Ann", "Bob"]
+        adult: bool
+
+    parsed = oai.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=40,
+        temperature=0, response_format=Person,
+    )  # fmt: skip
+    assert isinstance(parsed.choices[0].message.parsed, Person)
     r = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "A JSON object please."}], max_tokens=30,
         temperature=0, response_format={"type": "json_object"},

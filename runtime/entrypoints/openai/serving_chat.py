@@ -244,6 +244,7 @@ async def _stream(
     sent: dict[int, int] = {}
     builders: dict[int, ChatDeltaBuilder] = {}
     prompt, completion, cached = {}, {}, {}
+    continuous = common.continuous_usage(req.stream_options)
 
     def event(index: int, delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
         choice = {
@@ -253,10 +254,16 @@ async def _stream(
             "finish_reason": reason,
             **extra,
         }
-        return hu.sse_event(
-            {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [choice]}
-        )  # fmt: skip
+        body: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+        if continuous:
+            body["usage"] = common.choice_usage(prompt[index], completion[index])
+        return hu.sse_event(body)
 
     try:
         chunk = first
@@ -267,12 +274,12 @@ async def _stream(
                 break
             i = chunk.get("index", 0)
             meta, text = chunk["meta_info"], chunk["text"]
+            prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
+            cached[i] = meta.get("cached_tokens", 0)
             if i not in sent:
                 sent[i] = 0
                 builders[i] = plan.delta_builder()
                 yield event(i, {"role": "assistant", "content": ""})
-            prompt[i], completion[i] = meta["prompt_tokens"], meta["completion_tokens"]
-            cached[i] = meta.get("cached_tokens", 0)
             sent[i] = len(text)
             delta = builders[i].update(text)
             extra: dict[str, Any] = {}

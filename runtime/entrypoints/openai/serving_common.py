@@ -20,6 +20,7 @@ from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    StreamOptions,
     parse_request,
 )
 
@@ -122,6 +123,21 @@ def usage(results: list[dict[str, Any]], n: int, cache_report: bool) -> dict[str
     if cache_report:
         out["prompt_tokens_details"] = {"cached_tokens": cached}
     return out
+
+
+def continuous_usage(options: StreamOptions | None) -> bool:
+    """`stream_options.continuous_usage_stats` (SGLang's and vLLM's extension): every streamed
+    chunk carries its choice's usage so far, not only the final usage chunk."""
+    return bool(options and options.continuous_usage_stats)
+
+
+def choice_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """One choice's usage so far, for a chunk under `continuous_usage_stats`."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def chunk_usage(

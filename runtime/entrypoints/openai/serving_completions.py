@@ -123,12 +123,20 @@ async def _stream(
     sent: dict[int, int] = {}
     lp_end: dict[int, int] = {}  # text offset where each choice's streamed tokens end
     prompt, completion, cached = {}, {}, {}
+    continuous = common.continuous_usage(req.stream_options)
 
     def event(choice: dict[str, Any]) -> bytes:
-        return hu.sse_event(
-            {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [choice]}
-        )  # fmt: skip
+        body: dict[str, Any] = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+        if continuous:
+            i = choice["index"]
+            body["usage"] = common.choice_usage(prompt[i], completion[i])
+        return hu.sse_event(body)
 
     try:
         chunk = first
