@@ -45,6 +45,9 @@ _UNSUPPORTED_KEYS = {
     "bootstrap_room": "disaggregation",
     "require_reasoning": "reasoning parsing",
     "max_thinking_tokens": "reasoning budgets",
+    "background": "background responses",
+    "return_bytes": "byte-level outputs",
+    "return_entropy": "entropy outputs",
 }
 # Accepted and ignored: routing and bookkeeping hints that change no output here.
 _IGNORED_KEYS = {
@@ -62,7 +65,13 @@ _IGNORED_KEYS = {
     "kv_hints",
     "routed_experts_start_len",
     "return_sampling_mask",
+    "no_logs",
+    "conversation_id",
 }
+# NOTE: the SGLang router forwards /generate as its own typed request: `model` (null unless the
+# client gave one), `log_metrics`, `no_logs` and the unset flags above on every call. One model is
+# served, so `model` picks nothing; like the OpenAI routes, any name is accepted.
+_MODEL_KEY = "model"
 
 
 def _is_unset(value: Any) -> bool:
@@ -87,6 +96,10 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         raise InvalidRequestError("the request body must be a JSON object", None)
     for key, value in body.items():
         if key in _CORE_KEYS or key in _IGNORED_KEYS:
+            continue
+        if key == _MODEL_KEY:
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError("model must be a string", key)
             continue
         what = _UNSUPPORTED_KEYS.get(key)
         if what is None:

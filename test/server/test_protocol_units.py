@@ -36,6 +36,18 @@ def test_generate_body_batch_and_per_item_fields():
     assert obj.item(1).sampling_params == {"max_new_tokens": 2} and obj.item(1).rid == "y"
 
 
+def test_generate_body_takes_what_the_sglang_router_forwards():
+    """sglang-router 0.3.2 re-serializes /generate with these keys on every request."""
+    obj = parse_generate_request(
+        {"text": "a", "model": None, "sampling_params": {"max_new_tokens": 2},
+         "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
+         "return_hidden_states": False, "background": False, "no_logs": False,
+         "return_bytes": False, "return_entropy": False}
+    )  # fmt: skip
+    assert obj.text == "a" and obj.sampling_params == {"max_new_tokens": 2}
+    assert parse_generate_request({"text": "a", "model": "any-name"}).text == "a"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -48,6 +60,8 @@ def test_generate_body_batch_and_per_item_fields():
         ({"text": "a", "stream": "yes"}, "stream"),
         ({"text": "a", "lora_path": "adapter"}, "lora_path"),
         ({"text": "a", "whatever": 1}, "whatever"),
+        ({"text": "a", "model": 3}, "model"),
+        ({"text": "a", "return_entropy": True}, "return_entropy"),
     ],
 )
 def test_generate_body_errors_name_the_field(body, param):
