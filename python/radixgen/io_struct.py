@@ -84,6 +84,7 @@ class SchedulerReadyOut:
     num_threads: int
     startup_seconds: float
     dtype: str
+    dp_rank: int = 0  # which data-parallel replica (0 with --dp-size 1)
 
 
 @dataclass

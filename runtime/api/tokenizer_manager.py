@@ -43,6 +43,11 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
 )
 from radixgen.runtime.api.request_limits import RequestLimits
+from radixgen.runtime.dp_controller.data_parallel_controller import (
+    DataParallelController,
+    SchedulerLink,
+    aggregate_internal_states,
+)
 from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
@@ -122,6 +127,7 @@ class TokenizerManager:
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
+        self.link: SchedulerLink | None = None  # set by start(): one scheduler or N replicas
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -130,8 +136,12 @@ class TokenizerManager:
         self._ctx = zmq.asyncio.Context(1)
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(self.ports.tokenizer_ipc)
-        self._send = self._ctx.socket(zmq.PUSH)
-        self._send.connect(self.ports.scheduler_input_ipc)
+        dp = self.args.parallel
+        if dp.dp_size == 1:
+            self.link = SchedulerLink(self._ctx, self.ports.scheduler_input_ipc)
+        else:
+            endpoints = [self.ports.scheduler_input_for(r) for r in range(dp.dp_size)]
+            self.link = DataParallelController(self._ctx, endpoints, dp.load_balance_method)
         loop = asyncio.get_running_loop()
         # NOTE: tokenizing, chat templates and big-body parsing go through asyncio.to_thread;
         # a small pool bounds that work: threads beyond the cores add no speed, only glibc malloc
@@ -190,7 +200,10 @@ class TokenizerManager:
 
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
+        link = self.link
         for i, rid in enumerate(out.rids):
+            if out.finished_reasons[i] is not None and link is not None:
+                link.on_finished(rid)
             st = self.states.get(rid)
             if st is None:
                 continue  # aborted and forgotten
@@ -222,31 +235,52 @@ class TokenizerManager:
                 self.metrics.on_output(st, len(new_ids), now)
             st.event.set()
 
-    def _send_soon(self, msg: Any) -> None:
+    def _send_soon(self, msg: AbortReq) -> None:
         """Send from sync code (the receive loop): the send completes on the event loop."""
-        if self._ctx is not None:
-            self._send.send_pyobj(msg)  # a future; zmq.asyncio sends at once when it can
+        if self._ctx is not None and self.link is not None:
+            self.link.send_abort(msg)  # a future; zmq.asyncio sends at once when it can
 
-    async def _control(self, req: ControlReq, reply_type: type[T], timeout: float = 30.0) -> T:
-        """Send a control request and wait for the reply with its id (a late reply is dropped)."""
+    async def _control(
+        self, req: ControlReq, reply_type: type[T], timeout: float = 30.0
+    ) -> list[T]:
+        """Send a control request to every scheduler replica and wait for each reply with its id
+        (a late reply is dropped); the replies in replica order."""
         self._check_alive()
-        req.request_id = uuid.uuid4().hex
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._control_waiters[req.request_id] = fut
+        assert self.link is not None
+        loop = asyncio.get_running_loop()
+        ids: list[str] = []
+        futures: list[asyncio.Future[Any]] = []
         try:
-            await self._send.send_pyobj(req)
-            reply = await asyncio.wait_for(fut, timeout)
+            for rank in range(self.link.num_replicas):
+                msg = dataclasses.replace(req, request_id=uuid.uuid4().hex)
+                fut: asyncio.Future[Any] = loop.create_future()
+                self._control_waiters[msg.request_id] = fut
+                ids.append(msg.request_id)
+                futures.append(fut)
+                await self.link.send_to(rank, msg)
+            replies = await asyncio.wait_for(asyncio.gather(*futures), timeout)
         finally:
-            self._control_waiters.pop(req.request_id, None)
-        assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
-        return reply
+            for request_id in ids:
+                self._control_waiters.pop(request_id, None)
+        for reply in replies:
+            assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
+        return replies
 
     async def flush_cache(self) -> FlushCacheOut:
-        return await self._control(FlushCacheReq(), FlushCacheOut)
+        """Flush every replica's cache; refused (with the first refusal's reason) if any refuses."""
+        outs = await self._control(FlushCacheReq(), FlushCacheOut)
+        refused = [o for o in outs if not o.success]
+        return refused[0] if refused else outs[0]
+
+    async def get_internal_states(self) -> list[dict[str, Any]]:
+        """Each scheduler replica's `internal_state()`, in replica order."""
+        return [
+            out.state for out in await self._control(GetInternalStateReq(), GetInternalStateOut)
+        ]
 
     async def get_internal_state(self) -> dict[str, Any]:
-        out = await self._control(GetInternalStateReq(), GetInternalStateOut)
-        return out.state
+        """The engine's state: a single scheduler's, or the replicas' summed."""
+        return aggregate_internal_states(await self.get_internal_states())
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.
@@ -256,15 +290,16 @@ class TokenizerManager:
         """
         if self._ctx is None:
             return
+        assert self.link is not None
         if abort_all:
-            await self._send.send_pyobj(AbortReq(abort_all=True))
+            await self.link.send_abort(AbortReq(abort_all=True))
             return
         for r in self.sample_rids.get(rid, [rid]):
             st = self.states.get(r)
             if st is None:
                 self._remember_abort(r)
             elif not st.finished:
-                await self._send.send_pyobj(AbortReq(rid=r))
+                await self.link.send_abort(AbortReq(rid=r))
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -407,10 +442,10 @@ class TokenizerManager:
         states: list[ReqState] = []
         plural = obj.is_batch or len(expanded) > 1
         try:
-            for ids in shared_prompts:
-                await self._cache_prompt(ids)
+            # NOTE: with data parallelism an n > 1 request's samples go where its prompt was cached
+            prompt_rank = {id(ids): await self._cache_prompt(ids) for ids in shared_prompts}
             for it, ids, sp in expanded:
-                states.append(await self._submit(it, ids, sp))
+                states.append(await self._submit(it, ids, sp, rank=prompt_rank.get(id(ids))))
             if obj.stream:
                 async for chunk in self._stream(states, plural):
                     yield chunk
@@ -430,17 +465,21 @@ class TokenizerManager:
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 
-    async def _cache_prompt(self, ids: list[int]) -> None:
-        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache."""
+    async def _cache_prompt(self, ids: list[int]) -> int | None:
+        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache;
+        returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
-            return
+            return None
         st = await self._submit(
             GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True
         )
+        assert self.link is not None
+        rank = self.link.replica_of(st.rid)
         try:
             await self._wait_final(st)
         finally:
             self.states.pop(st.rid, None)
+        return rank
 
     def _check_rids(self, rids: list[str | None]) -> None:
         given = [r for r in rids if r]
@@ -455,7 +494,7 @@ class TokenizerManager:
         if cap is None:
             return
         in_flight = sum(1 for s in self.states.values() if not s.finished)
-        running = self.args.scheduler.max_running_requests
+        running = self.args.scheduler.max_running_requests * self.args.parallel.dp_size
         if in_flight + n > running + cap:
             raise QueueFullError(
                 f"the server is busy: {in_flight} sequences in flight and this request adds {n}; "
@@ -464,7 +503,12 @@ class TokenizerManager:
             )
 
     async def _submit(
-        self, it: GenerateReqInput, ids: list[int], sp: SamplingParams, internal: bool = False
+        self,
+        it: GenerateReqInput,
+        ids: list[int],
+        sp: SamplingParams,
+        internal: bool = False,
+        rank: int | None = None,
     ) -> ReqState:
         rid = it.rid or uuid.uuid4().hex
         if rid in self.states:
@@ -498,7 +542,8 @@ class TokenizerManager:
             stream=it.stream,
             arrival_time=time.time(),
         )
-        await self._send.send_pyobj(msg)
+        assert self.link is not None
+        await self.link.send_request(msg, rank)
         if self.metrics is not None and not internal:
             self.metrics.on_submit(st)
         return st
