@@ -1,8 +1,10 @@
 """TokenizerManager (API process, asyncio): validate, tokenize, send to the scheduler, route outputs by rid.
 
-Used by the HTTP server and by the offline Engine alike. Each request has a `ReqState` that the
-receive loop updates from the detokenizer's `BatchStrOut`; consumers wait on its event and read a
-snapshot, so a slow consumer never loses text or logprobs (deltas are sliced from what it has seen).
+Used by the HTTP server and by the offline Engine alike. Each request has a `ReqState`
+(`req_state.py`) that the receive loop updates from the detokenizer's `BatchStrOut`; consumers
+wait on its event and read a snapshot, so a slow consumer never loses text or logprobs (deltas
+are sliced from what it has seen). Messages to the scheduler(s) go through a `SchedulerLink`:
+the one scheduler, or the DP controller in front of `--dp-size` replicas.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import zmq
@@ -42,6 +43,7 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.dp_controller.data_parallel_controller import (
     DataParallelController,
@@ -64,34 +66,6 @@ API_CPU_THREADS = 2  # worker threads for the API process's CPU work (see start(
 # prompt prefill) is remembered this long, so the request ends as soon as it is submitted.
 EARLY_ABORT_TTL_S = 30.0
 EARLY_ABORT_MAX = 10_000
-
-
-@dataclass
-class ReqState:
-    rid: str
-    prompt_tokens: int
-    return_logprob: bool
-    top_logprobs_num: int
-    return_text: bool
-    created: float
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    meta: Any = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    input_token_logprobs: list[Any] = field(default_factory=list)
-    input_top_logprobs: list[Any] = field(default_factory=list)
-    output_token_logprobs: list[Any] = field(default_factory=list)
-    output_top_logprobs: list[Any] = field(default_factory=list)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
-    stream: bool = False  # metrics label requests by it, as SGLang does
-    constrained: bool = False  # has a grammar: SGLang's structured-output request count
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class TokenizerManager:
@@ -123,7 +97,6 @@ class TokenizerManager:
         self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
-        self._control_waiters: dict[str, asyncio.Future] = {}  # by the request's request_id
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
@@ -185,11 +158,8 @@ class TokenizerManager:
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
                 elif isinstance(msg, ControlOut):
-                    fut = self._control_waiters.pop(msg.request_id, None)
-                    if fut is None or fut.done():
+                    if self.link is None or not self.link.on_control_reply(msg):
                         logger.debug("dropped a %s nobody waits for", type(msg).__name__)
-                    else:
-                        fut.set_result(msg)
                 else:
                     logger.error("unexpected message %s", type(msg).__name__)
             except zmq.ZMQError:
@@ -243,25 +213,10 @@ class TokenizerManager:
     async def _control(
         self, req: ControlReq, reply_type: type[T], timeout: float = 30.0
     ) -> list[T]:
-        """Send a control request to every scheduler replica and wait for each reply with its id
-        (a late reply is dropped); the replies in replica order."""
+        """Send a control request to every scheduler replica; their replies in replica order."""
         self._check_alive()
         assert self.link is not None
-        loop = asyncio.get_running_loop()
-        ids: list[str] = []
-        futures: list[asyncio.Future[Any]] = []
-        try:
-            for rank in range(self.link.num_replicas):
-                msg = dataclasses.replace(req, request_id=uuid.uuid4().hex)
-                fut: asyncio.Future[Any] = loop.create_future()
-                self._control_waiters[msg.request_id] = fut
-                ids.append(msg.request_id)
-                futures.append(fut)
-                await self.link.send_to(rank, msg)
-            replies = await asyncio.wait_for(asyncio.gather(*futures), timeout)
-        finally:
-            for request_id in ids:
-                self._control_waiters.pop(request_id, None)
+        replies = await self.link.control(req, timeout)
         for reply in replies:
             assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
         return replies
@@ -552,7 +507,7 @@ class TokenizerManager:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
-        return self.build_output(st, 0)
+        return build_output(st, 0, self.tokenizer)
 
     async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
@@ -581,7 +536,7 @@ class TokenizerManager:
                     # output (the finish too) may arrive; it sets the event for the next round
                     final = st.finished
                     if final or len(st.text) > sent_text[i]:
-                        chunk = self.build_output(st, sent_lp[i])
+                        chunk = build_output(st, sent_lp[i], self.tokenizer)
                         sent_lp[i] = len(st.output_token_logprobs)
                         sent_text[i] = len(st.text)
                         if plural:
@@ -605,40 +560,6 @@ class TokenizerManager:
             raise EngineDeadError(fr.message or "engine unavailable")
         if fr.status_code == 500:
             raise InternalError(fr.message or "internal error")
-
-    def build_output(self, st: ReqState, output_lp_from: int) -> dict[str, Any]:
-        """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""
-        meta = st.meta
-        info: dict[str, Any] = {
-            "id": st.rid,
-            "finish_reason": st.finish_reason.to_dict() if st.finish_reason else None,
-            "prompt_tokens": st.prompt_tokens,
-            "completion_tokens": meta.completion_tokens if meta else 0,
-            "cached_tokens": meta.cached_tokens if meta else 0,
-            "jump_forward_tokens": meta.jump_forward_tokens if meta else 0,
-        }
-        if st.finished:
-            info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
-        if st.return_logprob:
-            info["input_token_logprobs"] = self._lp_entries(st.input_token_logprobs, st.return_text)
-            info["output_token_logprobs"] = self._lp_entries(
-                st.output_token_logprobs[output_lp_from:], st.return_text
-            )
-            info["output_token_logprobs_length"] = len(st.output_token_logprobs)
-            if st.top_logprobs_num:
-                info["input_top_logprobs"] = [
-                    None if row is None else self._lp_entries(row, st.return_text)
-                    for row in st.input_top_logprobs
-                ]
-                info["output_top_logprobs"] = [
-                    self._lp_entries(row or [], st.return_text)
-                    for row in st.output_top_logprobs[output_lp_from:]
-                ]
-        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": info}
-
-    def _lp_entries(self, pairs: list[Any], with_text: bool) -> list[list[Any]]:
-        tok = self.tokenizer
-        return [[lp, tid, tok.token_text(tid) if with_text else None] for lp, tid in pairs]
 
     # --- info ---------------------------------------------------------------------------------
 

@@ -15,12 +15,15 @@ every replica sends to the one detokenizer, as a single scheduler does.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import uuid
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from radixgen.io_struct import AbortReq, TokenizedGenerateReq
+from radixgen.io_struct import AbortReq, ControlOut, ControlReq, TokenizedGenerateReq
 from radixgen.runtime.dp_controller.load_balance import CacheAwareConfig, LoadBalancer
 
 
@@ -30,6 +33,7 @@ class SchedulerLink:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
         self._socks = [ctx.socket(zmq.PUSH)]
         self._socks[0].connect(endpoint)
+        self._waiters: dict[str, asyncio.Future[Any]] = {}  # control replies, by request_id
 
     @property
     def num_replicas(self) -> int:
@@ -45,8 +49,31 @@ class SchedulerLink:
         future from sync code (zmq.asyncio sends at once when it can)."""
         return self._socks[0].send_pyobj(msg)
 
-    async def send_to(self, rank: int, msg: Any) -> None:
-        await self._socks[rank].send_pyobj(msg)
+    async def control(self, req: ControlReq, timeout: float) -> list[Any]:
+        """Send `req` to every replica (each copy with its own request_id) and wait for all the
+        replies (matched by `on_control_reply`; a late one is dropped); in replica order."""
+        loop = asyncio.get_running_loop()
+        ids: list[str] = []
+        try:
+            for sock in self._socks:
+                msg = dataclasses.replace(req, request_id=uuid.uuid4().hex)
+                ids.append(msg.request_id)
+                self._waiters[msg.request_id] = loop.create_future()
+                await sock.send_pyobj(msg)
+            return list(
+                await asyncio.wait_for(asyncio.gather(*(self._waiters[i] for i in ids)), timeout)
+            )
+        finally:
+            for request_id in ids:
+                self._waiters.pop(request_id, None)
+
+    def on_control_reply(self, msg: ControlOut) -> bool:
+        """A replica's reply to `control`; False when nobody waits for it (any more)."""
+        fut = self._waiters.pop(msg.request_id, None)
+        if fut is None or fut.done():
+            return False
+        fut.set_result(msg)
+        return True
 
     def on_finished(self, rid: str) -> None:
         """A request finished (its last output arrived)."""
@@ -65,8 +92,8 @@ class DataParallelController(SchedulerLink):
         method: str,
         config: CacheAwareConfig | None = None,
     ) -> None:
-        self._socks = []
-        for endpoint in endpoints:
+        super().__init__(ctx, endpoints[0])
+        for endpoint in endpoints[1:]:
             sock = ctx.socket(zmq.PUSH)
             sock.connect(endpoint)
             self._socks.append(sock)
