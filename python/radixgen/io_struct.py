@@ -162,6 +162,8 @@ class GenerateReqInput:
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     stream: bool = False
+    # the data-parallel replica to run on (set by an external router), None: the policy decides
+    data_parallel_rank: int | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -214,4 +216,5 @@ class GenerateReqInput:
             if isinstance(self.rid, list)
             else (f"{self.rid}_{i}" if self.rid else None),
             stream=self.stream,
+            data_parallel_rank=self.data_parallel_rank,
         )

@@ -91,7 +91,8 @@ class SchedulerConfig:
     )
     num_threads: int | None = _f(
         None,
-        "torch intra-op threads of the scheduler process (default: measured best for this host).",
+        "torch intra-op threads of each scheduler process (default: the cores this process may "
+        "use, shared out among the --dp-size replicas).",
     )
     stream_interval: int = _f(1, "Decode steps per streamed chunk.")
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")

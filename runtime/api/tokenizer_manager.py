@@ -304,6 +304,13 @@ class TokenizerManager:
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
         self.limits.check_stop_regexes(sp.stop_regex)
+        dp_rank, dp_size = obj.data_parallel_rank, self.args.parallel.dp_size
+        if dp_rank is not None and not 0 <= dp_rank < dp_size:
+            raise InvalidRequestError(
+                f"data_parallel_rank must be in [0, {dp_size - 1}] (--dp-size {dp_size}), "
+                f"got {dp_rank}",
+                "data_parallel_rank",
+            )
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
@@ -374,11 +381,11 @@ class TokenizerManager:
         )
         prepared = list(zip(items, ids_per_item, params, strict=True))
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
-        shared_prompts: list[list[int]] = []
+        shared_prompts: list[tuple[list[int], int | None]] = []  # ids, the replica asked for
         groups: dict[str, list[str]] = {}  # a user's rid of an n > 1 request -> its samples
         for it, ids, sp in prepared:
             if sp.n > 1:
-                shared_prompts.append(ids)
+                shared_prompts.append((ids, it.data_parallel_rank))
                 base = it.rid or uuid.uuid4().hex
                 groups[base] = [f"{base}-{k}" for k in range(sp.n)]
                 for k, sample_rid in enumerate(groups[base]):
@@ -398,9 +405,11 @@ class TokenizerManager:
         plural = obj.is_batch or len(expanded) > 1
         try:
             # NOTE: with data parallelism an n > 1 request's samples go where its prompt was cached
-            prompt_rank = {id(ids): await self._cache_prompt(ids) for ids in shared_prompts}
+            prompt_rank = {id(ids): await self._cache_prompt(ids, r) for ids, r in shared_prompts}
             for it, ids, sp in expanded:
-                states.append(await self._submit(it, ids, sp, rank=prompt_rank.get(id(ids))))
+                rank = prompt_rank.get(id(ids))
+                rank = it.data_parallel_rank if rank is None else rank
+                states.append(await self._submit(it, ids, sp, rank=rank))
             if obj.stream:
                 async for chunk in self._stream(states, plural):
                     yield chunk
@@ -420,13 +429,13 @@ class TokenizerManager:
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 
-    async def _cache_prompt(self, ids: list[int]) -> int | None:
+    async def _cache_prompt(self, ids: list[int], rank: int | None) -> int | None:
         """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache;
         returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
             return None
         st = await self._submit(
-            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True
+            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
         )
         assert self.link is not None
         rank = self.link.replica_of(st.rid)

@@ -24,12 +24,13 @@ GRAMMAR_POLL_MS = 2
 
 
 def choose_num_threads(args: ServerArgs) -> int:
-    """Intra-op threads: the flag if set, else every core this process may run on."""
+    """Intra-op threads: the flag if set, else this replica's share of the cores this process
+    may run on (all of them without data parallelism)."""
     from radixgen.runtime.model_executor.model_runner import available_cores
 
     if args.scheduler.num_threads:
         return args.scheduler.num_threads
-    return available_cores()
+    return max(1, available_cores() // args.parallel.dp_size)
 
 
 def resolve_context_length(requested: int | None, model_max: int) -> int:

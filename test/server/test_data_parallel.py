@@ -95,6 +95,14 @@ def test_shared_prefixes_go_to_the_replica_holding_them(dhttp):
     assert rank == home_b and again_b["cached_tokens"] > 0
 
 
+def test_an_explicit_replica_is_honoured_and_checked(dhttp):
+    _, home_b = generate(dhttp, BEES + "How do they do it?")
+    _, rank = generate(dhttp, BEES + "How do they do it?", data_parallel_rank=1 - home_b)
+    assert rank == 1 - home_b  # the policy would have chosen home_b (the whole prompt is there)
+    r = dhttp.post("/generate", json={"text": "x", "data_parallel_rank": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "data_parallel_rank"
+
+
 def test_n_samples_follow_their_cached_prompt(dhttp):
     r = dhttp.post(
         "/generate",
@@ -107,8 +115,8 @@ def test_n_samples_follow_their_cached_prompt(dhttp):
     assert all(m["cached_tokens"] >= m["prompt_tokens"] - 1 for m in metas)
 
 
-def _stream_until_aborted(url: str, rid: str, text: str, out: dict, started: threading.Event):
-    body = {"text": text, "rid": rid, "stream": True,
+def _stream_until_aborted(url: str, rid: str, rank: int, out: dict, started: threading.Event):
+    body = {"text": "Count on: 1, 2,", "rid": rid, "stream": True, "data_parallel_rank": rank,
             "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
     with (
         httpx.Client(timeout=120.0) as client,
@@ -121,28 +129,28 @@ def _stream_until_aborted(url: str, rid: str, text: str, out: dict, started: thr
 
 
 def test_abort_reaches_the_replica_running_the_request(dp_server, dhttp):
+    """The same prompt on both replicas (asked explicitly): each abort stops only its own."""
     out: dict = {}
-    events = {rid: threading.Event() for rid in ("dp-long-a", "dp-long-b")}
-    texts = {"dp-long-a": AQUEDUCTS + "Count on:", "dp-long-b": BEES + "Count on:"}
+    events = {rid: threading.Event() for rid in ("dp-long-0", "dp-long-1")}
     threads = [
-        threading.Thread(
-            target=_stream_until_aborted, args=(dp_server.url, rid, texts[rid], out, ev)
-        )
-        for rid, ev in events.items()
+        threading.Thread(target=_stream_until_aborted, args=(dp_server.url, rid, rank, out, ev))
+        for rank, (rid, ev) in enumerate(events.items())
     ]
     for t in threads:
         t.start()
     assert all(ev.wait(60) for ev in events.values())
     running = [s["running_requests"] for s in replica_states(dhttp)]
-    assert running == [1, 1], running  # one on each replica (each follows its own prefix)
-    for rid, t in zip(events, threads, strict=True):
+    assert running == [1, 1], running
+    for rank, (rid, t) in enumerate(zip(events, threads, strict=True)):
         assert dhttp.post("/abort_request", json={"rid": rid}).status_code == 200
         t.join(30)
         assert out[rid]["finish_reason"]["type"] == "abort", out[rid]
-    deadline = time.monotonic() + 10
-    while any(s["running_requests"] for s in replica_states(dhttp)):
-        assert time.monotonic() < deadline, replica_states(dhttp)
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while replica_states(dhttp)[rank]["running_requests"]:
+            assert time.monotonic() < deadline, replica_states(dhttp)
+            time.sleep(0.1)
+        if rank == 0:  # the other one still runs
+            assert replica_states(dhttp)[1]["running_requests"] == 1
 
 
 def test_metrics_sum_the_replicas_and_flush_reaches_both(dhttp):

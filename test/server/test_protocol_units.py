@@ -46,6 +46,9 @@ def test_generate_body_takes_what_the_sglang_router_forwards():
     )  # fmt: skip
     assert obj.text == "a" and obj.sampling_params == {"max_new_tokens": 2}
     assert parse_generate_request({"text": "a", "model": "any-name"}).text == "a"
+    obj = parse_generate_request({"text": ["a", "b"], "data_parallel_rank": 1})
+    assert obj.item(1).data_parallel_rank == 1
+    assert parse_generate_request({"text": "a", "routed_dp_rank": 0}).data_parallel_rank == 0
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,7 @@ def test_generate_body_takes_what_the_sglang_router_forwards():
         ({"text": "a", "lora_path": "adapter"}, "lora_path"),
         ({"text": "a", "whatever": 1}, "whatever"),
         ({"text": "a", "model": 3}, "model"),
+        ({"text": "a", "data_parallel_rank": "1"}, "data_parallel_rank"),
         ({"text": "a", "return_entropy": True}, "return_entropy"),
     ],
 )
