@@ -165,3 +165,31 @@ def test_metrics_sum_the_replicas_and_flush_reaches_both(dhttp):
     r = dhttp.post("/flush_cache")
     assert r.status_code == 200, r.text
     assert all(s["cache_evictable_tokens"] == 0 for s in replica_states(dhttp))
+
+
+def test_the_sglang_router_in_dp_aware_mode_targets_each_replica(dp_server, dhttp):
+    """`--dp-aware`: the router reads our dp_size from /server_info, registers one worker per
+    replica (`url@rank`) and sends `data_parallel_rank` with every request, native or OpenAI."""
+    pytest.importorskip("sglang_router", reason="the SGLang router (test extra) is not installed")
+    from .router_process import RouterProcess
+
+    router = RouterProcess([dp_server.url], "--dp-aware", "--policy", "round_robin")
+    try:
+        workers = router.wait_workers(2)
+        assert sorted(w["url"] for w in workers) == [f"{dp_server.url}@0", f"{dp_server.url}@1"]
+        with httpx.Client(base_url=router.url, timeout=120.0) as client:
+            before = [s["prompt_tokens"] for s in replica_states(dhttp)]
+            for i in range(2):  # round robin over the replicas: each gets a chat and a /generate
+                r = client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 2},
+                )
+                assert r.status_code == 200, r.text
+                r = client.post(
+                    "/generate", json={"text": f"Hey {i}", "sampling_params": {"max_new_tokens": 2}}
+                )
+                assert r.status_code == 200, r.text
+            after = [s["prompt_tokens"] for s in replica_states(dhttp)]
+        assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    finally:
+        router.stop()

@@ -96,6 +96,9 @@ def test_openai_models_accept_client_fields_and_refuse_unknown():
             ChatCompletionRequest, {"messages": [{"role": "user"}], "tool_choice": "always"}
         )
     assert info.value.param == "tool_choice"
+    # what the SGLang router's dp-aware mode adds to every OpenAI request
+    req = parse_request(CompletionRequest, {"prompt": "x", "data_parallel_rank": 1})
+    assert req.data_parallel_rank == 1
 
 
 def test_parse_tool_calls_auto():

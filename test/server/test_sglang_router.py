@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,63 +18,13 @@ import httpx
 import pytest
 
 from .conftest import needs_grammar
-from .server_process import ServerProcess, free_port, server_flags
+from .router_process import RouterProcess
+from .server_process import ServerProcess, server_flags
 
 pytest.importorskip("sglang_router", reason="the SGLang router (test extra) is not installed")
 pytestmark = pytest.mark.slow
 
-ROUTER_START_TIMEOUT_S = 60.0
 WORKER_FLAGS = ("--max-total-tokens", "4096")
-
-
-class RouterProcess:
-    """`python -m sglang_router.launch_router` on free loopback ports (its Prometheus port too:
-    the default, 29000, is shared by every router on the machine)."""
-
-    def __init__(self, worker_urls: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = f"/tmp/radixgen-test-router-{self.port}.log"
-        cmd = [
-            sys.executable, "-m", "sglang_router.launch_router",
-            "--worker-urls", *worker_urls,
-            "--policy", "cache_aware",
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--prometheus-port", str(free_port()),
-            "--log-level", "warn",
-        ]  # fmt: skip
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_workers(self, n: int) -> list[dict]:
-        """Until the router lists `n` healthy workers (it registers them in the background)."""
-        deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with {self.proc.returncode}: {self.log()}")
-            try:
-                workers = httpx.get(self.url + "/workers", timeout=2.0).json()["workers"]
-            except (httpx.TransportError, ValueError, KeyError):
-                workers = []
-            if len(workers) == n and all(w["is_healthy"] for w in workers):
-                return workers
-            time.sleep(0.2)
-        raise TimeoutError(f"router has no {n} healthy workers: {self.log()}")
-
-    def log(self) -> str:
-        self._log.flush()
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")
