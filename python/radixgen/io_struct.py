@@ -84,6 +84,7 @@ class SchedulerReadyOut:
     num_threads: int
     startup_seconds: float
     dtype: str
+    dp_rank: int = 0  # which data-parallel replica (0 with --dp-size 1)
 
 
 @dataclass
@@ -161,6 +162,8 @@ class GenerateReqInput:
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     stream: bool = False
+    # the data-parallel replica to run on (set by an external router), None: the policy decides
+    data_parallel_rank: int | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -213,4 +216,5 @@ class GenerateReqInput:
             if isinstance(self.rid, list)
             else (f"{self.rid}_{i}" if self.rid else None),
             stream=self.stream,
+            data_parallel_rank=self.data_parallel_rank,
         )

@@ -91,7 +91,8 @@ class SchedulerConfig:
     )
     num_threads: int | None = _f(
         None,
-        "torch intra-op threads of the scheduler process (default: measured best for this host).",
+        "torch intra-op threads of each scheduler process (default: the cores this process may "
+        "use, shared out among the --dp-size replicas).",
     )
     stream_interval: int = _f(1, "Decode steps per streamed chunk.")
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
@@ -134,7 +135,18 @@ class GrammarConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tp_size: int = _f(1, "Tensor-parallel degree.")
-    dp_size: int = _f(1, "Data-parallel replicas.")
+    dp_size: int = _f(
+        1,
+        "Data-parallel replicas: this many scheduler processes, each with its own KV pool, radix "
+        "cache and grammar manager, behind one API process that routes each request to one.",
+    )
+    load_balance_method: str = _f(
+        "auto",
+        "How --dp-size > 1 picks a replica: round_robin; shortest_queue (fewest requests in "
+        "flight); cache_aware (the replica whose routed prompts share the longest prefix with "
+        "this one, unless the loads are too uneven: then the least loaded). auto = round_robin.",
+        ("auto", "round_robin", "shortest_queue", "cache_aware"),
+    )
 
 
 @dataclass(frozen=True)
@@ -299,10 +311,12 @@ class ServerArgs:
                 "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
-        if self.parallel.tp_size != 1 or self.parallel.dp_size != 1:
+        if self.parallel.tp_size != 1:
             raise InvalidRequestError(
-                "tensor and data parallelism are not available yet (tp_size=dp_size=1)", "tp_size"
+                "tensor parallelism is not available yet (tp_size=1)", "tp_size"
             )
+        if self.parallel.dp_size < 1:
+            raise InvalidRequestError("dp_size must be >= 1", "dp_size")
 
     def _validate_limits(self) -> None:
         lim = self.limits

@@ -57,7 +57,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "chunked-prefill-size", "max-prefill-tokens", "schedule-policy", "schedule-conservativeness",
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
-    "tool-call-parser", "reasoning-parser",
+    "tool-call-parser", "reasoning-parser", "load-balance-method",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -78,6 +78,11 @@ VALUE_COMPAT: dict[str, ValueCompat] = {
     "device": ValueCompat(
         "xpu hpu npu mps musa",
         refusal="this build runs on CPU (and CUDA once the GPU path lands)",
+    ),
+    "load-balance-method": ValueCompat(
+        "total_requests total_tokens follow_bootstrap_room minimum_tokens",
+        aliases=(("total_requests", "shortest_queue"),),
+        refusal="only request counts and prefix affinity are balanced here",
     ),
     "schedule-policy": ValueCompat(
         "random lof priority routing-key hrrn shortest-prefill-first",
@@ -285,7 +290,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         N,
         "only matters with several ranks or nodes, and one process runs the model here",
         "nccl-port= dist-timeout= dist-init-addr|nccl-init-addr= gated-launch-port= "
-        "pp-max-micro-batch-size= pp-async-batch-depth= load-balance-method= dcp-comm-backend= "
+        "pp-max-micro-batch-size= pp-async-batch-depth= dcp-comm-backend= "
         "dcp-replicate-q-proj/no enable-prefill-cp cp-strategy= enable-cp-decode-attn-tp "
         "enable-kv-cache-sharding enable-dp-attention-local-control-broadcast enable-dp-lm-head "
         "enable-tp-lm-head-all-to-all/no enable-attn-tp-input-scattered enable-dense-mlp-attn-tp "

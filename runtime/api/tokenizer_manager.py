@@ -1,8 +1,10 @@
 """TokenizerManager (API process, asyncio): validate, tokenize, send to the scheduler, route outputs by rid.
 
-Used by the HTTP server and by the offline Engine alike. Each request has a `ReqState` that the
-receive loop updates from the detokenizer's `BatchStrOut`; consumers wait on its event and read a
-snapshot, so a slow consumer never loses text or logprobs (deltas are sliced from what it has seen).
+Used by the HTTP server and by the offline Engine alike. Each request has a `ReqState`
+(`req_state.py`) that the receive loop updates from the detokenizer's `BatchStrOut`; consumers
+wait on its event and read a snapshot, so a slow consumer never loses text or logprobs (deltas
+are sliced from what it has seen). Messages to the scheduler(s) go through a `SchedulerLink`:
+the one scheduler, or the DP controller in front of `--dp-size` replicas.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import zmq
@@ -42,7 +43,13 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_limits import RequestLimits
+from radixgen.runtime.dp_controller.data_parallel_controller import (
+    DataParallelController,
+    SchedulerLink,
+    aggregate_internal_states,
+)
 from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
@@ -59,34 +66,6 @@ API_CPU_THREADS = 2  # worker threads for the API process's CPU work (see start(
 # prompt prefill) is remembered this long, so the request ends as soon as it is submitted.
 EARLY_ABORT_TTL_S = 30.0
 EARLY_ABORT_MAX = 10_000
-
-
-@dataclass
-class ReqState:
-    rid: str
-    prompt_tokens: int
-    return_logprob: bool
-    top_logprobs_num: int
-    return_text: bool
-    created: float
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    meta: Any = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    input_token_logprobs: list[Any] = field(default_factory=list)
-    input_top_logprobs: list[Any] = field(default_factory=list)
-    output_token_logprobs: list[Any] = field(default_factory=list)
-    output_top_logprobs: list[Any] = field(default_factory=list)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
-    stream: bool = False  # metrics label requests by it, as SGLang does
-    constrained: bool = False  # has a grammar: SGLang's structured-output request count
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class TokenizerManager:
@@ -118,10 +97,10 @@ class TokenizerManager:
         self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
-        self._control_waiters: dict[str, asyncio.Future] = {}  # by the request's request_id
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
+        self.link: SchedulerLink | None = None  # set by start(): one scheduler or N replicas
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -130,8 +109,12 @@ class TokenizerManager:
         self._ctx = zmq.asyncio.Context(1)
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(self.ports.tokenizer_ipc)
-        self._send = self._ctx.socket(zmq.PUSH)
-        self._send.connect(self.ports.scheduler_input_ipc)
+        dp = self.args.parallel
+        if dp.dp_size == 1:
+            self.link = SchedulerLink(self._ctx, self.ports.scheduler_input_ipc)
+        else:
+            endpoints = [self.ports.scheduler_input_for(r) for r in range(dp.dp_size)]
+            self.link = DataParallelController(self._ctx, endpoints, dp.load_balance_method)
         loop = asyncio.get_running_loop()
         # NOTE: tokenizing, chat templates and big-body parsing go through asyncio.to_thread;
         # a small pool bounds that work: threads beyond the cores add no speed, only glibc malloc
@@ -175,11 +158,8 @@ class TokenizerManager:
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
                 elif isinstance(msg, ControlOut):
-                    fut = self._control_waiters.pop(msg.request_id, None)
-                    if fut is None or fut.done():
+                    if self.link is None or not self.link.on_control_reply(msg):
                         logger.debug("dropped a %s nobody waits for", type(msg).__name__)
-                    else:
-                        fut.set_result(msg)
                 else:
                     logger.error("unexpected message %s", type(msg).__name__)
             except zmq.ZMQError:
@@ -190,7 +170,10 @@ class TokenizerManager:
 
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
+        link = self.link
         for i, rid in enumerate(out.rids):
+            if out.finished_reasons[i] is not None and link is not None:
+                link.on_finished(rid)
             st = self.states.get(rid)
             if st is None:
                 continue  # aborted and forgotten
@@ -222,31 +205,37 @@ class TokenizerManager:
                 self.metrics.on_output(st, len(new_ids), now)
             st.event.set()
 
-    def _send_soon(self, msg: Any) -> None:
+    def _send_soon(self, msg: AbortReq) -> None:
         """Send from sync code (the receive loop): the send completes on the event loop."""
-        if self._ctx is not None:
-            self._send.send_pyobj(msg)  # a future; zmq.asyncio sends at once when it can
+        if self._ctx is not None and self.link is not None:
+            self.link.send_abort(msg)  # a future; zmq.asyncio sends at once when it can
 
-    async def _control(self, req: ControlReq, reply_type: type[T], timeout: float = 30.0) -> T:
-        """Send a control request and wait for the reply with its id (a late reply is dropped)."""
+    async def _control(
+        self, req: ControlReq, reply_type: type[T], timeout: float = 30.0
+    ) -> list[T]:
+        """Send a control request to every scheduler replica; their replies in replica order."""
         self._check_alive()
-        req.request_id = uuid.uuid4().hex
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._control_waiters[req.request_id] = fut
-        try:
-            await self._send.send_pyobj(req)
-            reply = await asyncio.wait_for(fut, timeout)
-        finally:
-            self._control_waiters.pop(req.request_id, None)
-        assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
-        return reply
+        assert self.link is not None
+        replies = await self.link.control(req, timeout)
+        for reply in replies:
+            assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
+        return replies
 
     async def flush_cache(self) -> FlushCacheOut:
-        return await self._control(FlushCacheReq(), FlushCacheOut)
+        """Flush every replica's cache; refused (with the first refusal's reason) if any refuses."""
+        outs = await self._control(FlushCacheReq(), FlushCacheOut)
+        refused = [o for o in outs if not o.success]
+        return refused[0] if refused else outs[0]
+
+    async def get_internal_states(self) -> list[dict[str, Any]]:
+        """Each scheduler replica's `internal_state()`, in replica order."""
+        return [
+            out.state for out in await self._control(GetInternalStateReq(), GetInternalStateOut)
+        ]
 
     async def get_internal_state(self) -> dict[str, Any]:
-        out = await self._control(GetInternalStateReq(), GetInternalStateOut)
-        return out.state
+        """The engine's state: a single scheduler's, or the replicas' summed."""
+        return aggregate_internal_states(await self.get_internal_states())
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.
@@ -256,15 +245,16 @@ class TokenizerManager:
         """
         if self._ctx is None:
             return
+        assert self.link is not None
         if abort_all:
-            await self._send.send_pyobj(AbortReq(abort_all=True))
+            await self.link.send_abort(AbortReq(abort_all=True))
             return
         for r in self.sample_rids.get(rid, [rid]):
             st = self.states.get(r)
             if st is None:
                 self._remember_abort(r)
             elif not st.finished:
-                await self._send.send_pyobj(AbortReq(rid=r))
+                await self.link.send_abort(AbortReq(rid=r))
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -314,6 +304,13 @@ class TokenizerManager:
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
         self.limits.check_stop_regexes(sp.stop_regex)
+        dp_rank, dp_size = obj.data_parallel_rank, self.args.parallel.dp_size
+        if dp_rank is not None and not 0 <= dp_rank < dp_size:
+            raise InvalidRequestError(
+                f"data_parallel_rank must be in [0, {dp_size - 1}] (--dp-size {dp_size}), "
+                f"got {dp_rank}",
+                "data_parallel_rank",
+            )
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
@@ -384,11 +381,11 @@ class TokenizerManager:
         )
         prepared = list(zip(items, ids_per_item, params, strict=True))
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
-        shared_prompts: list[list[int]] = []
+        shared_prompts: list[tuple[list[int], int | None]] = []  # ids, the replica asked for
         groups: dict[str, list[str]] = {}  # a user's rid of an n > 1 request -> its samples
         for it, ids, sp in prepared:
             if sp.n > 1:
-                shared_prompts.append(ids)
+                shared_prompts.append((ids, it.data_parallel_rank))
                 base = it.rid or uuid.uuid4().hex
                 groups[base] = [f"{base}-{k}" for k in range(sp.n)]
                 for k, sample_rid in enumerate(groups[base]):
@@ -407,10 +404,12 @@ class TokenizerManager:
         states: list[ReqState] = []
         plural = obj.is_batch or len(expanded) > 1
         try:
-            for ids in shared_prompts:
-                await self._cache_prompt(ids)
+            # NOTE: with data parallelism an n > 1 request's samples go where its prompt was cached
+            prompt_rank = {id(ids): await self._cache_prompt(ids, r) for ids, r in shared_prompts}
             for it, ids, sp in expanded:
-                states.append(await self._submit(it, ids, sp))
+                rank = prompt_rank.get(id(ids))
+                rank = it.data_parallel_rank if rank is None else rank
+                states.append(await self._submit(it, ids, sp, rank=rank))
             if obj.stream:
                 async for chunk in self._stream(states, plural):
                     yield chunk
@@ -430,17 +429,21 @@ class TokenizerManager:
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 
-    async def _cache_prompt(self, ids: list[int]) -> None:
-        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache."""
+    async def _cache_prompt(self, ids: list[int], rank: int | None) -> int | None:
+        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache;
+        returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
-            return
+            return None
         st = await self._submit(
-            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True
+            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
         )
+        assert self.link is not None
+        rank = self.link.replica_of(st.rid)
         try:
             await self._wait_final(st)
         finally:
             self.states.pop(st.rid, None)
+        return rank
 
     def _check_rids(self, rids: list[str | None]) -> None:
         given = [r for r in rids if r]
@@ -455,7 +458,7 @@ class TokenizerManager:
         if cap is None:
             return
         in_flight = sum(1 for s in self.states.values() if not s.finished)
-        running = self.args.scheduler.max_running_requests
+        running = self.args.scheduler.max_running_requests * self.args.parallel.dp_size
         if in_flight + n > running + cap:
             raise QueueFullError(
                 f"the server is busy: {in_flight} sequences in flight and this request adds {n}; "
@@ -464,7 +467,12 @@ class TokenizerManager:
             )
 
     async def _submit(
-        self, it: GenerateReqInput, ids: list[int], sp: SamplingParams, internal: bool = False
+        self,
+        it: GenerateReqInput,
+        ids: list[int],
+        sp: SamplingParams,
+        internal: bool = False,
+        rank: int | None = None,
     ) -> ReqState:
         rid = it.rid or uuid.uuid4().hex
         if rid in self.states:
@@ -498,7 +506,8 @@ class TokenizerManager:
             stream=it.stream,
             arrival_time=time.time(),
         )
-        await self._send.send_pyobj(msg)
+        assert self.link is not None
+        await self.link.send_request(msg, rank)
         if self.metrics is not None and not internal:
             self.metrics.on_submit(st)
         return st
@@ -507,7 +516,7 @@ class TokenizerManager:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
-        return self.build_output(st, 0)
+        return build_output(st, 0, self.tokenizer)
 
     async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
@@ -536,7 +545,7 @@ class TokenizerManager:
                     # output (the finish too) may arrive; it sets the event for the next round
                     final = st.finished
                     if final or len(st.text) > sent_text[i]:
-                        chunk = self.build_output(st, sent_lp[i])
+                        chunk = build_output(st, sent_lp[i], self.tokenizer)
                         sent_lp[i] = len(st.output_token_logprobs)
                         sent_text[i] = len(st.text)
                         if plural:
@@ -560,40 +569,6 @@ class TokenizerManager:
             raise EngineDeadError(fr.message or "engine unavailable")
         if fr.status_code == 500:
             raise InternalError(fr.message or "internal error")
-
-    def build_output(self, st: ReqState, output_lp_from: int) -> dict[str, Any]:
-        """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""
-        meta = st.meta
-        info: dict[str, Any] = {
-            "id": st.rid,
-            "finish_reason": st.finish_reason.to_dict() if st.finish_reason else None,
-            "prompt_tokens": st.prompt_tokens,
-            "completion_tokens": meta.completion_tokens if meta else 0,
-            "cached_tokens": meta.cached_tokens if meta else 0,
-            "jump_forward_tokens": meta.jump_forward_tokens if meta else 0,
-        }
-        if st.finished:
-            info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
-        if st.return_logprob:
-            info["input_token_logprobs"] = self._lp_entries(st.input_token_logprobs, st.return_text)
-            info["output_token_logprobs"] = self._lp_entries(
-                st.output_token_logprobs[output_lp_from:], st.return_text
-            )
-            info["output_token_logprobs_length"] = len(st.output_token_logprobs)
-            if st.top_logprobs_num:
-                info["input_top_logprobs"] = [
-                    None if row is None else self._lp_entries(row, st.return_text)
-                    for row in st.input_top_logprobs
-                ]
-                info["output_top_logprobs"] = [
-                    self._lp_entries(row or [], st.return_text)
-                    for row in st.output_top_logprobs[output_lp_from:]
-                ]
-        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": info}
-
-    def _lp_entries(self, pairs: list[Any], with_text: bool) -> list[list[Any]]:
-        tok = self.tokenizer
-        return [[lp, tid, tok.token_text(tid) if with_text else None] for lp, tid in pairs]
 
     # --- info ---------------------------------------------------------------------------------
 

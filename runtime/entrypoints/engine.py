@@ -203,14 +203,14 @@ class Engine:
         return {"success": out.success, "message": out.message}
 
     def get_server_info(self) -> dict[str, Any]:
-        state = self._call(self.tokenizer_manager.get_internal_state())
+        states = self._call(self.tokenizer_manager.get_internal_states())
         from radixgen.version import __version__
 
         return {
             **self.server_args.to_flat_dict(),
             **self.tokenizer_manager.model_info(),
             "version": __version__,
-            "internal_states": [state],
+            "internal_states": states,
         }
 
     def shutdown(self) -> None:

@@ -45,6 +45,9 @@ _UNSUPPORTED_KEYS = {
     "bootstrap_room": "disaggregation",
     "require_reasoning": "reasoning parsing",
     "max_thinking_tokens": "reasoning budgets",
+    "background": "background responses",
+    "return_bytes": "byte-level outputs",
+    "return_entropy": "entropy outputs",
 }
 # Accepted and ignored: routing and bookkeeping hints that change no output here.
 _IGNORED_KEYS = {
@@ -52,8 +55,6 @@ _IGNORED_KEYS = {
     "extra_key",
     "cache_salt",
     "routing_key",
-    "routed_dp_rank",
-    "data_parallel_rank",
     "decode_tp_size",
     "disagg_prefill_dp_rank",
     "custom_labels",
@@ -62,7 +63,16 @@ _IGNORED_KEYS = {
     "kv_hints",
     "routed_experts_start_len",
     "return_sampling_mask",
+    "no_logs",
+    "conversation_id",
 }
+# NOTE: the SGLang router forwards /generate as its own typed request: `model` (null unless the
+# client gave one), `log_metrics`, `no_logs` and the unset flags above on every call. One model is
+# served, so `model` picks nothing; like the OpenAI routes, any name is accepted.
+_MODEL_KEY = "model"
+# the replica a request must run on: SGLang's newer name first (the router's dp-aware mode sets
+# `data_parallel_rank`); TokenizerManager checks the range against --dp-size
+_DP_RANK_KEYS = ("routed_dp_rank", "data_parallel_rank")
 
 
 def _is_unset(value: Any) -> bool:
@@ -86,7 +96,11 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", None)
     for key, value in body.items():
-        if key in _CORE_KEYS or key in _IGNORED_KEYS:
+        if key in _CORE_KEYS or key in _IGNORED_KEYS or key in _DP_RANK_KEYS:
+            continue
+        if key == _MODEL_KEY:
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError("model must be a string", key)
             continue
         what = _UNSUPPORTED_KEYS.get(key)
         if what is None:
@@ -135,6 +149,12 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
     _check_per_item(
         "rid", body.get("rid"), lambda v: isinstance(v, str) and v, "a non-empty string"
     )
+    dp_rank = None
+    for key in _DP_RANK_KEYS:
+        if body.get(key) is not None:
+            if not _is_int(body[key]):
+                raise InvalidRequestError(f"{key} must be an integer", key)
+            dp_rank = dp_rank if dp_rank is not None else body[key]
     for flag in ("stream", "return_text_in_logprobs"):
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise InvalidRequestError(f"{flag} must be a boolean", flag)
@@ -149,6 +169,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
         rid=body.get("rid"),
         stream=bool(body.get("stream")),
+        data_parallel_rank=dp_rank,
     )
     obj.check_per_item_lengths()
     return obj

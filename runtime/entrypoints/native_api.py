@@ -171,7 +171,7 @@ async def server_info(request: Request) -> Response:
     state = server_state(request)
     try:
         tm = state.manager()
-        internal = await tm.get_internal_state()
+        internal = await tm.get_internal_states()  # one per data-parallel replica
     except (RadixGenError, asyncio.TimeoutError) as e:
         return error_response(e if isinstance(e, RadixGenError) else EngineDeadError(str(e)))
     args = {k: v for k, v in state.args.to_flat_dict().items() if k not in SECRET_ARGS}
@@ -185,7 +185,7 @@ async def server_info(request: Request) -> Response:
             "max_context_length": tm.context_length,
             "max_req_input_len": tm.ready.max_req_input_len,
             "num_threads": tm.ready.num_threads,
-            "internal_states": [internal],
+            "internal_states": internal,
         }
     )
 

@@ -14,6 +14,11 @@ import tempfile
 from typing import Any
 
 
+def scheduler_role(dp_rank: int) -> str:
+    """The name a scheduler reports ready under: `scheduler`, or `scheduler-K` for replica K > 0."""
+    return "scheduler" if dp_rank == 0 else f"scheduler-{dp_rank}"
+
+
 class ReadyChannel:
     """Sends the one start-up report to the launcher."""
 
@@ -35,9 +40,12 @@ class ReadyChannel:
 
 def main() -> None:
     role, spec_path = sys.argv[1], sys.argv[2]
+    dp_rank = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # schedulers: the replica
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
-    channel = ReadyChannel(spec["ready_endpoint"], role)
+    channel = ReadyChannel(
+        spec["ready_endpoint"], scheduler_role(dp_rank) if role == "scheduler" else role
+    )
     if role == "scheduler":
         from radixgen.runtime.scheduler.scheduler_process import run_scheduler_process
 
@@ -46,7 +54,7 @@ def main() -> None:
         # server stops, even after a SIGKILL; in the default temp folder they were left behind.
         tempfile.tempdir = spec["ports"].ipc_dir
 
-        run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel)
+        run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel, dp_rank)
     elif role == "detokenizer":
         from radixgen.runtime.detokenizer.detokenizer_manager import run_detokenizer_process
 

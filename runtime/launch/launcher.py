@@ -15,12 +15,13 @@ import pickle
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import SchedulerReadyOut
+from radixgen.runtime.launch.child_main import scheduler_role
 from radixgen.runtime.launch.process_utils import PortArgs, remove_stale_ipc_dirs
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
 from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
@@ -29,7 +30,17 @@ from radixgen.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0
-ROLES = ("scheduler", "detokenizer")
+
+
+def child_argvs(dp_size: int, spec_path: str) -> dict[str, list[str]]:
+    """Each child's role name -> its `child_main` arguments: one scheduler per data-parallel
+    replica (`scheduler`, `scheduler-1`, ...; replica 0 is started exactly as without DP) and one
+    detokenizer, which every replica sends to."""
+    argvs = {"scheduler": ["scheduler", spec_path]}
+    for rank in range(1, dp_size):
+        argvs[scheduler_role(rank)] = ["scheduler", spec_path, str(rank)]
+    argvs["detokenizer"] = ["detokenizer", spec_path]
+    return argvs
 
 
 @dataclass
@@ -40,6 +51,8 @@ class EngineProcesses:
     ports: PortArgs
     ready: SchedulerReadyOut | None
     procs: dict[str, subprocess.Popen]
+    # every replica's report, by dp rank (`ready` is replica 0's: they load the same model)
+    replicas: list[SchedulerReadyOut] = field(default_factory=list)
 
     def dead_child(self) -> str | None:
         """Name and exit code of a child that died, if any."""
@@ -100,13 +113,14 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
         env.setdefault("GOMP_SPINCOUNT", "10000")
     procs = {
         role: subprocess.Popen(
-            [sys.executable, "-m", "radixgen.runtime.launch.child_main", role, spec_path], env=env
+            [sys.executable, "-m", "radixgen.runtime.launch.child_main", *argv], env=env
         )
-        for role in ROLES
+        for role, argv in child_argvs(args.parallel.dp_size, spec_path).items()
     }
     handle = EngineProcesses(args, model_folder, served, ports, None, procs)
     try:
-        handle.ready = _wait_ready(handle, ready_sock)
+        handle.replicas = _wait_ready(handle, ready_sock)
+        handle.ready = handle.replicas[0]
     except BaseException:
         handle.shutdown()
         raise
@@ -116,9 +130,10 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     return handle
 
 
-def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> SchedulerReadyOut:
-    waiting = set(ROLES)
-    ready: SchedulerReadyOut | None = None
+def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> list[SchedulerReadyOut]:
+    """Every child's ready report; returns the schedulers' reports by dp rank."""
+    waiting = set(handle.procs)
+    ready: dict[int, SchedulerReadyOut] = {}
     deadline = time.monotonic() + START_TIMEOUT_S
     while waiting:
         if time.monotonic() > deadline:
@@ -130,11 +145,11 @@ def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> SchedulerReadyOut:
                     f"the {msg.get('role')} process failed to start: {msg.get('error')}"
                 )
             waiting.discard(msg["role"])
-            if msg["role"] == "scheduler":
-                ready = msg["info"]
+            if msg["role"].startswith("scheduler"):
+                info: SchedulerReadyOut = msg["info"]
+                ready[info.dp_rank] = info
             continue
         dead = handle.dead_child()
         if dead:
             raise EngineDeadError(f"{dead} during start-up")
-    assert ready is not None
-    return ready
+    return [ready[rank] for rank in sorted(ready)]

@@ -39,6 +39,12 @@ class PortArgs:
             f.write(f"{os.getpid()} {_start_time(os.getpid())}")
         return cls(f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", d)
 
+    def scheduler_input_for(self, dp_rank: int) -> str:
+        """The input endpoint of data-parallel replica `dp_rank` (replica 0 keeps the one name)."""
+        if dp_rank == 0:
+            return self.scheduler_input_ipc
+        return f"{self.scheduler_input_ipc}-{dp_rank}"
+
     def remove(self) -> None:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 

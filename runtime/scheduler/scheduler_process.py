@@ -24,12 +24,13 @@ GRAMMAR_POLL_MS = 2
 
 
 def choose_num_threads(args: ServerArgs) -> int:
-    """Intra-op threads: the flag if set, else every core this process may run on."""
+    """Intra-op threads: the flag if set, else this replica's share of the cores this process
+    may run on (all of them without data parallelism)."""
     from radixgen.runtime.model_executor.model_runner import available_cores
 
     if args.scheduler.num_threads:
         return args.scheduler.num_threads
-    return available_cores()
+    return max(1, available_cores() // args.parallel.dp_size)
 
 
 def resolve_context_length(requested: int | None, model_max: int) -> int:
@@ -77,9 +78,14 @@ def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
 
 
 def run_scheduler_process(
-    args: ServerArgs, model_folder: str, ports: PortArgs, ready_pipe: Connection
+    args: ServerArgs,
+    model_folder: str,
+    ports: PortArgs,
+    ready_pipe: Connection,
+    dp_rank: int = 0,
 ) -> None:
-    configure_child_process("scheduler", args.http.log_level)
+    name = "scheduler" if args.parallel.dp_size == 1 else f"scheduler dp{dp_rank}"
+    configure_child_process(name, args.http.log_level)
     t0 = time.perf_counter()
     try:
         import torch
@@ -92,7 +98,7 @@ def run_scheduler_process(
         scheduler = build_scheduler(args, model_folder)
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)
-        recv.bind(ports.scheduler_input_ipc)
+        recv.bind(ports.scheduler_input_for(dp_rank))
         to_detok = ctx.socket(zmq.PUSH)
         to_detok.connect(ports.detokenizer_ipc)
         to_tokenizer = ctx.socket(zmq.PUSH)
@@ -107,6 +113,7 @@ def run_scheduler_process(
             num_threads=threads,
             startup_seconds=time.perf_counter() - t0,
             dtype=str(runner.dtype).replace("torch.", ""),
+            dp_rank=dp_rank,
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})

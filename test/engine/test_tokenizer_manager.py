@@ -109,7 +109,7 @@ def test_control_replies_are_matched_by_id_whatever_their_order(wiring):
                 assert got.success and got.message == "done"
             else:
                 assert got == {"who": i}
-        assert not tm._control_waiters
+        assert tm.link is not None and not tm.link._waiters
 
     run(wiring, body)
 
@@ -119,7 +119,7 @@ def test_a_timed_out_control_request_leaves_no_waiter_and_its_late_reply_is_drop
         with pytest.raises(asyncio.TimeoutError):
             await tm._control(GetInternalStateReq(), GetInternalStateOut, timeout=0.2)
         late = await sched.next()
-        assert not tm._control_waiters
+        assert tm.link is not None and not tm.link._waiters
         await sched.send.send_pyobj(GetInternalStateOut({}, request_id=late.request_id))
         nxt = asyncio.ensure_future(tm.get_internal_state())
         req = await sched.next()

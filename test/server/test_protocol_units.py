@@ -36,6 +36,21 @@ def test_generate_body_batch_and_per_item_fields():
     assert obj.item(1).sampling_params == {"max_new_tokens": 2} and obj.item(1).rid == "y"
 
 
+def test_generate_body_takes_what_the_sglang_router_forwards():
+    """sglang-router 0.3.2 re-serializes /generate with these keys on every request."""
+    obj = parse_generate_request(
+        {"text": "a", "model": None, "sampling_params": {"max_new_tokens": 2},
+         "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
+         "return_hidden_states": False, "background": False, "no_logs": False,
+         "return_bytes": False, "return_entropy": False}
+    )  # fmt: skip
+    assert obj.text == "a" and obj.sampling_params == {"max_new_tokens": 2}
+    assert parse_generate_request({"text": "a", "model": "any-name"}).text == "a"
+    obj = parse_generate_request({"text": ["a", "b"], "data_parallel_rank": 1})
+    assert obj.item(1).data_parallel_rank == 1
+    assert parse_generate_request({"text": "a", "routed_dp_rank": 0}).data_parallel_rank == 0
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -48,6 +63,9 @@ def test_generate_body_batch_and_per_item_fields():
         ({"text": "a", "stream": "yes"}, "stream"),
         ({"text": "a", "lora_path": "adapter"}, "lora_path"),
         ({"text": "a", "whatever": 1}, "whatever"),
+        ({"text": "a", "model": 3}, "model"),
+        ({"text": "a", "data_parallel_rank": "1"}, "data_parallel_rank"),
+        ({"text": "a", "return_entropy": True}, "return_entropy"),
     ],
 )
 def test_generate_body_errors_name_the_field(body, param):
@@ -78,6 +96,9 @@ def test_openai_models_accept_client_fields_and_refuse_unknown():
             ChatCompletionRequest, {"messages": [{"role": "user"}], "tool_choice": "always"}
         )
     assert info.value.param == "tool_choice"
+    # what the SGLang router's dp-aware mode adds to every OpenAI request
+    req = parse_request(CompletionRequest, {"prompt": "x", "data_parallel_rank": 1})
+    assert req.data_parallel_rank == 1
 
 
 def test_parse_tool_calls_auto():

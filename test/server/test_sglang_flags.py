@@ -151,6 +151,9 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--model", "m"], "model_path", "m"),
         (["--tensor-parallel-size", "1"], "tp_size", 1),
         (["--data-parallel-size", "1"], "dp_size", 1),
+        (["--dp-size", "2"], "dp_size", 2),
+        (["--load-balance-method", "cache_aware"], "load_balance_method", "cache_aware"),
+        (["--load-balance-method", "total_requests"], "load_balance_method", "shortest_queue"),
         (["--dtype", "float"], "dtype", "float32"),
         (["--grammar-backend", "llguidance"], "grammar_backend", "llguidance"),
         (["--max-prefill-tokens", "1024"], "max_prefill_tokens", 1024),
@@ -203,6 +206,11 @@ def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
         (["--tool-call-parser", "kimi_k2"], "--tool-call-parser kimi_k2 is refused"),
         (["--reasoning-parser", "gpt-oss"], "--reasoning-parser gpt-oss is refused"),
         (["--device", "npu"], "--device npu is refused"),
+        (
+            ["--load-balance-method", "total_tokens"],
+            "--load-balance-method total_tokens is refused",
+        ),
+        (["--tp-size", "2"], "tensor parallelism is not available yet"),
         (["--pp-size", "2"], "--pp-size 2 is refused"),
         (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is refused"),
         (["--lora-paths", "a=/x", "b=/y"], "--lora-paths a=/x b=/y is refused"),
@@ -249,7 +257,7 @@ def test_config_file_flags_go_first_and_the_command_line_wins(tmp_path):
         (None, "--config {path}: No such file"),
         ("- a list\n", "--config {path}: must hold a mapping of flags"),
         ("enable-lora: true\n", "--enable-lora is refused: LoRA adapters"),
-        ("tp-size: 2\n", "tensor and data parallelism are not available"),
+        ("tp-size: 2\n", "tensor parallelism is not available"),
     ],
 )
 def test_config_file_errors_name_the_file_or_the_flag(tmp_path, capsys, content, needle):

@@ -116,6 +116,7 @@ class ChatPlan:
             return_text_in_logprobs=True,
             rid=req.rid,
             stream=req.stream,
+            data_parallel_rank=req.data_parallel_rank,
         )
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:

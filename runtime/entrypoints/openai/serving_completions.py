@@ -60,6 +60,7 @@ class CompletionPlan:
             return_text_in_logprobs=True,
             rid=req.rid,
             stream=req.stream,
+            data_parallel_rank=req.data_parallel_rank,
         )
 
     def prompt_text(self, choice: int) -> str:
