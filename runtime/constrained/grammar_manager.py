@@ -1,6 +1,10 @@
 """The scheduler's grammar manager: async compile, per-request matchers, batch masks, jump-forward.
 
-Runs in the scheduler process. Compilation happens in a `CompilePool` (killable worker
+Runs in the scheduler process. Each constrained request is served by one backend: the
+configured one, or, for a JSON schema it cannot enforce exactly, the first fallback that can
+(`schema_support`: llguidance behind xgrammar); fallbacks are built on their first use. Each
+backend has its own compile pool and cache, so compiles are cached by (backend, kind, spec).
+Compilation happens in a `CompilePool` (killable worker
 processes for xgrammar; fair queue, deadline from the compile's start) behind a shared
 (kind, spec) cache bounded by memory, so the scheduler thread never waits for a compile; `poll`
 hands over the requests whose grammar is ready. Specs over the size/depth limits are refused
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,11 +27,12 @@ import torch
 from radixgen.errors import GrammarError
 from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
-from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
 from radixgen.runtime.constrained.compile_pool import CompilePool
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
+from radixgen.runtime.constrained.schema_support import choose_schema_backend
 from radixgen.runtime.constrained.vocab import GrammarVocab
 
 if TYPE_CHECKING:
@@ -35,6 +41,11 @@ if TYPE_CHECKING:
     from radixgen.server_args import GrammarConfig
 
 logger = logging.getLogger(__name__)
+
+# backends a request may fall back to, in order, when the configured one cannot serve it exactly
+FALLBACK_BACKENDS = ("xgrammar", "llguidance")
+# remembered backend choices (spec -> backend name or its refusal), least recently used dropped
+CHOICE_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class _PendingCompile:
     req: Req  # NOTE: held so that its id() cannot be reused by a new request while pending
     key: GrammarKey
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
+    backend: str
 
 
 class GrammarManager:
@@ -69,15 +81,19 @@ class GrammarManager:
     ) -> None:
         self.config = grammar_config
         self.vocab = GrammarVocab.from_tokenizer(tokenizer, vocab_size, eos_token_ids)
-        self.backend = create_grammar_backend(
-            grammar_config.grammar_backend, self.vocab, grammar_config
-        )
         self.bitmask_words = (vocab_size + 31) // 32
         self.limits = GrammarSpecLimits.from_config(grammar_config)
-        self.pool = CompilePool(self.backend, grammar_config)
-        self.cache = CompileCache(
-            self.pool.submit, self._compiled_size, grammar_config.grammar_cache_max_bytes
-        )
+        default = grammar_config.grammar_backend
+        self._backends: dict[str, BaseGrammarBackend] = {}
+        self._pools: dict[str, CompilePool] = {}
+        self._caches: dict[str, CompileCache] = {}
+        # the configured backend (built now) and its pool and cache; fallbacks are built lazily
+        self.backend = self._backend(default)
+        self.pool, self.cache = self._pools[default], self._caches[default]
+        self.order = [default]
+        if not grammar_config.disable_grammar_backend_fallback:
+            self.order += [n for n in FALLBACK_BACKENDS if n != default]
+        self._choices: OrderedDict[GrammarKey, str | GrammarError] = OrderedDict()
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
         # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
@@ -87,6 +103,7 @@ class GrammarManager:
         self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
+            "grammar_backend_fallbacks": 0,
             "grammar_rejected_tokens": 0,
             "mask_fill_calls": 0,
             "mask_fill_rows": 0,
@@ -106,20 +123,72 @@ class GrammarManager:
         key = req.sampling_params.constraint
         assert key is not None, "submit() needs a constrained request"
         req.grammar_key = key
+        name = self.order[0]
         try:
-            self.backend.check_kind(key[0])
             check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
-            future = self.cache.get(key)
+            name = self.choose_backend(key)
+            future = self._caches[name].get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        self._pending[id(req)] = _PendingCompile(req, key, future)
+        req.grammar_backend = name
+        if name != self.order[0]:
+            self.counters["grammar_backend_fallbacks"] += 1
+        self._pending[id(req)] = _PendingCompile(req, key, future, name)
+
+    def choose_backend(self, key: GrammarKey) -> str:
+        """The backend that serves this constraint exactly (built if new); else a GrammarError.
+
+        JSON schemas go to the first backend of `order` without a gap for them; other kinds to
+        the configured backend (every fallback enforces them as given). Choices are remembered per spec (a schema is parsed
+        once, on the scheduler thread: ~1 ms per 100 kB).
+        """
+        choice = self._choices.get(key)
+        if choice is None:
+            try:
+                choice = self._choose(key)
+            except GrammarError as e:
+                choice = e
+            self._choices[key] = choice
+            if len(self._choices) > CHOICE_CACHE_SIZE:
+                self._choices.popitem(last=False)
+        else:
+            self._choices.move_to_end(key)
+        if isinstance(choice, GrammarError):
+            raise choice
+        self._backend(choice)
+        return choice
+
+    def _choose(self, key: GrammarKey) -> str:
+        kind, spec = key
+        self.backend.check_kind(kind)  # other kinds: the configured backend or a 400 naming it
+        if kind == "json_schema":
+            return choose_schema_backend(spec, self.order)
+        return self.order[0]
+
+    def _backend(self, name: str) -> BaseGrammarBackend:
+        """The named backend with its compile pool and cache, built on first use."""
+        backend = self._backends.get(name)
+        if backend is None:
+            start = time.perf_counter()
+            backend = create_grammar_backend(name, self.vocab, self.config)
+            pool = CompilePool(backend, self.config)
+            self._pools[name] = pool
+            self._caches[name] = CompileCache(
+                pool.submit,
+                lambda c, b=backend: self._compiled_size(b, c),
+                self.config.grammar_cache_max_bytes,
+            )
+            self._backends[name] = backend
+            logger.info("grammar backend %s ready in %.2f s", name, time.perf_counter() - start)
+        return backend
 
     def poll(self, reqs: list[Req]) -> tuple[list[Req], list[Req]]:
         """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
         ready: list[Req] = []
         failed: list[Req] = []
-        self.pool.expire_overruns()
+        for pool in self._pools.values():
+            pool.expire_overruns()
         for req in reqs:
             pending = self._pending.get(id(req))
             if pending is None:  # not submitted through us (should not happen): do it now
@@ -134,7 +203,8 @@ class GrammarManager:
                 )
                 if error is None:
                     try:
-                        req.grammar = self.backend.create_grammar(pending.future.result())
+                        backend = self._backends[pending.backend]
+                        req.grammar = backend.create_grammar(pending.future.result())
                     except Exception as e:  # a library failure must cost only this request
                         logger.exception("creating a matcher for %s failed", req.rid)
                         error = e
@@ -155,11 +225,12 @@ class GrammarManager:
             alive = {id(r) for r in reqs}
             self._pending = {k: v for k, v in self._pending.items() if k in alive}
 
-    def _compiled_size(self, compiled: Any) -> int:
+    @staticmethod
+    def _compiled_size(backend: BaseGrammarBackend, compiled: Any) -> int:
         try:
-            return self.backend.compiled_size_bytes(compiled)
+            return backend.compiled_size_bytes(compiled)
         except Exception:  # a size we cannot read must not lose the grammar
-            return self.backend.estimated_compiled_bytes
+            return backend.estimated_compiled_bytes
 
     def _fail(self, req: Req, error: BaseException) -> None:
         self.counters["grammar_compile_failures"] += 1
@@ -175,13 +246,30 @@ class GrammarManager:
     def fill_mask(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
         """Bitmask rows for the constrained requests in `reqs` and their row indices.
 
-        Rows whose mask allows every token are left out (nothing to apply).
+        Rows whose mask allows every token are left out (nothing to apply). In a batch mixing
+        backends each backend fills its own block of rows in one call, then rows are put back in
+        request order.
         """
         start = time.perf_counter()
-        grammars = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
-        idx = [i for i, _ in grammars]
-        bitmask = torch.empty((len(idx), self.bitmask_words), dtype=torch.int32)
-        restricts = self.backend.fill_bitmask([g for _, g in grammars], bitmask)
+        groups: dict[str, tuple[list[int], list[BaseGrammarObject]]] = {}
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                idx_g, grammars_g = groups.setdefault(r.grammar_backend or self.order[0], ([], []))
+                idx_g.append(i)
+                grammars_g.append(r.grammar)
+        total = sum(len(g[0]) for g in groups.values())
+        bitmask = torch.empty((total, self.bitmask_words), dtype=torch.int32)
+        idx: list[int] = []
+        restricts: list[bool] = []
+        for name, (idx_g, grammars_g) in groups.items():
+            block = bitmask[len(idx) : len(idx) + len(idx_g)]  # NOTE: contiguous rows
+            restricts += self._backends[name].fill_bitmask(grammars_g, block)
+            idx += idx_g
+        if len(groups) > 1:
+            order = sorted(range(total), key=idx.__getitem__)
+            bitmask = bitmask[order]
+            idx = [idx[j] for j in order]
+            restricts = [restricts[j] for j in order]
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
             self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
@@ -302,22 +390,33 @@ class GrammarManager:
 
     def stats(self) -> dict[str, float]:
         """Counters for /server_info and metrics."""
-        cache = self.cache
+        pools, caches = list(self._pools.values()), list(self._caches.values())
+        out: dict[str, float] = {}
+        for pool in pools:  # summed over backends (maxima too: a fallback's are rarely the max)
+            for name, value in pool.counters.items():
+                out[name] = (
+                    max(out.get(name, 0.0), value)
+                    if name.endswith("_max")
+                    else out.get(name, 0.0) + value
+                )
         return {
-            **self.pool.counters,
-            "grammar_compile_errors": cache.errors,
-            "grammar_compile_workers_alive": len(self.pool.worker_pids()),
-            "grammar_compile_queued": self.pool.queued(),
-            "grammar_cache_hits": cache.hits,
-            "grammar_cache_misses": cache.misses,
-            "grammar_cache_entries": len(cache),
-            "grammar_cache_bytes": cache.bytes,
-            "grammar_cache_evictions": cache.evictions,
+            **out,
+            "grammar_compile_errors": sum(c.errors for c in caches),
+            "grammar_compile_workers_alive": sum(len(p.worker_pids()) for p in pools),
+            "grammar_compile_queued": sum(p.queued() for p in pools),
+            "grammar_cache_hits": sum(c.hits for c in caches),
+            "grammar_cache_misses": sum(c.misses for c in caches),
+            "grammar_cache_entries": sum(len(c) for c in caches),
+            "grammar_cache_bytes": sum(c.bytes for c in caches),
+            "grammar_cache_evictions": sum(c.evictions for c in caches),
             "grammar_waiting_compiles": len(self._pending),
+            "grammar_backends_built": len(self._backends),
             **self.counters,
         }
 
     def shutdown(self) -> None:
         """Stop the compile pool: queued compiles are cancelled, worker processes killed."""
-        self.pool.shutdown()
-        self.backend.shutdown()
+        for pool in self._pools.values():
+            pool.shutdown()
+        for backend in self._backends.values():
+            backend.shutdown()
