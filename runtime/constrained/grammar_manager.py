@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,12 +26,12 @@ import torch
 from radixgen.errors import GrammarError
 from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
+from radixgen.runtime.constrained.backend_choice import BackendChooser
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
-from radixgen.runtime.constrained.compile_pool import CompilePool
+from radixgen.runtime.constrained.compile_pool import CompilePool, GrammarCompileTimeout
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
-from radixgen.runtime.constrained.schema_support import choose_schema_backend
 from radixgen.runtime.constrained.vocab import GrammarVocab
 
 if TYPE_CHECKING:
@@ -41,11 +40,6 @@ if TYPE_CHECKING:
     from radixgen.server_args import GrammarConfig
 
 logger = logging.getLogger(__name__)
-
-# backends a request may fall back to, in order, when the configured one cannot serve it exactly
-FALLBACK_BACKENDS = ("xgrammar", "llguidance")
-# remembered backend choices (spec -> backend name or its refusal), least recently used dropped
-CHOICE_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -67,6 +61,8 @@ class _PendingCompile:
     key: GrammarKey
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
     backend: str
+    fallbacks: list[str]  # backends that also enforce it exactly, tried if this compile fails
+    errors: list[str] = field(default_factory=list)  # of the backends tried before
 
 
 class GrammarManager:
@@ -90,10 +86,7 @@ class GrammarManager:
         # the configured backend (built now) and its pool and cache; fallbacks are built lazily
         self.backend = self._backend(default)
         self.pool, self.cache = self._pools[default], self._caches[default]
-        self.order = [default]
-        if not grammar_config.disable_grammar_backend_fallback:
-            self.order += [n for n in FALLBACK_BACKENDS if n != default]
-        self._choices: OrderedDict[GrammarKey, str | GrammarError] = OrderedDict()
+        self.chooser = BackendChooser(default, not grammar_config.disable_grammar_backend_fallback)
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
         # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
@@ -104,6 +97,7 @@ class GrammarManager:
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
             "grammar_backend_fallbacks": 0,
+            "grammar_backend_compile_fallbacks": 0,
             "grammar_rejected_tokens": 0,
             "mask_fill_calls": 0,
             "mask_fill_rows": 0,
@@ -123,48 +117,48 @@ class GrammarManager:
         key = req.sampling_params.constraint
         assert key is not None, "submit() needs a constrained request"
         req.grammar_key = key
-        name = self.order[0]
+        names = [self.chooser.default]
         try:
             check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
-            name = self.choose_backend(key)
-            future = self._caches[name].get(key)
+            names = self.choose_backends(key)
+            future = self._caches[names[0]].get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
+        self._pending[id(req)] = _PendingCompile(req, key, future, names[0], names[1:])
+        self._set_backend(req, names[0])
+
+    def _set_backend(self, req: Req, name: str) -> None:
         req.grammar_backend = name
-        if name != self.order[0]:
+        if name != self.chooser.default:
             self.counters["grammar_backend_fallbacks"] += 1
-        self._pending[id(req)] = _PendingCompile(req, key, future, name)
 
-    def choose_backend(self, key: GrammarKey) -> str:
-        """The backend that serves this constraint exactly (built if new); else a GrammarError.
+    def choose_backends(self, key: GrammarKey) -> list[str]:
+        """The backends that serve this constraint exactly, best first (the first is built)."""
+        self.backend.check_kind(key[0])  # other kinds: the configured backend's 400 naming it
+        names = self.chooser.choose(key)
+        self._backend(names[0])
+        return names
 
-        JSON schemas go to the first backend of `order` without a gap for them; other kinds to
-        the configured backend (every fallback enforces them as given). Choices are remembered per spec (a schema is parsed
-        once, on the scheduler thread: ~1 ms per 100 kB).
+    def _next_backend(self, pending: _PendingCompile, error: BaseException) -> bool:
+        """After a failed compile, start the next exact backend's (True), if there is one.
+
+        A library may refuse what our tables say it enforces (a pattern its regex dialect
+        lacks, a bound it checks): the next backend gets its chance, and later requests of the
+        spec go there first. Timeouts are final: the next compile would likely take as long.
         """
-        choice = self._choices.get(key)
-        if choice is None:
-            try:
-                choice = self._choose(key)
-            except GrammarError as e:
-                choice = e
-            self._choices[key] = choice
-            if len(self._choices) > CHOICE_CACHE_SIZE:
-                self._choices.popitem(last=False)
-        else:
-            self._choices.move_to_end(key)
-        if isinstance(choice, GrammarError):
-            raise choice
-        self._backend(choice)
-        return choice
-
-    def _choose(self, key: GrammarKey) -> str:
-        kind, spec = key
-        self.backend.check_kind(kind)  # other kinds: the configured backend or a 400 naming it
-        if kind == "json_schema":
-            return choose_schema_backend(spec, self.order)
-        return self.order[0]
+        if not pending.fallbacks or isinstance(error, GrammarCompileTimeout):
+            return False
+        if not isinstance(error, GrammarError):
+            return False
+        pending.errors.append(f"{pending.backend}: {error}")
+        name, pending.fallbacks = pending.fallbacks[0], pending.fallbacks[1:]
+        self.chooser.demote(pending.key, [name, *pending.fallbacks])
+        self._backend(name)
+        pending.backend, pending.future = name, self._caches[name].get(pending.key)
+        self._set_backend(pending.req, name)
+        self.counters["grammar_backend_compile_fallbacks"] += 1
+        return True
 
     def _backend(self, name: str) -> BaseGrammarBackend:
         """The named backend with its compile pool and cache, built on first use."""
@@ -195,12 +189,20 @@ class GrammarManager:
                 self.submit(req)
                 continue
             if pending.future.done():
-                del self._pending[id(req)]
                 error = (
                     GrammarError("the grammar compiler is shutting down", pending.key[0])
                     if pending.future.cancelled()
                     else pending.future.exception()
                 )
+                cancelled = pending.future.cancelled()
+                if error is not None and not cancelled and self._next_backend(pending, error):
+                    continue  # the next backend's compile is under way
+                del self._pending[id(req)]
+                if error is not None and pending.errors:
+                    error = GrammarError(
+                        "; ".join([*pending.errors, f"{pending.backend}: {error}"]),
+                        pending.key[0],
+                    )
                 if error is None:
                     try:
                         backend = self._backends[pending.backend]
@@ -254,7 +256,9 @@ class GrammarManager:
         groups: dict[str, tuple[list[int], list[BaseGrammarObject]]] = {}
         for i, r in enumerate(reqs):
             if r.grammar is not None:
-                idx_g, grammars_g = groups.setdefault(r.grammar_backend or self.order[0], ([], []))
+                idx_g, grammars_g = groups.setdefault(
+                    r.grammar_backend or self.chooser.default, ([], [])
+                )
                 idx_g.append(i)
                 grammars_g.append(r.grammar)
         total = sum(len(g[0]) for g in groups.values())

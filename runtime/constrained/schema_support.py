@@ -151,18 +151,24 @@ def refuse_gaps(backend: str, schema: Any) -> None:
 
 
 def choose_schema_backend(spec: str, order: list[str]) -> str:
-    """The first backend of `order` that enforces the schema exactly; else a 400 naming why.
+    """The first backend of `order` that enforces the schema exactly; else a 400 naming why."""
+    return schema_backends(spec, order)[0]
+
+
+def schema_backends(spec: str, order: list[str]) -> list[str]:
+    """The backends of `order` that enforce the schema exactly, in order; none: a 400 naming why.
 
     A spec that is not JSON goes to the first backend, whose compile reports the error.
     """
     try:
         schema = json.loads(spec)
     except ValueError:
-        return order[0]
+        return order[:1]
     by_backend = backend_gaps(schema)
-    for name in order:
-        if not by_backend.get(name, []):  # no table (outlines): it refuses its own gaps
-            return name
+    # backends without a table (outlines) refuse their own gaps when they compile
+    exact = [name for name in order if not by_backend.get(name, [])]
+    if exact:
+        return exact
     tried = [n for n in order if n in by_backend]
     common = [g for g in by_backend[tried[0]] if all(g in by_backend[n] for n in tried)]
     if common:
@@ -291,16 +297,28 @@ def _deref(root: Any, s: Any, depth: int = 0) -> Any:
     return s
 
 
-def _types(s: dict[str, Any]) -> frozenset[str]:
+def _types(root: Any, s: Any, depth: int = 0) -> frozenset[str]:
     """The JSON types a branch admits at most ("integer" counts as "number")."""
+    s = _deref(root, s)
+    if s is False:
+        return frozenset()
+    if not isinstance(s, dict) or depth > 8:
+        return _ALL_TYPES
     t = s.get("type")
     names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
-    if names is None:
-        values = _values(s)
-        if values is None:
-            return _ALL_TYPES
-        return frozenset(_type_of(v) for v in values)
-    return frozenset("number" if n == "integer" else n for n in names) & _ALL_TYPES
+    values = _values(s)
+    out = _ALL_TYPES
+    if names is not None:
+        out = frozenset("number" if n == "integer" else n for n in names) & _ALL_TYPES
+    if values is not None:
+        out &= frozenset(_type_of(v) for v in values)
+    all_of = s.get("allOf")
+    for sub in all_of if isinstance(all_of, list) else []:
+        out &= _types(root, sub, depth + 1)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list):
+            out &= frozenset().union(*(_types(root, b, depth + 1) for b in s[key]))
+    return out
 
 
 def _type_of(value: Any) -> str:
@@ -343,7 +361,7 @@ def _one_of_disjoint(root: Any, branches: list[Any]) -> bool:
 
 
 def _pair_disjoint(root: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    both = _types(a) & _types(b)
+    both = _types(root, a) & _types(root, b)
     if not both:
         return True
     va, vb = _values(a), _values(b)
@@ -357,5 +375,10 @@ def _pair_disjoint(root: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
     for name in ra & rb:
         xa, xb = _values(_deref(root, pa.get(name))), _values(_deref(root, pb.get(name)))
         if xa is not None and xb is not None and not (xa & xb):
+            return True
+    # a name one requires that the other, a closed object, cannot have
+    for x, y, py in ((a, b, pb), (b, a, pa)):
+        closed = y.get("additionalProperties") is False and not y.get("patternProperties")
+        if closed and any(name not in py for name in x.get("required") or []):
             return True
     return False

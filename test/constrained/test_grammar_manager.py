@@ -311,3 +311,23 @@ def test_fallback_disabled_refuses_with_the_configured_backend(tokenizer):
         assert gm.stats()["grammar_backends_built"] == 1
     finally:
         gm.shutdown()
+
+
+def test_compile_error_on_the_first_exact_backend_falls_back_to_the_next(manager, encode):
+    """xgrammar's regex converter fails on a newline inside a character class (GitHub's
+    workflow schema has one); llguidance compiles it, so the request is served, and the next
+    request of that spec goes to llguidance first."""
+    schema = {"type": "string", "pattern": "^[^\n]*$"}
+    before = manager.stats()["grammar_backend_compile_fallbacks"]
+    first = make_req("nl0", json_schema=schema)
+    ready, failed = settle(manager, submit_all(manager, [first]))
+    assert ready == [first] and not failed
+    assert first.grammar_backend == "llguidance"
+    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    again = make_req("nl1", json_schema=schema)
+    settle(manager, submit_all(manager, [again]))
+    assert again.grammar_backend == "llguidance"
+    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    assert again.grammar.accept_tokens(encode('"ab')) == len(encode('"ab'))
+    escaped_newline = encode("\\n")  # "\" may start another escape; "\n" is refused
+    assert again.grammar.accept_tokens(escaped_newline) < len(escaped_newline)
