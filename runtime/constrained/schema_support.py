@@ -74,7 +74,7 @@ SCHEMA_GAPS: dict[str, frozenset[str]] = {
         "pattern with minLength/maxLength",
         "items (array form)",
         "exclusiveMinimum/exclusiveMaximum (boolean form)",
-        "a type-specific keyword without 'type'",
+        "a type-specific keyword without type",
     },
     "llguidance": _NO_BACKEND | {"propertyNames", "unevaluatedProperties", "unevaluatedItems"},
 }
@@ -261,7 +261,7 @@ def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
         if kw in s:
             out.append(kw)
     if not {"type", "enum", "const"} & s.keys() and _TYPED_KEYWORDS & s.keys():
-        out.append("a type-specific keyword without 'type'")
+        out.append("a type-specific keyword without type")
     if "propertyNames" in s:
         out.append("propertyNames")
     return out
