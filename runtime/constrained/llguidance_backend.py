@@ -27,6 +27,7 @@ from radixgen.runtime.constrained.grammar_spec import (
 )
 from radixgen.runtime.constrained.schema_support import (
     LLGUIDANCE_FORMATS,
+    close_objects,
     refuse_gaps,
     strip_unknown_formats,
 )
@@ -144,8 +145,10 @@ class LLGuidanceBackend(BaseGrammarBackend):
         if kind == "json_schema":
             schema = load_json_schema(spec)
             refuse_gaps(self.name, schema)  # any oneOf left is disjoint: anyOf is then exact
+            # NOTE: objects closed as in xgrammar's strict mode, so the backends agree
+            schema = close_objects(strip_unknown_formats(schema, LLGUIDANCE_FORMATS))
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(strip_unknown_formats(schema, LLGUIDANCE_FORMATS)),
+                json.dumps(schema),
                 overrides={**self._json_overrides, "coerce_one_of": True},  # type: ignore[arg-type]
             )
         elif kind == "json_object":

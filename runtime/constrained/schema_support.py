@@ -199,6 +199,48 @@ def strip_unknown_formats(schema: Any, known: frozenset[str]) -> Any:
     return out
 
 
+def close_objects(schema: Any, part: bool = False) -> Any:
+    """A copy where an object subschema without `additionalProperties` gets `false`.
+
+    xgrammar's strict mode does the same: the small model otherwise invents keys until its
+    token limit. It only narrows what is allowed (every output still validates), and it is
+    skipped where it could exclude every instance: beside allOf/anyOf/oneOf/$ref, in an allOf
+    branch or an anyOf/oneOf branch of a schema with its own properties (`part`: another part
+    may declare the keys), with patternProperties, or when a required name is not declared.
+    """
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+            out[key] = (
+                {k: close_objects(v) for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
+        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+            shared = key == "allOf" or isinstance(schema.get("properties"), dict)
+            out[key] = [close_objects(v, part=shared) for v in value]
+        else:
+            out[key] = close_objects(value)
+    props = schema.get("properties")
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    is_object = schema.get("type") == "object" or (isinstance(props, dict) and "type" not in schema)
+    if (
+        is_object
+        and not part
+        and "additionalProperties" not in schema
+        and not {"patternProperties", "allOf", "anyOf", "oneOf", "$ref"} & schema.keys()
+        and all(isinstance(props, dict) and name in props for name in required)
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
 def _listing(gaps: list[SchemaGap]) -> str:
     shown = [str(g) for g in gaps[:4]]
     more = f" and {len(gaps) - 4} more" if len(gaps) > 4 else ""
