@@ -279,3 +279,19 @@ def test_schemastore_schemas_are_served_or_refused_by_name(backends):
         served += 1
     counts = (served, refused, unfetchable)
     assert served >= 119 and sum(counts) == len(schemastore_schemas()), counts
+
+
+def test_llguidance_closes_objects_only_where_that_keeps_instances(backends, encode):
+    """Like xgrammar's strict mode, undeclared keys are masked out; but not where closing could
+    exclude every instance (a required name declared nowhere, allOf parts)."""
+
+    def serves(schema: Any, text: str) -> bool:
+        compiled = backends["llguidance"].compile("json_schema", json.dumps(schema))
+        return walks(backends["llguidance"].create_grammar(compiled), encode, text)
+
+    assert serves(_obj({"a": _INT}), '{"a":1}')
+    assert not serves(_obj({"a": _INT}), '{"a":1,"b":2}')
+    open_required = _obj({"a": _INT}, required=["a", "b"])
+    assert serves(open_required, '{"a":1,"b":2}')
+    parts = {"allOf": [_obj({"a": _INT}, required=["a"]), _obj({"b": _INT}, required=["b"])]}
+    assert serves(parts, '{"a":1,"b":2}')

@@ -15,8 +15,8 @@ import jsonschema
 from .conftest import needs_grammar
 
 SLUG = {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 6}
-# NOTE: closed objects; llguidance (rightly) allows undeclared keys otherwise, and the small
-# model then rambles with extra keys until the token limit
+# NOTE: closed explicitly (as the llguidance backend would close it anyway): the small model
+# otherwise invents keys until the token limit
 LLG_SCHEMA = {
     "type": "object",
     "properties": {"slug": SLUG},
