@@ -4,11 +4,10 @@ Runs in the scheduler process. Each constrained request is served by one backend
 configured one, or, for a JSON schema it cannot enforce exactly, the first fallback that can
 (`schema_support`: llguidance behind xgrammar); fallbacks are built on their first use. Each
 backend has its own compile pool and cache, so compiles are cached by (backend, kind, spec).
-Compilation happens in a `CompilePool` (killable worker
-processes for xgrammar; fair queue, deadline from the compile's start) behind a shared
-(kind, spec) cache bounded by memory, so the scheduler thread never waits for a compile; `poll`
-hands over the requests whose grammar is ready. Specs over the size/depth limits are refused
-before they reach the pool. Everything else (masks, accepting tokens, jump-forward) runs on
+Compilation happens in a `CompilePool` (killable worker processes for xgrammar; fair queue,
+deadline from the compile's start) behind a (kind, spec) cache bounded by memory, so the
+scheduler thread never waits for a compile; `poll` hands over the requests whose grammar is
+ready. Specs over the size/depth limits are refused before they reach the pool. Everything else (masks, accepting tokens, jump-forward) runs on
 the scheduler thread inside a step, so it is kept to a few list operations per request.
 """
 
@@ -147,9 +146,8 @@ class GrammarManager:
         lacks, a bound it checks): the next backend gets its chance, and later requests of the
         spec go there first. Timeouts are final: the next compile would likely take as long.
         """
-        if not pending.fallbacks or isinstance(error, GrammarCompileTimeout):
-            return False
-        if not isinstance(error, GrammarError):
+        final = isinstance(error, GrammarCompileTimeout) or not isinstance(error, GrammarError)
+        if final or not pending.fallbacks:
             return False
         pending.errors.append(f"{pending.backend}: {error}")
         name, pending.fallbacks = pending.fallbacks[0], pending.fallbacks[1:]
@@ -396,7 +394,7 @@ class GrammarManager:
         """Counters for /server_info and metrics."""
         pools, caches = list(self._pools.values()), list(self._caches.values())
         out: dict[str, float] = {}
-        for pool in pools:  # summed over backends (maxima too: a fallback's are rarely the max)
+        for pool in pools:  # over backends: counts summed, *_max the largest
             for name, value in pool.counters.items():
                 out[name] = (
                     max(out.get(name, 0.0), value)
