@@ -70,7 +70,7 @@ def run_one(engine: Any, item: Any, max_new_tokens: int) -> dict[str, Any]:
     meta = out["meta_info"]
     backend = meta.get("grammar_backend")
     if (meta.get("finish_reason") or {}).get("type") != "stop":
-        return {"outcome": "unfinished", "backend": backend}
+        return {"outcome": "unfinished", "backend": backend, "text": out["text"]}
     cls = jsonschema.validators.validator_for(item.schema)
     validator = cls(item.schema, format_checker=cls.FORMAT_CHECKER)
     try:
@@ -106,6 +106,11 @@ def run_setup(name: str, items: list[Any], args: argparse.Namespace) -> dict[str
         "refused_by_keyword": dict(refused.most_common()),
         "served_by": dict(Counter(r["backend"] for r in results if r.get("backend"))),
         "invalid_examples": invalid[:5],
+        "unfinished_examples": [
+            {"schema": it.name, "text_end": r["text"][-120:]}
+            for it, r in zip(items, results, strict=True)
+            if r["outcome"] == "unfinished"
+        ][: args.show_unfinished],
         "max_new_tokens": args.max_new_tokens,
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -116,6 +121,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=80, help="Schemas, sampled evenly.")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--show-unfinished", type=int, default=0, help="Print N output tails.")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     args = parser.parse_args()
     items = load_corpus(args.limit)
