@@ -7,6 +7,7 @@ keyword. Other kinds stay with the configured backend: every backend enforces th
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 
 from radixgen.errors import GrammarError
@@ -15,7 +16,8 @@ from radixgen.runtime.constrained.schema_support import schema_backends
 
 # backends a request may fall back to, in order, when the configured one cannot serve it exactly
 FALLBACK_BACKENDS = ("xgrammar", "llguidance")
-# remembered choices (spec -> backends or their refusal), least recently used dropped
+# remembered choices (spec digest -> backends or their refusal), least recently used dropped;
+# keyed by digest so that 4096 entries cost ~1 MB however large the specs are
 CHOICE_CACHE_SIZE = 4096
 
 
@@ -26,7 +28,7 @@ class BackendChooser:
         self.order = [default]
         if fallback:
             self.order += [n for n in FALLBACK_BACKENDS if n != default]
-        self._choices: OrderedDict[GrammarKey, list[str] | GrammarError] = OrderedDict()
+        self._choices: OrderedDict[tuple[str, bytes], list[str] | GrammarError] = OrderedDict()
 
     @property
     def default(self) -> str:
@@ -37,7 +39,8 @@ class BackendChooser:
 
         A schema is parsed once per spec, on the scheduler thread (~1 ms per 100 kB).
         """
-        choice = self._choices.get(key)
+        digest = _digest(key)
+        choice = self._choices.get(digest)
         if choice is None:
             kind, spec = key
             try:
@@ -46,18 +49,23 @@ class BackendChooser:
                 )
             except GrammarError as e:
                 choice = e
-            self._remember(key, choice)
+            self._remember(digest, choice)
         else:
-            self._choices.move_to_end(key)
+            self._choices.move_to_end(digest)
         if isinstance(choice, GrammarError):
             raise choice
         return choice
 
     def demote(self, key: GrammarKey, remaining: list[str]) -> None:
         """Later requests of `key` start at `remaining` (its first backend failed to compile it)."""
-        self._remember(key, remaining)
+        self._remember(_digest(key), remaining)
 
-    def _remember(self, key: GrammarKey, choice: list[str] | GrammarError) -> None:
-        self._choices[key] = choice
+    def _remember(self, digest: tuple[str, bytes], choice: list[str] | GrammarError) -> None:
+        self._choices[digest] = choice
         if len(self._choices) > CHOICE_CACHE_SIZE:
             self._choices.popitem(last=False)
+
+
+def _digest(key: GrammarKey) -> tuple[str, bytes]:
+    kind, spec = key
+    return kind, hashlib.blake2b(spec.encode(), digest_size=16).digest()
