@@ -61,7 +61,7 @@ class _PendingCompile:
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
     backend: str
     fallbacks: list[str]  # backends that also enforce it exactly, tried if this compile fails
-    errors: list[str] = field(default_factory=list)  # of the backends tried before
+    errors: list[tuple[str, str]] = field(default_factory=list)  # backends tried before: messages
 
 
 class GrammarManager:
@@ -149,7 +149,7 @@ class GrammarManager:
         final = isinstance(error, GrammarCompileTimeout) or not isinstance(error, GrammarError)
         if final or not pending.fallbacks:
             return False
-        pending.errors.append(f"{pending.backend}: {error}")
+        pending.errors.append((pending.backend, str(error)))
         name, pending.fallbacks = pending.fallbacks[0], pending.fallbacks[1:]
         self.chooser.demote(pending.key, [name, *pending.fallbacks])
         self._backend(name)
@@ -157,6 +157,16 @@ class GrammarManager:
         self._set_backend(pending.req, name)
         self.counters["grammar_backend_compile_fallbacks"] += 1
         return True
+
+    @staticmethod
+    def _all_failed(pending: _PendingCompile, last: BaseException) -> GrammarError:
+        """One 400 for a spec every exact backend failed to compile: the first backend's message
+        (it starts "invalid <kind>: "), then the others' where they differ."""
+        tried = [*pending.errors, (pending.backend, str(last))]
+        first = tried[0][1]
+        others = [f"{name}: {msg}" for name, msg in tried[1:] if msg != first]
+        text = first if not others else f"{first} (also tried {'; '.join(others)})"
+        return GrammarError(text, pending.key[0])
 
     def _backend(self, name: str) -> BaseGrammarBackend:
         """The named backend with its compile pool and cache, built on first use."""
@@ -197,10 +207,7 @@ class GrammarManager:
                     continue  # the next backend's compile is under way
                 del self._pending[id(req)]
                 if error is not None and pending.errors:
-                    error = GrammarError(
-                        "; ".join([*pending.errors, f"{pending.backend}: {error}"]),
-                        pending.key[0],
-                    )
+                    error = self._all_failed(pending, error)
                 if error is None:
                     try:
                         backend = self._backends[pending.backend]

@@ -331,3 +331,22 @@ def test_compile_error_on_the_first_exact_backend_falls_back_to_the_next(manager
     assert again.grammar.accept_tokens(encode('"ab')) == len(encode('"ab'))
     escaped_newline = encode("\\n")  # "\" may start another escape; "\n" is refused
     assert again.grammar.accept_tokens(escaped_newline) < len(escaped_newline)
+
+
+def test_outlines_default_falls_back_for_what_it_refuses(tokenizer):
+    """outlines has no gap table: what it refuses at compile (numeric bounds) goes to xgrammar;
+    a schema every backend rejects keeps the "invalid json_schema: " message of the first."""
+    gm = new_manager(tokenizer, grammar_backend="outlines")
+    try:
+        bounded = {"type": "integer", "minimum": 18, "maximum": 99}
+        broken = {"type": "object", "properties": 5}
+        ok, bad = submit_all(
+            gm, [make_req("b", json_schema=bounded), make_req("x", json_schema=broken)]
+        )
+        ready, failed = settle(gm, [ok, bad])
+        assert ready == [ok] and failed == [bad]
+        assert ok.grammar_backend == "xgrammar"
+        assert bad.finished_reason.message.startswith("invalid json_schema:")
+        assert bad.finished_reason.status_code == 400
+    finally:
+        gm.shutdown()
