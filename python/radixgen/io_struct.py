@@ -99,6 +99,7 @@ class RequestMeta:
     # wall-clock seconds from the API's submit to the first output token (scheduler's view), so
     # time to first token is known for requests that are not streamed too
     first_token_delay: float | None = None
+    grammar_backend: str | None = None  # constrained requests: the backend that served it
 
 
 @dataclass

@@ -102,8 +102,14 @@ class SchedulerConfig:
 class GrammarConfig:
     grammar_backend: str = _f(
         "xgrammar",
-        "Constrained-decoding backend.",
+        "Constrained-decoding backend. A JSON schema it cannot enforce exactly goes to the first "
+        "of xgrammar, llguidance that can (built on first use); a schema none enforces gets a 400 "
+        "naming the keyword. meta_info.grammar_backend says which one served a request.",
         ("xgrammar", "outlines", "llguidance", "none"),
+    )
+    disable_grammar_backend_fallback: bool = _f(
+        False,
+        "Serve every constraint with --grammar-backend only (refuse what it cannot enforce).",
     )
     disable_jump_forward: bool = _f(
         False, "Do not append grammar-forced text without a model step."

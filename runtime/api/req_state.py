@@ -54,6 +54,8 @@ def build_output(st: ReqState, output_lp_from: int, tokenizer: Tokenizer) -> dic
         "cached_tokens": meta.cached_tokens if meta else 0,
         "jump_forward_tokens": meta.jump_forward_tokens if meta else 0,
     }
+    if meta is not None and meta.grammar_backend is not None:
+        info["grammar_backend"] = meta.grammar_backend
     if st.finished:
         info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
     if st.return_logprob:

@@ -58,8 +58,12 @@ class _Job:
         return self.size > LARGE_SPEC_BYTES
 
 
+class GrammarCompileTimeout(GrammarError):
+    """A compile past grammar_compile_timeout (another backend is not tried: it would wait too)."""
+
+
 def timeout_error(kind: str, timeout: float) -> GrammarError:
-    return GrammarError(
+    return GrammarCompileTimeout(
         f"compiling the {kind} constraint took longer than {timeout:g} s "
         "(grammar_compile_timeout); simplify it",
         kind,

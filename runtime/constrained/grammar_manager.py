@@ -1,10 +1,13 @@
 """The scheduler's grammar manager: async compile, per-request matchers, batch masks, jump-forward.
 
-Runs in the scheduler process. Compilation happens in a `CompilePool` (killable worker
-processes for xgrammar; fair queue, deadline from the compile's start) behind a shared
-(kind, spec) cache bounded by memory, so the scheduler thread never waits for a compile; `poll`
-hands over the requests whose grammar is ready. Specs over the size/depth limits are refused
-before they reach the pool. Everything else (masks, accepting tokens, jump-forward) runs on
+Runs in the scheduler process. Each constrained request is served by one backend: the
+configured one, or, for a JSON schema it cannot enforce exactly, the first fallback that can
+(`schema_support`: llguidance behind xgrammar); fallbacks are built on their first use. Each
+backend has its own compile pool and cache, so compiles are cached by (backend, kind, spec).
+Compilation happens in a `CompilePool` (killable worker processes for xgrammar; fair queue,
+deadline from the compile's start) behind a (kind, spec) cache bounded by memory, so the
+scheduler thread never waits for a compile; `poll` hands over the requests whose grammar is
+ready. Specs over the size/depth limits are refused before they reach the pool. Everything else (masks, accepting tokens, jump-forward) runs on
 the scheduler thread inside a step, so it is kept to a few list operations per request.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,9 +25,10 @@ import torch
 from radixgen.errors import GrammarError
 from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
-from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+from radixgen.runtime.constrained.backend_choice import BackendChooser
+from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
-from radixgen.runtime.constrained.compile_pool import CompilePool
+from radixgen.runtime.constrained.compile_pool import CompilePool, GrammarCompileTimeout
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
 from radixgen.runtime.constrained.vocab import GrammarVocab
@@ -55,6 +59,9 @@ class _PendingCompile:
     req: Req  # NOTE: held so that its id() cannot be reused by a new request while pending
     key: GrammarKey
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
+    backend: str
+    fallbacks: list[str]  # backends that also enforce it exactly, tried if this compile fails
+    errors: list[tuple[str, str]] = field(default_factory=list)  # backends tried before: messages
 
 
 class GrammarManager:
@@ -69,15 +76,16 @@ class GrammarManager:
     ) -> None:
         self.config = grammar_config
         self.vocab = GrammarVocab.from_tokenizer(tokenizer, vocab_size, eos_token_ids)
-        self.backend = create_grammar_backend(
-            grammar_config.grammar_backend, self.vocab, grammar_config
-        )
         self.bitmask_words = (vocab_size + 31) // 32
         self.limits = GrammarSpecLimits.from_config(grammar_config)
-        self.pool = CompilePool(self.backend, grammar_config)
-        self.cache = CompileCache(
-            self.pool.submit, self._compiled_size, grammar_config.grammar_cache_max_bytes
-        )
+        default = grammar_config.grammar_backend
+        self._backends: dict[str, BaseGrammarBackend] = {}
+        self._pools: dict[str, CompilePool] = {}
+        self._caches: dict[str, CompileCache] = {}
+        # the configured backend (built now) and its pool and cache; fallbacks are built lazily
+        self.backend = self._backend(default)
+        self.pool, self.cache = self._pools[default], self._caches[default]
+        self.chooser = BackendChooser(default, not grammar_config.disable_grammar_backend_fallback)
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
         # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
@@ -87,6 +95,8 @@ class GrammarManager:
         self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.counters: dict[str, float] = {
             "grammar_compile_failures": 0,
+            "grammar_backend_fallbacks": 0,
+            "grammar_backend_compile_fallbacks": 0,
             "grammar_rejected_tokens": 0,
             "mask_fill_calls": 0,
             "mask_fill_rows": 0,
@@ -106,35 +116,102 @@ class GrammarManager:
         key = req.sampling_params.constraint
         assert key is not None, "submit() needs a constrained request"
         req.grammar_key = key
+        names = [self.chooser.default]
         try:
-            self.backend.check_kind(key[0])
             check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
-            future = self.cache.get(key)
+            names = self.choose_backends(key)
+            future = self._caches[names[0]].get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        self._pending[id(req)] = _PendingCompile(req, key, future)
+        self._pending[id(req)] = _PendingCompile(req, key, future, names[0], names[1:])
+        self._set_backend(req, names[0])
+
+    def _set_backend(self, req: Req, name: str) -> None:
+        req.grammar_backend = name
+        if name != self.chooser.default:
+            self.counters["grammar_backend_fallbacks"] += 1
+
+    def choose_backends(self, key: GrammarKey) -> list[str]:
+        """The backends that serve this constraint exactly, best first (the first is built)."""
+        self.backend.check_kind(key[0])  # other kinds: the configured backend's 400 naming it
+        names = self.chooser.choose(key)
+        self._backend(names[0])
+        return names
+
+    def _next_backend(self, pending: _PendingCompile, error: BaseException) -> bool:
+        """After a failed compile, start the next exact backend's (True), if there is one.
+
+        A library may refuse what our tables say it enforces (a pattern its regex dialect
+        lacks, a bound it checks): the next backend gets its chance, and later requests of the
+        spec go there first. Timeouts are final: the next compile would likely take as long.
+        """
+        final = isinstance(error, GrammarCompileTimeout) or not isinstance(error, GrammarError)
+        if final or not pending.fallbacks:
+            return False
+        pending.errors.append((pending.backend, str(error)))
+        name, pending.fallbacks = pending.fallbacks[0], pending.fallbacks[1:]
+        self.chooser.demote(pending.key, [name, *pending.fallbacks])
+        self._backend(name)
+        pending.backend, pending.future = name, self._caches[name].get(pending.key)
+        self._set_backend(pending.req, name)
+        self.counters["grammar_backend_compile_fallbacks"] += 1
+        return True
+
+    @staticmethod
+    def _all_failed(pending: _PendingCompile, last: BaseException) -> GrammarError:
+        """One 400 for a spec every exact backend failed to compile: the first backend's message
+        (it starts "invalid <kind>: "), then the others' where they differ."""
+        tried = [*pending.errors, (pending.backend, str(last))]
+        first = tried[0][1]
+        others = [f"{name}: {msg}" for name, msg in tried[1:] if msg != first]
+        text = first if not others else f"{first} (also tried {'; '.join(others)})"
+        return GrammarError(text, pending.key[0])
+
+    def _backend(self, name: str) -> BaseGrammarBackend:
+        """The named backend with its compile pool and cache, built on first use."""
+        backend = self._backends.get(name)
+        if backend is None:
+            start = time.perf_counter()
+            backend = create_grammar_backend(name, self.vocab, self.config)
+            pool = CompilePool(backend, self.config)
+            self._pools[name] = pool
+            self._caches[name] = CompileCache(
+                pool.submit,
+                lambda c, b=backend: self._compiled_size(b, c),
+                self.config.grammar_cache_max_bytes,
+            )
+            self._backends[name] = backend
+            logger.info("grammar backend %s ready in %.2f s", name, time.perf_counter() - start)
+        return backend
 
     def poll(self, reqs: list[Req]) -> tuple[list[Req], list[Req]]:
         """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
         ready: list[Req] = []
         failed: list[Req] = []
-        self.pool.expire_overruns()
+        for pool in self._pools.values():
+            pool.expire_overruns()
         for req in reqs:
             pending = self._pending.get(id(req))
             if pending is None:  # not submitted through us (should not happen): do it now
                 self.submit(req)
                 continue
             if pending.future.done():
-                del self._pending[id(req)]
                 error = (
                     GrammarError("the grammar compiler is shutting down", pending.key[0])
                     if pending.future.cancelled()
                     else pending.future.exception()
                 )
+                cancelled = pending.future.cancelled()
+                if error is not None and not cancelled and self._next_backend(pending, error):
+                    continue  # the next backend's compile is under way
+                del self._pending[id(req)]
+                if error is not None and pending.errors:
+                    error = self._all_failed(pending, error)
                 if error is None:
                     try:
-                        req.grammar = self.backend.create_grammar(pending.future.result())
+                        backend = self._backends[pending.backend]
+                        req.grammar = backend.create_grammar(pending.future.result())
                     except Exception as e:  # a library failure must cost only this request
                         logger.exception("creating a matcher for %s failed", req.rid)
                         error = e
@@ -155,11 +232,12 @@ class GrammarManager:
             alive = {id(r) for r in reqs}
             self._pending = {k: v for k, v in self._pending.items() if k in alive}
 
-    def _compiled_size(self, compiled: Any) -> int:
+    @staticmethod
+    def _compiled_size(backend: BaseGrammarBackend, compiled: Any) -> int:
         try:
-            return self.backend.compiled_size_bytes(compiled)
+            return backend.compiled_size_bytes(compiled)
         except Exception:  # a size we cannot read must not lose the grammar
-            return self.backend.estimated_compiled_bytes
+            return backend.estimated_compiled_bytes
 
     def _fail(self, req: Req, error: BaseException) -> None:
         self.counters["grammar_compile_failures"] += 1
@@ -175,13 +253,32 @@ class GrammarManager:
     def fill_mask(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
         """Bitmask rows for the constrained requests in `reqs` and their row indices.
 
-        Rows whose mask allows every token are left out (nothing to apply).
+        Rows whose mask allows every token are left out (nothing to apply). In a batch mixing
+        backends each backend fills its own block of rows in one call, then rows are put back in
+        request order.
         """
         start = time.perf_counter()
-        grammars = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
-        idx = [i for i, _ in grammars]
-        bitmask = torch.empty((len(idx), self.bitmask_words), dtype=torch.int32)
-        restricts = self.backend.fill_bitmask([g for _, g in grammars], bitmask)
+        groups: dict[str, tuple[list[int], list[BaseGrammarObject]]] = {}
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                idx_g, grammars_g = groups.setdefault(
+                    r.grammar_backend or self.chooser.default, ([], [])
+                )
+                idx_g.append(i)
+                grammars_g.append(r.grammar)
+        total = sum(len(g[0]) for g in groups.values())
+        bitmask = torch.empty((total, self.bitmask_words), dtype=torch.int32)
+        idx: list[int] = []
+        restricts: list[bool] = []
+        for name, (idx_g, grammars_g) in groups.items():
+            block = bitmask[len(idx) : len(idx) + len(idx_g)]  # NOTE: contiguous rows
+            restricts += self._backends[name].fill_bitmask(grammars_g, block)
+            idx += idx_g
+        if len(groups) > 1:
+            order = sorted(range(total), key=idx.__getitem__)
+            bitmask = bitmask[order]
+            idx = [idx[j] for j in order]
+            restricts = [restricts[j] for j in order]
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
             self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
@@ -302,22 +399,33 @@ class GrammarManager:
 
     def stats(self) -> dict[str, float]:
         """Counters for /server_info and metrics."""
-        cache = self.cache
+        pools, caches = list(self._pools.values()), list(self._caches.values())
+        out: dict[str, float] = {}
+        for pool in pools:  # over backends: counts summed, *_max the largest
+            for name, value in pool.counters.items():
+                out[name] = (
+                    max(out.get(name, 0.0), value)
+                    if name.endswith("_max")
+                    else out.get(name, 0.0) + value
+                )
         return {
-            **self.pool.counters,
-            "grammar_compile_errors": cache.errors,
-            "grammar_compile_workers_alive": len(self.pool.worker_pids()),
-            "grammar_compile_queued": self.pool.queued(),
-            "grammar_cache_hits": cache.hits,
-            "grammar_cache_misses": cache.misses,
-            "grammar_cache_entries": len(cache),
-            "grammar_cache_bytes": cache.bytes,
-            "grammar_cache_evictions": cache.evictions,
+            **out,
+            "grammar_compile_errors": sum(c.errors for c in caches),
+            "grammar_compile_workers_alive": sum(len(p.worker_pids()) for p in pools),
+            "grammar_compile_queued": sum(p.queued() for p in pools),
+            "grammar_cache_hits": sum(c.hits for c in caches),
+            "grammar_cache_misses": sum(c.misses for c in caches),
+            "grammar_cache_entries": sum(len(c) for c in caches),
+            "grammar_cache_bytes": sum(c.bytes for c in caches),
+            "grammar_cache_evictions": sum(c.evictions for c in caches),
             "grammar_waiting_compiles": len(self._pending),
+            "grammar_backends_built": len(self._backends),
             **self.counters,
         }
 
     def shutdown(self) -> None:
         """Stop the compile pool: queued compiles are cancelled, worker processes killed."""
-        self.pool.shutdown()
-        self.backend.shutdown()
+        for pool in self._pools.values():
+            pool.shutdown()
+        for backend in self._backends.values():
+            backend.shutdown()

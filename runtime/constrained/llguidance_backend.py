@@ -25,6 +25,12 @@ from radixgen.runtime.constrained.grammar_spec import (
     load_json_schema,
     utf8_prefix,
 )
+from radixgen.runtime.constrained.schema_support import (
+    LLGUIDANCE_FORMATS,
+    close_objects,
+    refuse_gaps,
+    strip_unknown_formats,
+)
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.vocab import GrammarVocab
@@ -137,10 +143,13 @@ class LLGuidanceBackend(BaseGrammarBackend):
 
     def _compile(self, kind: str, spec: str) -> llguidance.LLMatcher:
         if kind == "json_schema":
-            load_json_schema(spec)
+            schema = load_json_schema(spec)
+            refuse_gaps(self.name, schema)  # any oneOf left is disjoint: anyOf is then exact
+            # NOTE: objects closed as in xgrammar's strict mode, so the backends agree
+            schema = close_objects(strip_unknown_formats(schema, LLGUIDANCE_FORMATS))
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                spec,
-                overrides=self._json_overrides,  # type: ignore[arg-type]
+                json.dumps(schema),
+                overrides={**self._json_overrides, "coerce_one_of": True},  # type: ignore[arg-type]
             )
         elif kind == "json_object":
             grammar = llguidance.LLMatcher.grammar_from_json_schema(

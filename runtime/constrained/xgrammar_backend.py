@@ -20,21 +20,8 @@ from radixgen.runtime.constrained.grammar_spec import (
     choices_to_ebnf,
     load_choices,
     load_json_schema,
-    refuse_unenforceable,
 )
-
-# Keywords xgrammar's schema converter accepts but does not enforce (measured: an instance
-# violating each one passes the mask). oneOf falls back to anyOf, which is exact for the
-# disjoint unions schemas usually mean (e.g. pydantic's discriminated unions), so it is served.
-XGRAMMAR_UNENFORCED_KEYWORDS = (
-    "uniqueItems",
-    "not",
-    "dependentRequired",
-    "dependentSchemas",
-    "if",
-    "contains",
-    "allOf",
-)
+from radixgen.runtime.constrained.schema_support import refuse_gaps
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.vocab import GrammarVocab
@@ -100,9 +87,9 @@ class XGrammarBackend(BaseGrammarBackend):
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
         if kind == "json_schema":
-            # a clear message for text that is not JSON at all; and xgrammar drops min/maxLength
-            # when a pattern is given, so refuse that rather than emit too-long strings
-            refuse_unenforceable(self.name, load_json_schema(spec), XGRAMMAR_UNENFORCED_KEYWORDS)
+            # a clear message for text that is not JSON at all; and a 400 naming what xgrammar
+            # would serve unenforced (the manager routes such schemas to llguidance first)
+            refuse_gaps(self.name, load_json_schema(spec))
             # NOTE: strict_mode treats a missing additionalProperties as false (no extra keys)
             return self.compiler.compile_json_schema(spec, strict_mode=True, **self._json_options)
         if kind == "json_object":

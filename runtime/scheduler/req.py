@@ -54,6 +54,7 @@ class Req:
         # grammar
         self.grammar: BaseGrammarObject | None = None
         self.grammar_key: tuple[str, str] | None = None
+        self.grammar_backend: str | None = None  # the backend that serves it (meta_info)
         self.jump_forward_tokens = 0
 
         # outputs
@@ -132,6 +133,7 @@ class Req:
             jump_forward_tokens=self.jump_forward_tokens,
             retractions=self.retractions,
             first_token_delay=self.first_token_delay,
+            grammar_backend=self.grammar_backend,
         )
 
     def __repr__(self) -> str:

@@ -251,3 +251,102 @@ def test_a_request_aborted_while_waiting_leaves_no_pending_compile(tokenizer):
         assert ref() is None
     finally:
         gm.shutdown()
+
+
+PATTERN_LEN = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}},
+    "required": ["s"],
+    "additionalProperties": False,
+}
+
+
+def test_mixed_backend_batch_fills_each_row_from_its_own_matcher(manager, encode):
+    """xgrammar and llguidance rows interleaved in one step: each row equals its matcher's own
+    mask, rows come back in request order, and the two backends' caches are separate."""
+    reqs = submit_all(
+        manager,
+        [
+            make_req("x0", json_schema=SCHEMA),
+            make_req("l0", json_schema=PATTERN_LEN),
+            make_req("x1", json_schema=SCHEMA),
+            make_req("l1", json_schema=PATTERN_LEN),
+        ],
+    )
+    plain = make_req("plain", max_new_tokens=1)
+    ready, failed = settle(manager, reqs)
+    assert not failed and len(ready) == 4
+    assert [r.grammar_backend for r in reqs] == ["xgrammar", "llguidance"] * 2
+    assert manager.stats()["grammar_backend_fallbacks"] >= 2
+    for r, prefix in zip(reqs, ['{"x":', '{"s":"a', '{"x":1', '{"s":"ab'], strict=True):
+        assert r.grammar.accept_tokens(encode(prefix)) == len(encode(prefix))
+    batch = [reqs[0], reqs[1], plain, reqs[2], reqs[3]]
+    bitmask, rows = manager.fill_mask(batch)
+    assert rows.tolist() == [0, 1, 3, 4]
+    for j, i in enumerate(rows.tolist()):
+        own = torch.zeros_like(bitmask[:1])
+        batch[i].grammar.fill_next_token_bitmask(own, 0)
+        assert torch.equal(bitmask[j], own[0]), batch[i].rid
+    # the llguidance row after "ab" allows one more letter at most: pattern + maxLength enforced
+    assert reqs[3].grammar.accept_tokens(encode("c")) == 1
+    assert reqs[3].grammar.accept_tokens(encode("d")) == 0
+
+
+def test_schema_no_backend_enforces_fails_alone_naming_it(manager):
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    ok, bad = submit_all(
+        manager, [make_req("ok", json_schema=SCHEMA), make_req("u", json_schema=unique)]
+    )
+    ready, failed = settle(manager, [ok, bad])
+    assert ready == [ok] and failed == [bad]
+    assert bad.finished_reason.status_code == 400
+    assert "'uniqueItems' (at /), which no grammar backend" in bad.finished_reason.message
+
+
+def test_fallback_disabled_refuses_with_the_configured_backend(tokenizer):
+    gm = new_manager(tokenizer, disable_grammar_backend_fallback=True)
+    try:
+        _, failed = settle(gm, submit_all(gm, [make_req("p", json_schema=PATTERN_LEN)]))
+        assert "'pattern with minLength/maxLength'" in failed[0].finished_reason.message
+        assert gm.stats()["grammar_backends_built"] == 1
+    finally:
+        gm.shutdown()
+
+
+def test_compile_error_on_the_first_exact_backend_falls_back_to_the_next(manager, encode):
+    """xgrammar's regex converter fails on a newline inside a character class (GitHub's
+    workflow schema has one); llguidance compiles it, so the request is served, and the next
+    request of that spec goes to llguidance first."""
+    schema = {"type": "string", "pattern": "^[^\n]*$"}
+    before = manager.stats()["grammar_backend_compile_fallbacks"]
+    first = make_req("nl0", json_schema=schema)
+    ready, failed = settle(manager, submit_all(manager, [first]))
+    assert ready == [first] and not failed
+    assert first.grammar_backend == "llguidance"
+    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    again = make_req("nl1", json_schema=schema)
+    settle(manager, submit_all(manager, [again]))
+    assert again.grammar_backend == "llguidance"
+    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    assert again.grammar.accept_tokens(encode('"ab')) == len(encode('"ab'))
+    escaped_newline = encode("\\n")  # "\" may start another escape; "\n" is refused
+    assert again.grammar.accept_tokens(escaped_newline) < len(escaped_newline)
+
+
+def test_outlines_default_falls_back_for_what_it_refuses(tokenizer):
+    """outlines has no gap table: what it refuses at compile (numeric bounds) goes to xgrammar;
+    a schema every backend rejects keeps the "invalid json_schema: " message of the first."""
+    gm = new_manager(tokenizer, grammar_backend="outlines")
+    try:
+        bounded = {"type": "integer", "minimum": 18, "maximum": 99}
+        broken = {"type": "object", "properties": 5}
+        ok, bad = submit_all(
+            gm, [make_req("b", json_schema=bounded), make_req("x", json_schema=broken)]
+        )
+        ready, failed = settle(gm, [ok, bad])
+        assert ready == [ok] and failed == [bad]
+        assert ok.grammar_backend == "xgrammar"
+        assert bad.finished_reason.message.startswith("invalid json_schema:")
+        assert bad.finished_reason.status_code == 400
+    finally:
+        gm.shutdown()

@@ -68,8 +68,16 @@ def scheduler(default_model_folder) -> Scheduler:
 def run_batch(
     s: Scheduler, backend: str, jump_forward: bool, requests: list[tuple[str, list[int], dict]]
 ) -> BatchResults:
-    """Run all requests as one batch under a fresh grammar manager; return results by rid."""
-    config = GrammarConfig(grammar_backend=backend, disable_jump_forward=not jump_forward)
+    """Run all requests as one batch under a fresh grammar manager; return results by rid.
+
+    outlines runs without the per-request fallback: these tests are about outlines' own
+    outputs and refusals (with it, what outlines refuses is served by xgrammar or llguidance).
+    """
+    config = GrammarConfig(
+        grammar_backend=backend,
+        disable_jump_forward=not jump_forward,
+        disable_grammar_backend_fallback=backend == "outlines",
+    )
     s.grammar_manager = GrammarManager(config, s.tokenizer, s.vocab_size, s.eos_token_ids)
     for rid, ids, params in requests:
         msg = TokenizedGenerateReq(

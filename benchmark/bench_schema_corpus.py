@@ -1,0 +1,133 @@
+"""Real-world JSON-schema corpus through the offline Engine: accepted / valid / invalid / refused.
+
+The corpus is test/data/schema_corpus (SchemaStore documents and definitions, the draft-4
+JSON-Schema-Test-Suite, schemas shaped like Kubernetes/Snowplow/Washington Post ones; see
+test/constrained/schema_corpus.py), sampled evenly down to --limit schemas. Each schema is
+decoded greedy (max --max-new-tokens) under three setups, each its own Engine:
+xgrammar only, llguidance only (--disable-grammar-backend-fallback) and the default (xgrammar,
+falling back to llguidance per request). One JSON line per setup: accepted (served), valid
+(finished and validates with `jsonschema`, format checks on), invalid (finished, does not
+validate: must be 0), unfinished (hit the token limit), refused (a 400, counted per keyword),
+and which backend served how many.
+
+Examples:
+  python benchmark/bench_schema_corpus.py
+  python benchmark/bench_schema_corpus.py --limit 40 --setups combined
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+import radixgen
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUPS: dict[str, dict[str, Any]] = {
+    "xgrammar_only": {"grammar_backend": "xgrammar", "disable_grammar_backend_fallback": True},
+    "llguidance_only": {"grammar_backend": "llguidance", "disable_grammar_backend_fallback": True},
+    "combined": {"grammar_backend": "xgrammar"},
+}
+
+
+def load_corpus(limit: int) -> list[Any]:
+    """The corpus, evenly sampled down to `limit` schemas (deterministic)."""
+    path = ROOT / "test" / "constrained" / "schema_corpus.py"
+    spec = importlib.util.spec_from_file_location("schema_corpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["schema_corpus"] = module
+    spec.loader.exec_module(module)
+    items = module.corpus()
+    if len(items) <= limit:
+        return items
+    step = len(items) / limit
+    return [items[int(i * step)] for i in range(limit)]
+
+
+def keywords_of(message: str) -> list[str]:
+    """The quoted feature names a refusal's message gives."""
+    return re.findall(r"'([^']+)' \(at ", message) or ["(other) " + message[:60]]
+
+
+def run_one(engine: Any, item: Any, max_new_tokens: int) -> dict[str, Any]:
+    params = {"json_schema": item.spec, "max_new_tokens": max_new_tokens, "temperature": 0}
+    prompt = f"Write one JSON value for the {item.name.split('/')[-1]!r} schema.\nJSON: "
+    try:
+        out = engine.generate(prompt, params)
+    except ValueError as e:
+        return {"outcome": "refused", "keywords": keywords_of(str(e))}
+    meta = out["meta_info"]
+    backend = meta.get("grammar_backend")
+    if (meta.get("finish_reason") or {}).get("type") != "stop":
+        return {"outcome": "unfinished", "backend": backend, "text": out["text"]}
+    cls = jsonschema.validators.validator_for(item.schema)
+    validator = cls(item.schema, format_checker=cls.FORMAT_CHECKER)
+    try:
+        ok = validator.is_valid(json.loads(out["text"]))
+    except json.JSONDecodeError:
+        ok = False
+    return {"outcome": "valid" if ok else "invalid", "backend": backend, "text": out["text"]}
+
+
+def run_setup(name: str, items: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    start = time.perf_counter()
+    with (
+        radixgen.Engine(log_level="error", **SETUPS[name]) as engine,
+        ThreadPoolExecutor(args.concurrency) as pool,
+    ):
+        results = list(pool.map(lambda it: run_one(engine, it, args.max_new_tokens), items))
+    outcomes = Counter(r["outcome"] for r in results)
+    refused = Counter(k for r in results if r["outcome"] == "refused" for k in r["keywords"])
+    invalid = [
+        {"schema": it.name, "text": r["text"][:200]}
+        for it, r in zip(items, results, strict=True)
+        if r["outcome"] == "invalid"
+    ]
+    return {
+        "bench": "schema_corpus",
+        "setup": name,
+        "schemas": len(items),
+        "accepted": len(items) - outcomes["refused"],
+        "valid": outcomes["valid"],
+        "invalid": outcomes["invalid"],
+        "unfinished": outcomes["unfinished"],
+        "refused": outcomes["refused"],
+        "refused_by_keyword": dict(refused.most_common()),
+        "served_by": dict(Counter(r["backend"] for r in results if r.get("backend"))),
+        "invalid_examples": invalid[:5],
+        "unfinished_examples": [
+            {"schema": it.name, "text_end": r["text"][-120:]}
+            for it, r in zip(items, results, strict=True)
+            if r["outcome"] == "unfinished"
+        ][: args.show_unfinished],
+        "max_new_tokens": args.max_new_tokens,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=80, help="Schemas, sampled evenly.")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--show-unfinished", type=int, default=0, help="Print N output tails.")
+    parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    args = parser.parse_args()
+    items = load_corpus(args.limit)
+    for name in args.setups:
+        print(json.dumps(run_setup(name, items, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,426 @@
+"""Which JSON-schema features each grammar backend enforces exactly, and which backend serves a schema.
+
+Runs in the scheduler process (backend choice, on the scheduler thread) and in the compile
+workers (each backend refuses its own gaps again before compiling). "Exactly" means every output
+the backend's mask lets through validates against the schema; a backend may be stricter than the
+schema (fixed property order, no extra keys) but never looser. The gap tables below are data,
+audited by measurement in test/constrained/test_schema_support.py: for each gap an instance
+violating the keyword passes that backend's mask (or the library refuses the keyword), and for
+each feature not listed, violating instances are blocked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from radixgen.errors import GrammarError
+
+# keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
+_TYPED_KEYWORDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength"}
+    | {"maxLength", "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties"}
+)
+
+# keywords that only annotate: they never make an instance invalid
+_ANNOTATIONS = frozenset(
+    {"$schema", "$id", "id", "$comment", "$defs", "definitions", "title", "description"}
+    | {
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$anchor",
+        "markdownDescription",
+    }
+)
+
+# Gaps shared by every backend here: accepted-and-ignored, or refused by the library.
+_NO_BACKEND = frozenset(
+    {
+        "not",
+        "if",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "oneOf",  # only when the branches are not provably disjoint (see _one_of_disjoint)
+    }
+)
+
+# Per backend: the features it cannot enforce exactly (names as they appear in messages).
+# xgrammar 0.2.9 (measured): ignores allOf, required names missing from properties, keywords
+# beside $ref, the length bounds of a patterned string, $refs that are not "#/..." pointers, and
+# numeric/string/array bounds in a subschema without "type"; fails on draft-4 array `items` and
+# boolean exclusiveMinimum/Maximum; patternProperties it serves as "no such keys" beside
+# "type": "object" but not without it (listed: a gap in some uses). unevaluated* it serves
+# strictly (no key or item beyond the listed ones, which is valid).
+# llguidance 1.9.1 (measured): refuses propertyNames and unevaluatedProperties by name; serves
+# disjoint oneOf with coerce_one_of; unknown `format`s are removed before it sees them (they are
+# annotations in JSON Schema 2019-09 and later, and ignored by validators of earlier drafts).
+SCHEMA_GAPS: dict[str, frozenset[str]] = {
+    "xgrammar": _NO_BACKEND
+    | {
+        "allOf",
+        "required (a name not in properties)",
+        "$ref with sibling keywords",
+        "$ref (not a local #/ pointer)",
+        "patternProperties",
+        "pattern with minLength/maxLength",
+        "items (array form)",
+        "exclusiveMinimum/exclusiveMaximum (boolean form)",
+        "a type-specific keyword without type",
+    },
+    "llguidance": _NO_BACKEND | {"propertyNames", "unevaluatedProperties", "unevaluatedItems"},
+}
+
+# formats llguidance 1.9.1 checks; it refuses any other name, so others are dropped for it
+LLGUIDANCE_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
+)
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+)
+
+
+@dataclass(frozen=True)
+class SchemaGap:
+    """A feature some backend cannot enforce, and where in the schema it is (JSON pointer)."""
+
+    feature: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"'{self.feature}' (at {self.path or '/'})"
+
+
+def schema_features(root: Any) -> list[SchemaGap]:
+    """Every gap-table feature used by the parts of `root` that validation can reach.
+
+    Local $refs are followed (once each); definitions nothing refers to are not looked at.
+    """
+    found: list[SchemaGap] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, Any]] = [("", root)]
+    while stack:
+        path, schema = stack.pop()
+        if not isinstance(schema, dict):
+            continue
+        found.extend(SchemaGap(f, path) for f in _features_here(root, schema))
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and ref not in seen:
+            seen.add(ref)
+            stack.append((ref[1:], _resolve(root, ref)))
+        stack.extend(reversed(_children(path, schema)))
+    return found
+
+
+def backend_gaps(
+    schema: Any, features: list[SchemaGap] | None = None
+) -> dict[str, list[SchemaGap]]:
+    """For each backend with a gap table: the gaps this schema hits (empty: it serves exactly)."""
+    features = schema_features(schema) if features is None else features
+    return {name: [g for g in features if g.feature in gaps] for name, gaps in SCHEMA_GAPS.items()}
+
+
+def refuse_gaps(backend: str, schema: Any) -> None:
+    """Raise a 400 naming the features of `schema` that `backend` would not enforce."""
+    gaps = backend_gaps(schema)[backend]
+    if gaps:
+        raise GrammarError(
+            f"the {backend} grammar backend cannot enforce {_listing(gaps)} in json_schema",
+            "json_schema",
+        )
+
+
+def choose_schema_backend(spec: str, order: list[str]) -> str:
+    """The first backend of `order` that enforces the schema exactly; else a 400 naming why."""
+    return schema_backends(spec, order)[0]
+
+
+def schema_backends(spec: str, order: list[str]) -> list[str]:
+    """The backends of `order` that enforce the schema exactly, in order; none: a 400 naming why.
+
+    A spec that is not JSON goes to the first backend, whose compile reports the error.
+    """
+    try:
+        schema = json.loads(spec)
+    except ValueError:
+        return order[:1]
+    by_backend = backend_gaps(schema)
+    # backends without a table (outlines) refuse their own gaps when they compile
+    exact = [name for name in order if not by_backend.get(name, [])]
+    if exact:
+        return exact
+    tried = [n for n in order if n in by_backend]
+    common = [g for g in by_backend[tried[0]] if all(g in by_backend[n] for n in tried)]
+    if common:
+        why = f"uses {_listing(common)}, which no grammar backend here enforces"
+    else:
+        why = "needs features no single backend enforces: " + "; ".join(
+            f"{n} cannot enforce {_listing(by_backend[n])}" for n in tried
+        )
+    raise GrammarError(f"json_schema {why}", "json_schema")
+
+
+def strip_unknown_formats(schema: Any, known: frozenset[str]) -> Any:
+    """A copy of the schema without `format` values outside `known` (annotations only)."""
+    if isinstance(schema, list):
+        return [strip_unknown_formats(s, known) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "format" and isinstance(value, str) and value not in known:
+            continue
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value  # instance data, not schemas
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {k: strip_unknown_formats(v, known) for k, v in value.items()}
+        else:
+            out[key] = strip_unknown_formats(value, known)
+    return out
+
+
+def close_objects(schema: Any, part: bool = False) -> Any:
+    """A copy where an object subschema without `additionalProperties` gets `false`.
+
+    xgrammar's strict mode does the same: the small model otherwise invents keys until its
+    token limit. It only narrows what is allowed (every output still validates), and it is
+    skipped where it could exclude every instance: beside allOf/anyOf/oneOf/$ref, in an allOf
+    branch or an anyOf/oneOf branch of a schema with its own properties (`part`: another part
+    may declare the keys), with patternProperties, or when a required name is not declared.
+    """
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+            out[key] = (
+                {k: close_objects(v) for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
+        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+            shared = key == "allOf" or isinstance(schema.get("properties"), dict)
+            out[key] = [close_objects(v, part=shared) for v in value]
+        else:
+            out[key] = close_objects(value)
+    props = schema.get("properties")
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    is_object = schema.get("type") == "object" or (isinstance(props, dict) and "type" not in schema)
+    if (
+        is_object
+        and not part
+        and "additionalProperties" not in schema
+        and not {"patternProperties", "allOf", "anyOf", "oneOf", "$ref"} & schema.keys()
+        and all(isinstance(props, dict) and name in props for name in required)
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _listing(gaps: list[SchemaGap]) -> str:
+    shown = [str(g) for g in gaps[:4]]
+    more = f" and {len(gaps) - 4} more" if len(gaps) > 4 else ""
+    return ", ".join(shown) + more
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
+    node = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _validation_keys(schema: dict[str, Any]) -> set[str]:
+    return {k for k in schema if k not in _ANNOTATIONS}
+
+
+def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
+    """The gap-table features this one subschema uses (not its children's)."""
+    out: list[str] = []
+    for kw in _NO_BACKEND - {"oneOf", "if", "uniqueItems"}:  # (set order: sorted for messages)
+        if kw in s:
+            out.append(kw)
+    if "if" in s and ("then" in s or "else" in s):  # a lone "if" constrains nothing
+        out.append("if")
+    max_items = s.get("maxItems")
+    if s.get("uniqueItems") is True and not (isinstance(max_items, int) and max_items <= 1):
+        out.append("uniqueItems")
+    if isinstance(s.get("oneOf"), list) and not _one_of_disjoint(root, s["oneOf"]):
+        out.append("oneOf")
+    all_of = s.get("allOf")
+    if isinstance(all_of, list) and (len(all_of) > 1 or _validation_keys(s) - {"allOf"}):
+        out.append("allOf")
+    ref = s.get("$ref")
+    if isinstance(ref, str):
+        if not ref.startswith("#"):
+            out.append("$ref (not a local #/ pointer)")
+        if _validation_keys(s) - {"$ref"}:
+            out.append("$ref with sibling keywords")
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    required = s.get("required")
+    if isinstance(required, list) and any(name not in props for name in required):
+        out.append("required (a name not in properties)")
+    if s.get("patternProperties"):
+        out.append("patternProperties")
+    if "pattern" in s and ("minLength" in s or "maxLength" in s):
+        out.append("pattern with minLength/maxLength")
+    if isinstance(s.get("items"), list):
+        out.append("items (array form)")
+    if isinstance(s.get("exclusiveMinimum"), bool) or isinstance(s.get("exclusiveMaximum"), bool):
+        out.append("exclusiveMinimum/exclusiveMaximum (boolean form)")
+    for kw in ("unevaluatedProperties", "unevaluatedItems"):
+        if kw in s:
+            out.append(kw)
+    if not {"type", "enum", "const"} & s.keys() and _TYPED_KEYWORDS & s.keys():
+        out.append("a type-specific keyword without type")
+    if "propertyNames" in s:
+        out.append("propertyNames")
+    return out
+
+
+def _children(path: str, schema: dict[str, Any]) -> list[tuple[str, Any]]:
+    children: list[tuple[str, Any]] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children.extend((f"{path}/{key}/{n}", sub) for n, sub in schema[key].items())
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
+    for key in _SCHEMA_VALUES:
+        value = schema.get(key)
+        if isinstance(value, list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
+        elif isinstance(value, dict):
+            children.append((f"{path}/{key}", value))
+    return children
+
+
+# --- oneOf: served as anyOf, which is exact only when no instance matches two branches ------------
+
+_ALL_TYPES = frozenset({"object", "array", "string", "number", "boolean", "null"})
+
+
+def _deref(root: Any, s: Any, depth: int = 0) -> Any:
+    while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 16:
+        if not s["$ref"].startswith("#") or _validation_keys(s) - {"$ref"}:
+            return s
+        s, depth = _resolve(root, s["$ref"]), depth + 1
+    return s
+
+
+def _types(root: Any, s: Any, depth: int = 0) -> frozenset[str]:
+    """The JSON types a branch admits at most ("integer" counts as "number")."""
+    s = _deref(root, s)
+    if s is False:
+        return frozenset()
+    if not isinstance(s, dict) or depth > 8:
+        return _ALL_TYPES
+    t = s.get("type")
+    names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
+    values = _values(s)
+    out = _ALL_TYPES
+    if names is not None:
+        out = frozenset("number" if n == "integer" else n for n in names) & _ALL_TYPES
+    if values is not None:
+        out &= frozenset(_type_of(v) for v in values)
+    all_of = s.get("allOf")
+    for sub in all_of if isinstance(all_of, list) else []:
+        out &= _types(root, sub, depth + 1)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list):
+            out &= frozenset().union(*(_types(root, b, depth + 1) for b in s[key]))
+    return out
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _values(s: Any) -> set[str] | None:
+    """The instances a const/enum branch allows, in a canonical text form (None: not fixed)."""
+    if not isinstance(s, dict):
+        return None
+    if "const" in s:
+        items = [s["const"]]
+    elif isinstance(s.get("enum"), list):
+        items = s["enum"]
+    else:
+        return None
+    return {_canonical(v) for v in items}
+
+
+def _canonical(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # 1 and 1.0 are the same JSON Schema number
+    return json.dumps(v, sort_keys=True)
+
+
+def _one_of_disjoint(root: Any, branches: list[Any]) -> bool:
+    """True when no instance can match two branches (checked pairwise, conservatively)."""
+    subs = [_deref(root, b) for b in branches]
+    if not all(isinstance(b, dict) for b in subs):
+        return False
+    return all(_pair_disjoint(root, a, b) for i, a in enumerate(subs) for b in subs[i + 1 :])
+
+
+def _pair_disjoint(root: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    both = _types(root, a) & _types(root, b)
+    if not both:
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None:
+        return not (va & vb)
+    if both != {"object"}:
+        return False
+    # objects: a property both require whose fixed values differ (a discriminator)
+    pa, pb = a.get("properties") or {}, b.get("properties") or {}
+    ra, rb = set(a.get("required") or []), set(b.get("required") or [])
+    for name in ra & rb:
+        xa, xb = _values(_deref(root, pa.get(name))), _values(_deref(root, pb.get(name)))
+        if xa is not None and xb is not None and not (xa & xb):
+            return True
+    # a name one requires that the other, a closed object, cannot have
+    for x, y, py in ((a, b, pb), (b, a, pa)):
+        closed = y.get("additionalProperties") is False and not y.get("patternProperties")
+        if closed and any(name not in py for name in x.get("required") or []):
+            return True
+    return False
