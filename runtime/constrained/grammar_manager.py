@@ -228,8 +228,10 @@ class GrammarManager:
 
         Runs at each poll, so they last until the next constrained request arrives at most.
         """
-        if len(self._pending) > len(reqs):
-            alive = {id(r) for r in reqs}
+        # NOTE: not a size comparison: requests that settled in this poll already left _pending,
+        # so an aborted one can hide behind them (len(_pending) == len(reqs))
+        alive = {id(r) for r in reqs}
+        if any(k not in alive for k in self._pending):
             self._pending = {k: v for k, v in self._pending.items() if k in alive}
 
     @staticmethod

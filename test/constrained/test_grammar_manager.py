@@ -108,7 +108,11 @@ def test_compile_timeout_kills_the_worker_and_a_replacement_serves_the_next(toke
     # a real slow compile (arrays 300 deep: seconds in xgrammar), allowed past the depth limit
     gm = new_manager(tokenizer, grammar_compile_timeout=0.5, grammar_max_depth=10_000)
     try:
-        settle(gm, submit_all(gm, [make_req("warm", regex="[0-9]+")]))  # workers up
+        settle(gm, submit_all(gm, [make_req("warm", regex="[0-9]+")]))
+        deadline = time.monotonic() + 60  # every slot starts its worker: wait for all of them
+        while len(gm.pool.worker_pids()) < gm.pool.workers:
+            assert time.monotonic() < deadline, "compile workers never all started"
+            time.sleep(0.05)
         before = set(gm.pool.worker_pids())
         slow = make_req("slow", limits=NO_LIMITS, json_schema=nested_array_schema(300))
         _, failed = settle(gm, submit_all(gm, [slow]))
