@@ -34,6 +34,8 @@ from radixgen.io_struct import (
     BatchStrOut,
     ControlOut,
     ControlReq,
+    DashboardSnapshotOut,
+    DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
     GenerateReqInput,
@@ -247,6 +249,10 @@ class TokenizerManager:
     async def get_internal_state(self) -> dict[str, Any]:
         out = await self._control(GetInternalStateReq(), GetInternalStateOut)
         return out.state
+
+    async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]:
+        req = DashboardSnapshotReq(max_nodes=max_nodes)
+        return (await self._control(req, DashboardSnapshotOut, 10.0)).snapshot
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.
