@@ -118,6 +118,7 @@ def build_view(raw: dict[str, Any], tokenizer: Decoder) -> dict[str, Any]:
     steps = [dict(zip(fields, s, strict=True)) for s in raw["steps"]]
     return {
         "time": raw["time"],
+        "build_seconds": raw["build_seconds"],
         "state": raw["state"],
         "retracted_waiting": raw["retracted_waiting"],
         "radix_enabled": raw["radix_enabled"],

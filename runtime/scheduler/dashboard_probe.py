@@ -74,6 +74,7 @@ class DashboardProbe:
 
     def snapshot(self, sched: Scheduler, max_nodes: int) -> dict[str, Any]:
         """Everything the dashboard shows, as plain data (token ids undecoded)."""
+        t0 = time.perf_counter()
         nodes: list[dict[str, Any]] = []
         truncated = False
         cache = sched.cache
@@ -88,6 +89,7 @@ class DashboardProbe:
         live += [timeline(r, "waiting", now) for r in queued]
         return {
             "time": now,
+            "build_seconds": time.perf_counter() - t0,  # scheduler time this snapshot took
             "state": sched.internal_state(),
             "retracted_waiting": sum(1 for r in sched.waiting if r.retractions),
             "radix_enabled": isinstance(cache, RadixCache),
