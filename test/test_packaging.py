@@ -1,4 +1,5 @@
-"""The wheel holds every subpackage of the four mapped folders, and the C kernel sources.
+"""The wheel holds every subpackage of the four mapped folders, the C kernel sources and the
+dashboard's static assets.
 
 setup.py discovers packages instead of listing them; this builds the wheel from a copy of the
 source (so the working tree gets no build/ litter) and checks nothing was left behind.
@@ -78,6 +79,15 @@ def test_c_kernel_sources_are_in_the_wheel(wheel_names: set[str]) -> None:
     assert sources, "kernels/cpu has no C sources"
     for c in sources:
         assert f"radixgen/kernels/cpu/{c.name}" in wheel_names
+
+
+def test_dashboard_assets_are_in_the_wheel(wheel_names: set[str]) -> None:
+    """The dashboard's page, script and style are served from the package (no CDN)."""
+    static = ROOT / "runtime" / "dashboard" / "static"
+    assets = sorted(p.name for p in static.iterdir() if p.suffix in {".html", ".js", ".css"})
+    assert {"index.html", "dashboard.js", "dashboard.css"} <= set(assets)
+    for name in assets:
+        assert f"radixgen/runtime/dashboard/static/{name}" in wheel_names
 
 
 def test_wheel_holds_only_radixgen(wheel_names: set[str]) -> None:

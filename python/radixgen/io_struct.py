@@ -74,6 +74,19 @@ class GetInternalStateOut(ControlOut):
 
 
 @dataclass
+class DashboardSnapshotReq(ControlReq):
+    """The dashboard asks the scheduler for its picture: counters, a capped radix tree, recent
+    steps and request timelines (answered between steps, only when asked)."""
+
+    max_nodes: int = 200
+
+
+@dataclass
+class DashboardSnapshotOut(ControlOut):
+    snapshot: dict[str, Any]
+
+
+@dataclass
 class SchedulerReadyOut:
     """Sent once by a scheduler after the model is loaded (through the launcher's pipe)."""
 

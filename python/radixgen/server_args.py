@@ -167,6 +167,12 @@ class HttpConfig:
     api_key_file: str | None = _f(None, "Read the API key from this file (one line).")
     log_level: str = _f("info", "Logging level.", ("debug", "info", "warning", "error"))
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at /metrics.")
+    enable_dashboard: bool | None = _f(
+        None,
+        "Serve the live dashboard at /dashboard (behind the API key like every other route). "
+        "Default: on when --host is a loopback address, off on any other (it shows prompts and "
+        "outputs); --enable-dashboard / --no-enable-dashboard decide either way.",
+    )
     enable_cache_report: bool = _f(
         True, "Report cached_tokens in OpenAI usage.prompt_tokens_details."
     )
@@ -340,6 +346,14 @@ class ServerArgs:
 
 
 API_KEY_ENV = "RADIXGEN_API_KEY"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def dashboard_enabled(http: HttpConfig) -> bool:
+    """--enable-dashboard if given, else on for a loopback bind only."""
+    if http.enable_dashboard is not None:
+        return http.enable_dashboard
+    return http.host in LOOPBACK_HOSTS or http.host.startswith("127.")
 
 
 def resolve_api_key(http: HttpConfig) -> str | None:
@@ -408,8 +422,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             help_text = f.metadata.get("help", "")
             typ = _base_type(f.type)
             if typ is bool:
-                # a flag that defaults on also gets --no-<flag>
-                action = argparse.BooleanOptionalAction if f.default else "store_true"
+                # a flag that defaults on (or to "decided later", None) also gets --no-<flag>
+                on = f.default or f.default is None
+                action = argparse.BooleanOptionalAction if on else "store_true"
                 group.add_argument(*flags, action=action, default=f.default, help=help_text)
                 continue
             ours = f.metadata.get("choices")

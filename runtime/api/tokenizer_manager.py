@@ -35,6 +35,8 @@ from radixgen.io_struct import (
     BatchStrOut,
     ControlOut,
     ControlReq,
+    DashboardSnapshotOut,
+    DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
     GenerateReqInput,
@@ -236,6 +238,13 @@ class TokenizerManager:
     async def get_internal_state(self) -> dict[str, Any]:
         """The engine's state: a single scheduler's, or the replicas' summed."""
         return aggregate_internal_states(await self.get_internal_states())
+
+    async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]:
+        """Replica 0's snapshot (with --dp-size > 1 its tree, steps and requests are that
+        replica's; `dp_size` says how many there are)."""
+        req = DashboardSnapshotReq(max_nodes=max_nodes)
+        outs = await self._control(req, DashboardSnapshotOut, 10.0)
+        return {**outs[0].snapshot, "dp_size": len(outs)}
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.

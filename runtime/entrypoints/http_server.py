@@ -3,7 +3,8 @@
 `run_server(args)` binds the HTTP port first (so `/health` can say 503 while the model loads),
 starts the scheduler and detokenizer processes in the background, and on SIGINT / SIGTERM (or when
 a child dies) stops every child before it returns. Routes: SGLang's native API (`native_api`) and
-the OpenAI-compatible API (`openai.routes`).
+the OpenAI-compatible API (`openai.routes`), and the live dashboard (`radixgen.runtime.dashboard`,
+on by default for a loopback bind).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
-from radixgen.server_args import ServerArgs, resolve_api_key
+from radixgen.server_args import ServerArgs, dashboard_enabled, resolve_api_key
 from radixgen.sglang_flags import FlagNote, log_flag_notes
 from radixgen.version import __version__
 
@@ -61,6 +62,12 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(native_router)
     app.include_router(openai_router)
     app.include_router(parser_router)
+    if dashboard_enabled(state.args.http):
+        from radixgen.runtime.dashboard.hub import DashboardHub
+        from radixgen.runtime.dashboard.routes import router as dashboard_router
+
+        app.state.dashboard = DashboardHub()
+        app.include_router(dashboard_router)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -58,6 +58,10 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None: ...
 
+    def record_hit(self, node: TreeNode | None) -> None:
+        """A request was admitted reusing the prefix ending at `node` (hit counts, if kept)."""
+        return None  # only the radix tree keeps hit counts
+
     def cached_slots(self) -> list[torch.Tensor]:
         """Every KV slot the cache holds (debug accounting)."""
         return []

@@ -28,7 +28,7 @@ _ids = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = ("children", "hits", "id", "key", "last_access", "lock_ref", "parent", "value")
 
     def __init__(self, parent: TreeNode | None = None) -> None:
         self.children: dict[int | tuple[int, ...], TreeNode] = {}
@@ -37,6 +37,7 @@ class TreeNode:
         self.value: torch.Tensor = _EMPTY
         self.lock_ref = 0
         self.last_access = time.monotonic()
+        self.hits = 0  # admissions that reused this node's tokens (the dashboard shows them)
         self.id = next(_ids)
 
     def __lt__(self, other: TreeNode) -> bool:  # heap order: least recently used first
@@ -120,6 +121,7 @@ class RadixCache(BasePrefixCache):
         upper.key, upper.value = child.key[:n], child.value[:n]
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.hits = child.hits
         assert child.parent is not None
         child.parent.children[self._child_key(upper.key)] = upper
         child.key, child.value = child.key[n:], child.value[n:]
@@ -181,6 +183,13 @@ class RadixCache(BasePrefixCache):
                     self._evictable_leaves.add(node)
             node.lock_ref -= 1
             assert node.parent is not None
+            node = node.parent
+
+    def record_hit(self, node: TreeNode | None) -> None:
+        """A request was admitted reusing the prefix ending at `node`: count a hit on it and its
+        ancestors (the same walk as `inc_lock_ref`, once per admission)."""
+        while node is not None and node is not self.root:
+            node.hits += 1
             node = node.parent
 
     # --- request lifecycle --------------------------------------------------------------------

@@ -66,6 +66,7 @@ class Req:
         self.sent_stop_strings = False  # the detokenizer keeps them from the first message on
         self.steps_since_stream = 0
         self.first_token_delay: float | None = None
+        self.admit_time: float | None = None  # wall clock of the first admission (dashboard)
         self.input_token_logprobs: LogprobList | None = None
         self.input_top_logprobs: list[TopLogprobList | None] | None = None
         self.output_token_logprobs: LogprobList = []

@@ -19,6 +19,10 @@ from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
     AbortReq,
     BatchTokenIDOut,
+    ControlOut,
+    ControlReq,
+    DashboardSnapshotOut,
+    DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateOut,
@@ -34,6 +38,7 @@ from radixgen.runtime.scheduler.containment import (
     log_internal_error,
     poll_one_by_one,
 )
+from radixgen.runtime.scheduler.dashboard_probe import DashboardProbe
 from radixgen.runtime.scheduler.finish import check_finish
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
 from radixgen.runtime.scheduler.output_processor import (
@@ -122,12 +127,11 @@ class Scheduler:
         self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
         self.forward_steps = 0
         self.stats = SchedulerStats()
+        self.probe = DashboardProbe()
 
     # --- requests in --------------------------------------------------------------------------
 
-    def handle(
-        self, msg: TokenizedGenerateReq | AbortReq | FlushCacheReq | GetInternalStateReq
-    ) -> FlushCacheOut | GetInternalStateOut | None:
+    def handle(self, msg: TokenizedGenerateReq | AbortReq | ControlReq) -> ControlOut | None:
         """Handle one control or generate message; returns a direct reply for control messages."""
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
@@ -141,6 +145,9 @@ class Scheduler:
             return reply
         if isinstance(msg, GetInternalStateReq):
             return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
+        if isinstance(msg, DashboardSnapshotReq):
+            snap = self.probe.snapshot(self, msg.max_nodes)
+            return DashboardSnapshotOut(snap, request_id=msg.request_id)
         logger.error("unknown message %r", type(msg))
         return None
 
@@ -243,6 +250,7 @@ class Scheduler:
             except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
                 log_internal_error("the forward step", e)
                 self._fail(plan, e)
+            self.probe.on_step(plan, self)
             self.forward_steps += 1
             self.new_token_ratio = max(
                 NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
@@ -420,6 +428,8 @@ class Scheduler:
             if not req.admitted_once:
                 req.admitted_once = True
                 req.cached_tokens = prefix_len
+                req.admit_time = time.time()
+                self.cache.record_hit(match.last_node)
                 self.stats.prompt_tokens += len(req.origin_input_ids)
                 self.stats.cached_tokens += prefix_len
             req.extend_len = n
@@ -554,6 +564,7 @@ class Scheduler:
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
         outbox, self.outbox = self.outbox, []
+        self.probe.on_outbox(outbox)
         collected = collect_outputs(outbox, self.args.scheduler.stream_interval)
         messages = collected.messages
         for r, e in collected.failed:  # NOTE: fail these only; the others' outputs are sent

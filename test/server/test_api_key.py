@@ -86,3 +86,48 @@ def test_every_other_route_needs_the_key(path: str) -> None:
     assert _status(path, None) == 401
     assert _status(path, b"Bearer wrong") == 401
     assert _status(path, b"Bearer sekret") == 200
+
+
+def _dashboard_status(path: str, query: bytes = b"", cookie: bytes | None = None) -> int:
+    """Status of a browser-style request (no Authorization header) through the middleware."""
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"cookie", cookie)] if cookie is not None else []
+    scope = {"type": "http", "method": "GET", "path": path, "headers": headers,
+             "query_string": query}  # fmt: skip
+    asyncio.run(ApiKeyMiddleware(app, "sekret")(scope, None, send))
+    return sent[0]["status"]
+
+
+def test_dashboard_needs_the_key_too() -> None:
+    for path in ("/dashboard", "/dashboard/api/snapshot", "/dashboard/static/dashboard.js"):
+        assert _status(path, None) == 401
+        assert _status(path, b"Bearer sekret") == 200
+        assert _dashboard_status(path) == 401
+
+
+def test_dashboard_key_in_the_page_query_only() -> None:
+    """A browser opens /dashboard?api_key=<key> once; the key in any other query is refused."""
+    assert _dashboard_status("/dashboard", b"api_key=sekret") == 200
+    assert _dashboard_status("/dashboard", b"api_key=wrong") == 401
+    assert _dashboard_status("/dashboard/api/snapshot", b"api_key=sekret") == 401
+    assert _dashboard_status("/generate", b"api_key=sekret") == 401
+
+
+def test_dashboard_cookie_admits_the_dashboard_only() -> None:
+    from radixgen.runtime.dashboard.auth import DASHBOARD_COOKIE, dashboard_token
+
+    good = f"{DASHBOARD_COOKIE}={dashboard_token('sekret')}".encode()
+    for path in ("/dashboard", "/dashboard/api/stream", "/dashboard/static/dashboard.css"):
+        assert _dashboard_status(path, cookie=good) == 200
+    assert _dashboard_status("/dashboard/api/snapshot", cookie=b"other=1; " + good) == 200
+    assert _dashboard_status("/generate", cookie=good) == 401
+    assert _dashboard_status("/dashboardx", cookie=good) == 401
+    assert _dashboard_status("/dashboard", cookie=f"{DASHBOARD_COOKIE}=sekret".encode()) == 401
+    assert _dashboard_status("/dashboard", cookie=b"\x00bad;;==") == 401

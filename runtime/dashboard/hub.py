@@ -1,0 +1,129 @@
+"""The dashboard's data in the API process: one scheduler snapshot shared by every open page,
+turned into the JSON the page and other tools read (`/dashboard/api/...`).
+
+The scheduler sends token ids; their text previews are decoded here (off the event loop). Rates
+(tokens per second) and the short history behind the plots are derived from successive snapshots,
+so nothing is sampled while nobody looks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+HISTORY_POINTS = 300  # plot points kept (about five minutes at the page's 1 Hz)
+SHARE_WINDOW_S = 0.25  # pages asking within this window share one scheduler snapshot
+HOT_NODES = 5  # shared nodes marked hot in the tree
+
+
+class SnapshotSource(Protocol):
+    """What the hub needs of the TokenizerManager."""
+
+    async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]: ...
+
+
+class Decoder(Protocol):
+    def decode_batch(
+        self, batch: list[list[int]], skip_special_tokens: bool = True
+    ) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    time: float
+    kv_usage: float
+    cache_hit_rate: float
+    running: int
+    waiting: int
+    retracted: int
+    tokens_per_s: float
+
+
+class DashboardHub:
+    """Snapshots for the dashboard's routes, shared and rate-derived (one per API process)."""
+
+    def __init__(self) -> None:
+        self.history: deque[HistoryPoint] = deque(maxlen=HISTORY_POINTS)
+        self._last: tuple[float, int] | None = None  # (time, generated_tokens) of the last one
+        self._cached: tuple[float, int, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+
+    async def snapshot(
+        self, tm: SnapshotSource, tokenizer: Decoder, max_nodes: int
+    ) -> dict[str, Any]:
+        """The page's view; a snapshot taken moments ago with the same cap is reused."""
+        async with self._lock:
+            now = time.monotonic()
+            if self._cached is not None:
+                at, nodes, view = self._cached
+                if now - at < SHARE_WINDOW_S and nodes == max_nodes:
+                    return view
+            raw = await tm.dashboard_snapshot(max_nodes)
+            view = await asyncio.to_thread(build_view, raw, tokenizer)
+            self._add_history(raw)
+            view["history"] = [p.__dict__ for p in self.history]
+            self._cached = (time.monotonic(), max_nodes, view)
+            return view
+
+    def _add_history(self, raw: dict[str, Any]) -> None:
+        st = raw["state"]
+        t, generated = float(raw["time"]), int(st["generated_tokens"])
+        rate = 0.0
+        if self._last is not None and t > self._last[0]:
+            rate = max(0, generated - self._last[1]) / (t - self._last[0])
+        self._last = (t, generated)
+        self.history.append(
+            HistoryPoint(
+                time=t,
+                kv_usage=float(st["kv_usage"]),
+                cache_hit_rate=float(st["cache_hit_rate"]),
+                running=int(st["running_requests"]),
+                waiting=int(st["waiting_requests"]),
+                retracted=int(raw["retracted_waiting"]),
+                tokens_per_s=round(rate, 2),
+            )
+        )
+
+
+def build_view(raw: dict[str, Any], tokenizer: Decoder) -> dict[str, Any]:
+    """The scheduler's snapshot with token ids replaced by text and the hot nodes marked."""
+    nodes = raw["tree"]["nodes"]
+    reqs = raw["requests"]
+    batch = [n["preview_ids"] for n in nodes]
+    for r in reqs:
+        batch += [r["prompt_head_ids"], r["prompt_tail_ids"], r["output_ids"]]
+    texts = tokenizer.decode_batch(batch, skip_special_tokens=False) if batch else []
+    it = iter(texts)
+    tree = []
+    for n in nodes:
+        view = {k: v for k, v in n.items() if k != "preview_ids"}
+        view["preview"] = next(it) + ("…" if n["preview_truncated"] else "")
+        tree.append(view)
+    shared = sorted((n for n in tree if n["hits"] > 0), key=lambda n: (-n["hits"], -n["tokens"]))
+    hot = {n["id"] for n in shared[:HOT_NODES]}
+    for n in tree:
+        n["hot"] = n["id"] in hot
+    requests = []
+    for r in reqs:
+        head, tail, out = next(it), next(it), next(it)
+        view = {k: v for k, v in r.items() if not k.endswith("_ids")}
+        gap = f" …[{r['prompt_gap']} tokens]… " if r["prompt_gap"] else ""
+        view["prompt"] = head + gap + tail
+        view["output"] = out + ("…" if r["output_truncated"] else "")
+        requests.append(view)
+    fields = raw["step_fields"]
+    steps = [dict(zip(fields, s, strict=True)) for s in raw["steps"]]
+    return {
+        "time": raw["time"],
+        "build_seconds": raw["build_seconds"],
+        "state": raw["state"],
+        "retracted_waiting": raw["retracted_waiting"],
+        "radix_enabled": raw["radix_enabled"],
+        "tree": {"nodes": tree, "truncated": raw["tree"]["truncated"]},
+        "steps": steps,
+        "batch": steps[-1] if steps else None,
+        "requests": requests,
+    }
