@@ -53,6 +53,31 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
 
 
+def subschemas(
+    path: str,
+    schema: dict[str, Any],
+    maps: tuple[str, ...],
+    lists: tuple[str, ...],
+    values: tuple[str, ...],
+) -> list[tuple[str, Any]]:
+    """(JSON pointer, subschema) of a schema's children under the given keywords: `maps` hold
+    name -> subschema, `lists` subschema lists, `values` one subschema (or a list of them)."""
+    children: list[tuple[str, Any]] = []
+    for key in maps:
+        if isinstance(schema.get(key), dict):
+            children.extend((f"{path}/{key}/{name}", sub) for name, sub in schema[key].items())
+    for key in lists:
+        if isinstance(schema.get(key), list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
+    for key in values:
+        value = schema.get(key)
+        if isinstance(value, list):
+            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
+        elif isinstance(value, dict):
+            children.append((f"{path}/{key}", value))
+    return children
+
+
 def find_unenforceable(
     schema: Any, keywords: tuple[str, ...], path: str = ""
 ) -> tuple[str, str] | None:
@@ -71,20 +96,7 @@ def find_unenforceable(
         return kw, path or "/"
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         return "pattern with minLength/maxLength", path or "/"
-    children: list[tuple[str, Any]] = []
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            children.extend((f"{path}/{key}/{name}", sub) for name, sub in schema[key].items())
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
-    for key in _SCHEMA_VALUES:
-        value = schema.get(key)
-        if isinstance(value, list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
-        elif value is not None:
-            children.append((f"{path}/{key}", value))
-    for child_path, sub in children:
+    for child_path, sub in subschemas(path, schema, _SCHEMA_MAPS, _SCHEMA_LISTS, _SCHEMA_VALUES):
         found = find_unenforceable(sub, keywords, child_path)
         if found is not None:
             return found

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixgen.errors import GrammarError
+from radixgen.runtime.constrained.grammar_spec import subschemas
 
 # keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
 _TYPED_KEYWORDS = frozenset(
@@ -310,20 +311,7 @@ def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
 
 
 def _children(path: str, schema: dict[str, Any]) -> list[tuple[str, Any]]:
-    children: list[tuple[str, Any]] = []
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            children.extend((f"{path}/{key}/{n}", sub) for n, sub in schema[key].items())
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema[key]))
-    for key in _SCHEMA_VALUES:
-        value = schema.get(key)
-        if isinstance(value, list):
-            children.extend((f"{path}/{key}/{i}", sub) for i, sub in enumerate(value))
-        elif isinstance(value, dict):
-            children.append((f"{path}/{key}", value))
-    return children
+    return subschemas(path, schema, _SCHEMA_MAPS, _SCHEMA_LISTS, _SCHEMA_VALUES)
 
 
 # --- oneOf: served as anyOf, which is exact only when no instance matches two branches ------------

@@ -20,7 +20,7 @@ for folder in (TEST_DIR, EXAMPLES_DIR):  # test/server helpers and the example m
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from server.server_process import ServerProcess, server_flags  # noqa: E402
+from server.server_process import ServerProcess, running_server, server_flags  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,12 +30,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def lang_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(*server_flags())
-    try:
-        proc.wait_healthy()
+    with running_server(*server_flags()) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 class RecordingEndpoint(RuntimeEndpoint):

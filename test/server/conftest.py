@@ -8,7 +8,7 @@ import httpx
 import pytest
 from tiers import mark_fixture_users_slow
 
-from .server_process import ServerProcess, grammar_available, server_flags
+from .server_process import grammar_available, running_server, server_flags
 
 needs_grammar = pytest.mark.skipif(
     not grammar_available(),
@@ -22,12 +22,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def server():
-    proc = ServerProcess("--enable-metrics", *server_flags())
-    try:
-        proc.wait_healthy()
+    with running_server("--enable-metrics", *server_flags()) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import psutil
@@ -96,6 +98,17 @@ class ServerProcess:
                 self.proc.wait(5)
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def running_server(*extra_args: str) -> Iterator[ServerProcess]:
+    """A healthy server for the block, stopped (its whole process tree) after it, even on failure."""
+    proc = ServerProcess(*extra_args)
+    try:
+        proc.wait_healthy()
+        yield proc
+    finally:
+        proc.stop()
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .server_process import ServerProcess, server_flags
+from .server_process import ServerProcess, running_server, server_flags
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +29,11 @@ BEES = (
 
 @pytest.fixture(scope="module")
 def dp_server():
-    proc = ServerProcess(
+    with running_server(
         *server_flags(), "--enable-metrics", "--max-total-tokens", "4096",
         "--dp-size", "2", "--load-balance-method", "cache_aware",
-    )  # fmt: skip
-    try:
-        proc.wait_healthy()
+    ) as proc:  # fmt: skip
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from wait_helpers import wait_until
 
 from radixgen.server_args import LimitsConfig
 
-from .server_process import ServerProcess, grammar_available, server_flags
+from .server_process import ServerProcess, grammar_available, running_server, server_flags
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +47,8 @@ needs_grammar = pytest.mark.skipif(not grammar_available(), reason="no grammar b
 
 @pytest.fixture(scope="module")
 def srv():
-    proc = ServerProcess(*LIMIT_FLAGS, *server_flags())
-    try:
-        proc.wait_healthy()
+    with running_server(*LIMIT_FLAGS, *server_flags()) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from .conftest import needs_grammar
-from .server_process import ServerProcess, server_flags
+from .server_process import ServerProcess, running_server, server_flags
 
 pytestmark = [needs_grammar, pytest.mark.slow]  # starts servers of its own
 
@@ -55,14 +55,10 @@ def _client(proc: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def mistral_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
+    with running_server(
         "--tool-call-parser", "mistral", "--reasoning-parser", "qwen3", *server_flags()
-    )
-    try:
-        proc.wait_healthy()
+    ) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -170,14 +166,10 @@ def test_reasoning_options(mistral_oai):
 
 @pytest.fixture(scope="module")
 def pythonic_oai() -> Iterator[openai.OpenAI]:
-    proc = ServerProcess(
+    with running_server(
         "--tool-call-parser", "pythonic", "--reasoning-parser", "deepseek-r1", *server_flags()
-    )
-    try:
-        proc.wait_healthy()
+    ) as proc:
         yield _client(proc)
-    finally:
-        proc.stop()
 
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
@@ -237,12 +229,8 @@ def test_sglang_parse_routes(mistral_server):
 
 @pytest.fixture(scope="module")
 def llama3_oai() -> Iterator[openai.OpenAI]:
-    proc = ServerProcess("--tool-call-parser", "llama3", *server_flags())
-    try:
-        proc.wait_healthy()
+    with running_server("--tool-call-parser", "llama3", *server_flags()) as proc:
         yield _client(proc)
-    finally:
-        proc.stop()
 
 
 def test_llama3_json_calls(llama3_oai):
