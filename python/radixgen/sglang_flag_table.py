@@ -280,7 +280,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     FlagTopic(
         R,
         "pipeline, expert, context and attention-data parallelism and multi-node serving are "
-        "not available: one scheduler process runs the whole model",
+        "not available: one scheduler process (per --dp-size replica) runs the whole model",
         "nnodes=1 node-rank=0 pp-size|pipeline-parallel-size=1 ep-size|expert-parallel-size|ep=1 "
         "dcp-size|decode-context-parallel-size=1 attn-dp-size|attention-data-parallel-size=1 "
         "attn-cp-size|attention-context-parallel-size=1 moe-dp-size|moe-data-parallel-size=1 "
@@ -288,7 +288,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         N,
-        "only matters with several ranks or nodes, and one process runs the model here",
+        "only matters with several ranks or nodes, and each model replica runs in one process here",
         "nccl-port= dist-timeout= dist-init-addr|nccl-init-addr= gated-launch-port= "
         "pp-max-micro-batch-size= pp-async-batch-depth= dcp-comm-backend= "
         "dcp-replicate-q-proj/no enable-prefill-cp cp-strategy= enable-cp-decode-attn-tp "
