@@ -256,8 +256,8 @@ class GrammarManager:
         """Bitmask rows for the constrained requests in `reqs` and their row indices.
 
         Rows whose mask allows every token are left out (nothing to apply). In a batch mixing
-        backends each backend fills its own block of rows in one call, then rows are put back in
-        request order.
+        backends each backend fills its own block of rows in one call; the row indices say which
+        request each mask row is for (the sampler maps them, so no reordering copy is made).
         """
         start = time.perf_counter()
         groups: dict[str, tuple[list[int], list[BaseGrammarObject]]] = {}
@@ -276,11 +276,6 @@ class GrammarManager:
             block = bitmask[len(idx) : len(idx) + len(idx_g)]  # NOTE: contiguous rows
             restricts += self._backends[name].fill_bitmask(grammars_g, block)
             idx += idx_g
-        if len(groups) > 1:
-            order = sorted(range(total), key=idx.__getitem__)
-            bitmask = bitmask[order]
-            idx = [idx[j] for j in order]
-            restricts = [restricts[j] for j in order]
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
             self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
