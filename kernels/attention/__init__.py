@@ -1,6 +1,7 @@
 """Attention backends: `create_attention_backend(name)` picks one by name or device."""
 
 from .base import (
+    ATTENTION_BACKENDS,
     AttentionBackend,
     AttentionBatch,
     AttentionLayerInfo,
@@ -10,6 +11,7 @@ from .base import (
 )
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "AttentionBackend",
     "AttentionBatch",
     "AttentionLayerInfo",

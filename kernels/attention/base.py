@@ -79,17 +79,28 @@ class AttentionBackend(ABC):
         """
 
 
+ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
+
+
 def create_attention_backend(
     name: str,
     kv_pool: KVPool,
     req_to_token_pool: ReqToTokenPool,
     native: NativeKernels | None = None,
 ) -> AttentionBackend:
-    """native: the CPU kernels the model runner chose (None: the pure-torch path)."""
+    """native: the CPU kernels the model runner chose (None: the pure-torch path).
+
+    `triton` imports Triton only here, so the CPU path never loads it.
+    """
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend(kv_pool, req_to_token_pool, native)
-    # NOTE: the GPU path (flashinfer / Triton) plugs in here; it is not written yet, and the
-    # model runner refuses non-CPU devices before reaching this point.
-    raise ValueError(f"unknown attention backend {name!r} (available: torch)")
+    if name == "triton":
+        from .triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(kv_pool, req_to_token_pool)
+    if name == "flashinfer":
+        # NOTE: planned (issue 13): paged prefill/decode wrappers planned once per step
+        raise ValueError("the flashinfer attention backend is not written yet (use triton)")
+    raise ValueError(f"unknown attention backend {name!r} (one of {', '.join(ATTENTION_BACKENDS)})")

@@ -45,6 +45,13 @@ class ModelConfig:
         None, "A Jinja chat template (a file path or inline text) overriding the model's own."
     )
     device: str = _f("auto", "Device to run on: auto, cpu or cuda.", ("auto", "cpu", "cuda"))
+    attention_backend: str = _f(
+        "auto",
+        "Attention kernels over the paged KV pool: torch (the CPU path, with native kernels; the "
+        "reference everywhere), triton (RadixGen's Triton kernels; needs CUDA) or flashinfer. "
+        "auto = torch on CPU, flashinfer where it loads on CUDA, else triton.",
+        ("auto", "torch", "triton", "flashinfer"),
+    )
     allow_special_tokens_in_messages: bool = _f(
         False,
         "Let special-token strings typed in chat message contents (e.g. <|im_start|>) become "

@@ -57,7 +57,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "chunked-prefill-size", "max-prefill-tokens", "schedule-policy", "schedule-conservativeness",
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
-    "tool-call-parser", "reasoning-parser", "load-balance-method",
+    "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -78,6 +78,14 @@ VALUE_COMPAT: dict[str, ValueCompat] = {
     "device": ValueCompat(
         "xpu hpu npu mps musa",
         refusal="this build runs on CPU (and CUDA once the GPU path lands)",
+    ),
+    "attention-backend": ValueCompat(
+        (
+            "torch_native fa3 fa4 flex_attention flashmla cutlass_mla trtllm_mla trtllm_mha "
+            "dual_chunk_flash_attn aiter wave intel_amx intel_xpu ascend nsa hybrid_linear_attn"
+        ),
+        aliases=(("torch_native", "torch"),),
+        refusal="this attention kernel family is not implemented here",
     ),
     "load-balance-method": ValueCompat(
         "total_requests total_tokens follow_bootstrap_room minimum_tokens",
@@ -199,7 +207,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     FlagTopic(
         N,
         "a GPU kernel choice: the CPU path has one set of native kernels",
-        "attention-backend= decode-attention-backend= prefill-attention-backend= "
+        "decode-attention-backend= prefill-attention-backend= "
         "sampling-backend= fp8-gemm-backend= fp4-gemm-backend= bf16-gemm-backend= "
         "enable-lean-attention disable-flashinfer-autotune flashinfer-autotune-skip-ops=* "
         "triton-attention-reduce-in-fp32 triton-attention-num-kv-splits= "

@@ -39,6 +39,36 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_attention_backend(name: str, device: str) -> str:
+    """The backend `--attention-backend` names on `device`, or a precise refusal.
+
+    On CPU only torch runs natively; triton there needs Triton's interpreter (TRITON_INTERPRET=1,
+    for the kernels' tests: it is thousands of times slower).
+    """
+    if name == "auto":
+        if device == "cpu":
+            return "torch"
+        from importlib.util import find_spec
+
+        return "flashinfer" if find_spec("flashinfer") is not None else "triton"
+    if (
+        device == "cpu"
+        and name == "triton"
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    ):
+        raise InvalidRequestError(
+            "--attention-backend triton needs a CUDA device (on CPU: torch; TRITON_INTERPRET=1 "
+            "runs the Triton kernels interpreted, for tests only)",
+            "attention_backend",
+        )
+    if device == "cpu" and name == "flashinfer":
+        raise InvalidRequestError(
+            "--attention-backend flashinfer needs a CUDA device (on CPU: torch)",
+            "attention_backend",
+        )
+    return name
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":
         if device.startswith("cuda") or cpu_has_bf16():
@@ -74,6 +104,9 @@ class ModelRunner:
                 "device",
             )
         self.dtype = resolve_dtype(args.model.dtype, self.device)
+        self.attention_backend = resolve_attention_backend(
+            args.model.attention_backend, self.device
+        )
         self.cfg = arch if arch is not None else ModelArchConfig.from_folder(model_folder)
         self.context_length = context_length
         # NOTE: the one native-or-torch decision (device, dtype, environment, CPU features):
@@ -102,16 +135,17 @@ class ModelRunner:
             args.scheduler.max_running_requests + 8, context_length + 8
         )
         self.attn_backend = create_attention_backend(
-            "torch", self.kv_pool, self.req_to_token_pool, self.native
+            self.attention_backend, self.kv_pool, self.req_to_token_pool, self.native
         )
         self.load_seconds = time.perf_counter() - t0
         logger.info(
-            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels%s",
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels, %s attention%s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
             self.kv_pool.size,
             "native" if self.native is not None else "torch",
+            self.attention_backend,
             ", native GEMM" if gemm is not None else "",
         )
 

@@ -122,8 +122,7 @@ REALISTIC = [
     "--disable-overlap-schedule", "--enable-mixed-chunk", "--random-seed", "42",
 ]  # fmt: skip
 REALISTIC_NO_EFFECT = (
-    "--trust-remote-code", "--disable-cuda-graph", "--attention-backend torch_native",
-    "--kv-cache-dtype auto", "--cuda-graph-max-bs 16", "--disable-overlap-schedule",
+    "--trust-remote-code", "--disable-cuda-graph", "--kv-cache-dtype auto", "--cuda-graph-max-bs 16", "--disable-overlap-schedule",
     "--enable-mixed-chunk",
 )  # fmt: skip
 
@@ -137,6 +136,7 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
     assert args.scheduler.chunked_prefill_size == 512 and args.cache.mem_fraction_static == 0.1
     assert args.parsers.tool_call_parser == "qwen25" and args.parsers.reasoning_parser == "qwen3"
     assert args.http.enable_metrics and args.http.log_level == "warning"
+    assert args.model.attention_backend == "torch"  # SGLang's torch_native
     assert len(notes) == len(REALISTIC_NO_EFFECT)
     for shown in REALISTIC_NO_EFFECT:
         assert sum(n.startswith(shown + " has no effect here") for n in notes) == 1, shown
@@ -161,6 +161,8 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--enable-cache-report"], "enable_cache_report", True),
         (["--tool-call-parser", "mistral"], "tool_call_parser", "mistral"),
         (["--reasoning-parser", "deepseek-r1"], "reasoning_parser", "deepseek-r1"),
+        (["--attention-backend", "triton"], "attention_backend", "triton"),
+        (["--attention-backend", "torch_native"], "attention_backend", "torch"),
     ],
 )
 def test_implemented_flags_set_our_fields(argv, field, value):
@@ -206,6 +208,7 @@ def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
         (["--tool-call-parser", "kimi_k2"], "--tool-call-parser kimi_k2 is refused"),
         (["--reasoning-parser", "gpt-oss"], "--reasoning-parser gpt-oss is refused"),
         (["--device", "npu"], "--device npu is refused"),
+        (["--attention-backend", "fa3"], "--attention-backend fa3 is refused"),
         (
             ["--load-balance-method", "total_tokens"],
             "--load-balance-method total_tokens is refused",
@@ -226,12 +229,12 @@ def test_sglang_values_we_lack_are_refused_with_the_flag(argv, needle, capsys):
 
 def test_values_are_consumed_by_every_arity():
     args, notes = resolve(
-        "--cuda-graph-bs", "1", "2", "4", "--attention-backend", "triton",
+        "--cuda-graph-bs", "1", "2", "4", "--decode-attention-backend", "triton",
         "--enable-tf32-matmul", "--no-enable-fused-qk-norm-rope", "--context-length", "1024",
     )  # fmt: skip
     assert args.model.context_length == 1024
     assert sorted(n.split(" has no effect")[0] for n in notes) == [
-        "--attention-backend triton", "--cuda-graph-bs 1 2 4", "--enable-tf32-matmul",
+        "--cuda-graph-bs 1 2 4", "--decode-attention-backend triton", "--enable-tf32-matmul",
         "--no-enable-fused-qk-norm-rope",
     ]  # fmt: skip
 

@@ -1,0 +1,107 @@
+"""Attention over the paged KV pool with RadixGen's own Triton kernels (the GPU path).
+
+`init_forward_metadata` moves the step's per-request layout to the device in one copy; every
+layer then launches one kernel (decode-only steps: the split-KV decode kernel and its reduction;
+any step with a prefill chunk: the extend kernel, decode rows riding along as 1-token extends).
+The kernels read KV slots straight from `req_to_token`, so no per-step index list is gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
+
+
+@dataclass
+class TritonAttentionMetadata:
+    req_rows: torch.Tensor  # [B] int32 request slots
+    prefix_lens: torch.Tensor  # [B] int32 tokens already in the pool
+    extend_lens: torch.Tensor  # [B] int32 new tokens
+    extend_starts: torch.Tensor  # [B] int32 flat offset of each request's first new token
+    seq_lens: torch.Tensor  # [B] int32 prefix + new
+    max_extend_len: int
+    decode_only: bool
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Needs CUDA, or Triton's interpreter (TRITON_INTERPRET=1) for tests on CPU tensors."""
+
+    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool) -> None:
+        # NOTE: imported here so that choosing another backend never imports triton
+        from radixgen.kernels.triton.decode_attention import decode_attention
+        from radixgen.kernels.triton.extend_attention import extend_attention
+
+        self._decode = decode_attention
+        self._extend = extend_attention
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token_pool.req_to_token
+        self.meta: TritonAttentionMetadata | None = None
+
+    def init_forward_metadata(self, batch: AttentionBatch) -> None:
+        extend_lens = batch.extend_lens
+        host = torch.tensor(
+            [batch.req_pool_indices_cpu, batch.prefix_lens, extend_lens, batch.extend_start_loc],
+            dtype=torch.int32,
+        )
+        dev = host.to(self.req_to_token.device, non_blocking=True)
+        self.meta = TritonAttentionMetadata(
+            req_rows=dev[0],
+            prefix_lens=dev[1],
+            extend_lens=dev[2],
+            extend_starts=dev[3],
+            seq_lens=dev[1] + dev[2],
+            max_extend_len=max(extend_lens, default=0),
+            decode_only=all(e == 1 for e in extend_lens),
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: AttentionLayerInfo,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        meta = self.meta
+        assert meta is not None
+        n = q.shape[0]
+        h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
+        if k is not None:  # else the caller already wrote k/v into the pool
+            assert v is not None
+            self.kv_pool.set_kv(
+                layer.layer_id, batch.out_cache_loc, k.view(n, hkv, d), v.view(n, hkv, d)
+            )
+        q = q.view(n, h, d)
+        out = torch.empty_like(q)
+        if meta.decode_only:
+            self._decode(
+                q,
+                k_buf,
+                v_buf,
+                out,
+                self.req_to_token,
+                meta.req_rows,
+                meta.seq_lens,
+                layer.scaling,
+                layer.sliding_window,
+            )
+        else:
+            self._extend(
+                q,
+                k_buf,
+                v_buf,
+                out,
+                self.req_to_token,
+                meta.req_rows,
+                meta.prefix_lens,
+                meta.extend_lens,
+                meta.extend_starts,
+                meta.max_extend_len,
+                layer.scaling,
+                layer.sliding_window,
+            )
+        return out.view(n, h * d)
