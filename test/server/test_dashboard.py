@@ -209,45 +209,64 @@ def test_page_in_a_headless_browser(http: httpx.Client, base_url: str) -> None:
     try:
         driver.get(f"{base_url}/dashboard?max_nodes=2000&interval=0.5")
         wait = WebDriverWait(driver, 30, poll_frequency=0.2)
-        wait.until(lambda d: d.find_element(By.ID, "status").text == "live")
-        generated_before = int(driver.find_element(By.ID, "generated-tokens").text)
+
+        # NOTE: the page redraws on every event, so an element found by one WebDriver call may be
+        # gone by the next (CI saw StaleElementReferenceException): every read below is one
+        # script, which runs between redraws and returns plain values.
+        def text_of(d: Any, element_id: str) -> str:
+            return d.execute_script(
+                "return document.getElementById(arguments[0]).innerText", element_id
+            )
+
+        wait.until(lambda d: text_of(d, "status") == "live")
+        generated_before = int(text_of(driver, "generated-tokens"))
         prompts, shared = _shared_prefix_prompts(http, 3)
         tag = uuid.uuid4().hex[:6]
         rids = _send(http, prompts, tag)
         node_css = f'.node[data-prefix-tokens="{shared}"]'
 
-        def shared_node(d: Any) -> Any:
-            for el in d.find_elements(By.CSS_SELECTOR, node_css):
-                if int(el.get_attribute("data-hits")) >= 2 and "sentence once" in el.text:
-                    return el
-            return None
+        def shared_node(d: Any) -> dict[str, str] | None:
+            return d.execute_script(
+                """for (const el of document.querySelectorAll(arguments[0])) {
+                     if (+el.dataset.hits >= 2 && el.innerText.includes('sentence once'))
+                       return {id: el.dataset.nodeId, text: el.innerText};
+                   }
+                   return null;""",
+                node_css,
+            )
 
-        # the page redraws on every event: read and click through fresh lookups only
-        wait.until(lambda d: (n := shared_node(d)) is not None and "2 hits" in n.text)
-        wait.until(lambda d: int(d.find_element(By.ID, "generated-tokens").text)
-                   >= generated_before + 12)  # fmt: skip
+        wait.until(lambda d: (n := shared_node(d)) is not None and "2 hits" in n["text"])
+        wait.until(lambda d: int(text_of(d, "generated-tokens")) >= generated_before + 12)
         row_css = f'tr.req[data-rid="{rids[1]}"]'
         computed = len(prompts[1]) - shared
         expected = [f"{len(prompts[1])} ({shared} + {computed})", "length"]
 
         def row_cells(d: Any) -> list[str] | None:
-            rows = d.find_elements(By.CSS_SELECTOR, row_css)
-            return (
-                [rows[0].find_elements(By.TAG_NAME, "td")[i].text for i in (2, 5)] if rows else None
+            return d.execute_script(
+                """const row = document.querySelector(arguments[0]);
+                   if (!row) return null;
+                   const cells = row.querySelectorAll('td');
+                   return [cells[2].innerText, cells[5].innerText];""",
+                row_css,
             )
 
         wait.until(lambda d: row_cells(d) == expected)
         assert driver.find_elements(By.CSS_SELECTOR, f"{row_css} svg.timeline rect")
-        driver.execute_script(f"document.querySelector('{row_css}').click()")  # its text opens
+        driver.execute_script("document.querySelector(arguments[0]).click()", row_css)  # text opens
         detail_css = f'tr.detail[data-rid="{rids[1]}"]'
-        wait.until(lambda d: any("Bravo says" in e.text
-                                 for e in d.find_elements(By.CSS_SELECTOR, detail_css)))  # fmt: skip
-        node_id = shared_node(driver).get_attribute("data-node-id")
+        wait.until(lambda d: d.execute_script(
+            """return [...document.querySelectorAll(arguments[0])]
+                 .some(e => e.innerText.includes('Bravo says'));""", detail_css))  # fmt: skip
+        node = shared_node(driver)
+        assert node is not None
+        node_id = node["id"]
+        node_sel = f'.node[data-node-id="{node_id}"]'
         driver.execute_script(
-            f"document.querySelector('.node[data-node-id=\"{node_id}\"]').click()"
+            "document.querySelector(arguments[0]).click()", node_sel
         )  # fold the shared node: its branches are hidden
-        wait.until(lambda d: "folded" in d.find_element(
-            By.CSS_SELECTOR, f'.node[data-node-id="{node_id}"]').get_attribute("class"))  # fmt: skip
+        wait.until(lambda d: d.execute_script(
+            """const el = document.querySelector(arguments[0]);
+               return el !== null && el.classList.contains('folded');""", node_sel))  # fmt: skip
         shot = artefacts_dir() / "dashboard.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
