@@ -34,9 +34,15 @@ class KVPool(Protocol):
 
 
 class ReqToTokenPool(Protocol):
-    """Request slot -> the KV pool slot of each of its positions."""
+    """Request slot -> the KV pool slot of each of its positions.
 
-    req_to_token: torch.Tensor  # [request slots, max context] long
+    NOTE: the scheduler reads and writes the host table; attention kernels read
+    `device_req_to_token`, its mirror on the compute device (the same tensor on CPU), which the
+    pool keeps in step with every write.
+    """
+
+    req_to_token: torch.Tensor  # [request slots, max context] long, host
+    device_req_to_token: torch.Tensor  # the same table where the KV pool lives
 
 
 class AttentionBatch(Protocol):
@@ -59,6 +65,8 @@ class AttentionBackend(ABC):
     """
 
     kv_pool: KVPool
+    # whether decode steps of this backend can be captured in CUDA graphs (the graph hooks below)
+    supports_cuda_graph: bool = False
 
     @abstractmethod
     def init_forward_metadata(self, batch: AttentionBatch) -> None: ...
@@ -77,6 +85,26 @@ class AttentionBackend(ABC):
         k and v are None when the caller has already written them into the pool at
         `batch.out_cache_loc` (the fused rotary + KV-store kernel does).
         """
+
+    # --- CUDA graphs (decode steps only) ------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
+        """Allocate, once and before any capture, the static buffers decode graphs read."""
+        raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")
+
+    def init_forward_metadata_graph(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor, seq_lens_host: list[int]
+    ) -> None:
+        """Set the metadata of a decode step of `bs` rows (a captured bucket size) outside the
+        graph: before capturing it, and before each replay.
+
+        `req_rows` / `seq_lens` are the graph runner's static [bs] int32 device buffers, already
+        filled for this step (padding rows: request slot 0, seq len 1, new-token KV slot 0 — the
+        pool's padding page); `seq_lens_host` holds the same lengths on the host, for backends
+        that plan on the host (flashinfer). Nothing here may allocate a new device tensor that a
+        captured graph reads.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")
 
 
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")

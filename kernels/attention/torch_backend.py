@@ -51,7 +51,7 @@ class TorchAttentionBackend(AttentionBackend):
         native: NativeKernels | None = None,
     ) -> None:
         self.kv_pool = kv_pool
-        self.req_to_token = req_to_token_pool.req_to_token
+        self.req_to_token = req_to_token_pool.device_req_to_token
         self.native = native
         self.meta: TorchAttentionMetadata | None = None
 

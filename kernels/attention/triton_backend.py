@@ -37,7 +37,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._decode = decode_attention
         self._extend = extend_attention
         self.kv_pool = kv_pool
-        self.req_to_token = req_to_token_pool.req_to_token
+        self.req_to_token = req_to_token_pool.device_req_to_token
         self.meta: TritonAttentionMetadata | None = None
 
     def init_forward_metadata(self, batch: AttentionBatch) -> None:

@@ -12,13 +12,40 @@ import torch
 
 
 class ReqToTokenPool:
-    """One row per running request: the KV slot of each of its token positions."""
+    """One row per running request: the KV slot of each of its token positions.
 
-    def __init__(self, size: int, max_context_len: int) -> None:
+    NOTE: `req_to_token` (host) is the scheduler's table: planning and the prefix cache read it
+    without touching the device. Off the CPU, `device_req_to_token` mirrors it for the attention
+    kernels; every write goes through `write` / `write_row`, which update both (host-to-device
+    copies only, never a device-to-host read).
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
         self.size = size
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.long)
+        self.device = torch.device(device)
+        self.mirrored = self.device.type != "cpu"
+        self.device_req_to_token = (
+            torch.zeros((size, max_context_len), dtype=torch.long, device=self.device)
+            if self.mirrored
+            else self.req_to_token
+        )
         self._free: list[int] = list(range(size))
+
+    def write(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """req_to_token[rows[i], cols[i]] = slots[i] (host tensors), on both tables."""
+        self.req_to_token[rows, cols] = slots
+        if self.mirrored:
+            dev = self.device
+            self.device_req_to_token[rows.to(dev), cols.to(dev)] = slots.to(dev)
+
+    def write_row(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """req_to_token[row, start : start + len(slots)] = slots (a host tensor), on both."""
+        end = start + slots.numel()
+        self.req_to_token[row, start:end] = slots
+        if self.mirrored:
+            self.device_req_to_token[row, start:end].copy_(slots, non_blocking=True)
 
     def available_size(self) -> int:
         return len(self._free)

@@ -221,9 +221,8 @@ class RadixCache(BasePrefixCache):
         node, values = self._match(key)
         tree_slots = torch.cat(values)
         assert tree_slots.numel() == aligned
-        self.req_to_token_pool.req_to_token[row, req.cache_protected_len : aligned] = tree_slots[
-            req.cache_protected_len :
-        ]
+        start = req.cache_protected_len
+        self.req_to_token_pool.write_row(row, start, tree_slots[start:])
         self.inc_lock_ref(node)
         self.dec_lock_ref(req.last_node)
         req.last_node = node

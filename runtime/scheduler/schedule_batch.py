@@ -91,7 +91,7 @@ def build_step_batch(
     row_of_token = torch.repeat_interleave(
         torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens)
     )
-    req_to_token_pool.req_to_token[row_of_token, pos] = out_cache_loc
+    req_to_token_pool.write(row_of_token, pos, out_cache_loc)
     fb = ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=pos,

@@ -422,7 +422,7 @@ class Scheduler:
             req.req_pool_idx = row
             req.last_node = match.last_node
             if prefix_len:
-                self.req_to_token_pool.req_to_token[row, :prefix_len] = match.indices
+                self.req_to_token_pool.write_row(row, 0, match.indices)
             req.kv_len = prefix_len
             req.cache_protected_len = prefix_len
             if not req.admitted_once:
