@@ -57,7 +57,8 @@ def apply_token_bitmask(
     if rows is None:
         logits.add_(additive)
     else:
-        logits.index_add_(0, rows.to(device=logits.device, dtype=torch.long), additive)
+        index = rows.to(device=logits.device, dtype=torch.long, non_blocking=True)
+        logits.index_add_(0, index, additive)
 
 
 def apply_token_bitmask_reference(

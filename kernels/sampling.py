@@ -50,6 +50,11 @@ def sample_from_probs(
     vocab = probs.shape[-1]
     if top_k is None and top_p is None and min_p is None:
         return _inverse_cdf(probs, uniforms)
+    if probs.device.type != "cpu":
+        # NOTE: splitting rows by whether they fit the head would read a mask on the host (a
+        # wait for the device); a GPU sorts the whole vocabulary of every row quickly instead
+        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)
+        return _filtered_draw(sorted_probs, sorted_idx, uniforms, top_k, top_p, min_p)
     partial = min(_PARTIAL_SORT_K, vocab)
     head_vals, head_idx = probs.topk(partial, dim=-1)
     fits = (
@@ -66,19 +71,38 @@ def sample_from_probs(
         else:
             sorted_probs, order = probs[rows].sort(dim=-1, descending=True, stable=True)
             sorted_idx = order
-        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-        ranks = torch.arange(sorted_probs.shape[-1])
-        if top_k is not None:
-            keep &= ranks[None, :] < top_k[rows, None]
-        if top_p is not None:
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each entry
-            keep &= before < top_p[rows, None]
-        if min_p is not None:
-            keep &= sorted_probs >= (min_p[rows] * sorted_probs[:, 0])[:, None]
-        keep[:, 0] = True  # the most likely token always survives
-        choice = _inverse_cdf(sorted_probs * keep, uniforms[rows])
-        out[rows] = sorted_idx.gather(1, choice[:, None]).squeeze(1)
+        out[rows] = _filtered_draw(
+            sorted_probs,
+            sorted_idx,
+            uniforms[rows],
+            None if top_k is None else top_k[rows],
+            None if top_p is None else top_p[rows],
+            None if min_p is None else min_p[rows],
+        )
     return out
+
+
+def _filtered_draw(
+    sorted_probs: torch.Tensor,
+    sorted_idx: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """Token ids drawn from rows sorted in descending order after top-k, top-p, min-p."""
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)
+    if top_k is not None:
+        keep &= ranks[None, :] < top_k[:, None]
+    if top_p is not None:
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each entry
+        keep &= before < top_p[:, None]
+    if min_p is not None:
+        keep &= sorted_probs >= (min_p * sorted_probs[:, 0])[:, None]
+    keep[:, 0] = True  # the most likely token always survives
+    choice = _inverse_cdf(sorted_probs * keep, uniforms)
+    return sorted_idx.gather(1, choice[:, None]).squeeze(1)
 
 
 def _stable_descending(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +121,8 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     idx = idx.clamp(max=weights.shape[-1] - 1)
     # a zero-weight entry can only be hit through rounding at the very top: step back to a real one
     bad = weights.gather(1, idx[:, None]).squeeze(1) <= 0
-    if bool(bad.any()):
+    # NOTE: on a GPU the fix-up always runs: testing `bad` on the host would wait for the device
+    if weights.device.type != "cpu" or bool(bad.any()):
         last_nonzero = (weights > 0).cumsum(dim=-1).argmax(dim=-1)
         idx = torch.where(bad, last_nonzero, idx)
     return idx

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +28,26 @@ class ForwardBatch:
     extend_start_loc: list[int]
     logits_indices: torch.Tensor | None  # flat positions whose logits are needed
     attn_backend: AttentionBackend | None = None  # set by ModelRunner.forward
+
+    def to_device(self, device: torch.device) -> ForwardBatch:
+        """This batch with its tensors on `device`, moved in one non-blocking copy (itself on CPU).
+
+        The scheduler builds batches on the host; the lists stay there for the backends' planning.
+        """
+        if device.type == "cpu":
+            return self
+        parts = [self.input_ids, self.positions, self.out_cache_loc]
+        if self.logits_indices is not None:
+            parts.append(self.logits_indices)
+        sizes = [int(t.numel()) for t in parts]
+        moved = torch.split(torch.cat(parts).to(device, non_blocking=True), sizes)
+        return replace(
+            self,
+            input_ids=moved[0],
+            positions=moved[1],
+            out_cache_loc=moved[2],
+            logits_indices=moved[3] if self.logits_indices is not None else None,
+        )
 
     @property
     def batch_size(self) -> int:

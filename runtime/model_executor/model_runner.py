@@ -16,6 +16,7 @@ from radixgen.kernels.cpu import (
     select_linear_gemm,
     select_native_kernels,
 )
+from radixgen.kernels.device_io import to_device
 from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -34,8 +35,16 @@ def cpu_has_bf16() -> bool:
 
 
 def resolve_device(device: str) -> str:
+    """`--device`: auto picks CUDA when a device is visible; cuda without one is refused."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise InvalidRequestError(
+            f"--device cuda: no CUDA device is visible (torch {torch.__version__} is {build}); "
+            "use --device cpu or auto",
+            "device",
+        )
     return device
 
 
@@ -98,11 +107,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.args = args
         self.device = resolve_device(args.model.device)
-        if self.device != "cpu":
-            raise InvalidRequestError(
-                f"device {self.device!r} is not supported yet: RadixGen runs on CPU only for now",
-                "device",
-            )
+        # NOTE: the one device decision: every tensor the step reads is placed on it here
+        self.torch_device = torch.device(self.device)
         self.dtype = resolve_dtype(args.model.dtype, self.device)
         self.attention_backend = resolve_attention_backend(
             args.model.attention_backend, self.device
@@ -132,7 +138,7 @@ class ModelRunner:
             self.device,
         )
         self.req_to_token_pool = ReqToTokenPool(
-            args.scheduler.max_running_requests + 8, context_length + 8
+            args.scheduler.max_running_requests + 8, context_length + 8, self.torch_device
         )
         self.attn_backend = create_attention_backend(
             self.attention_backend, self.kv_pool, self.req_to_token_pool, self.native
@@ -153,8 +159,6 @@ class ModelRunner:
         cache = self.args.cache
         if cache.max_total_tokens is not None:
             return cache.max_total_tokens
-        import psutil
-
         per_token = (
             2
             * self.cfg.num_layers
@@ -162,12 +166,20 @@ class ModelRunner:
             * self.cfg.head_dim
             * self.dtype.itemsize
         )
-        budget = psutil.virtual_memory().available * cache.mem_fraction_static
+        if self.torch_device.type == "cuda":
+            # SGLang's reading of the fraction: of the device memory free once weights are in
+            free, _ = torch.cuda.mem_get_info(self.torch_device)
+            budget = free * cache.mem_fraction_static
+        else:
+            import psutil
+
+            budget = psutil.virtual_memory().available * cache.mem_fraction_static
         tokens = int(budget // per_token)
         return max(cache.page_size * 64, min(tokens, 1 << 20))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        batch = batch.to_device(self.torch_device)
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)
@@ -200,28 +212,52 @@ class LogitsOutput:
         self.native = native if raw.dtype == torch.bfloat16 else None
         self.exact = raw.dtype == torch.float32
 
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    def _index(self, rows: list[int] | slice) -> list[int] | slice | torch.Tensor:
+        """Rows as an index the logits' device reads without a blocking copy."""
+        if isinstance(rows, slice) or self.raw.device.type == "cpu":
+            return rows
+        if rows == list(range(rows[0] if rows else 0, (rows[-1] + 1) if rows else 0)):
+            return slice(rows[0], rows[-1] + 1) if rows else slice(0, 0)
+        return to_device(rows, torch.long, self.raw.device)
+
     def rows_float(self, rows: list[int] | slice) -> torch.Tensor:
         """float32 [R, V] for the given logits rows, near-max refined (a fresh tensor)."""
-        out = self.raw[rows, : self.vocab_size].float()
+        index = self._index(rows)
+        out = self.raw[index, : self.vocab_size].float()
         if out.shape[0] and not self.exact:
-            hidden = self.hidden[rows].contiguous()
+            hidden = self.hidden[index].contiguous()
             if self.native is not None:
                 self.native.refine_near_max(out, hidden, self.weight)
-            else:
+            elif out.device.type == "cpu":
                 refine_near_max(out, hidden, self.weight)
+            else:
+                refine_near_max_topk(out, hidden, self.weight)
         return out
 
-    def greedy(self, rows: list[int], bitmask: torch.Tensor | None = None) -> list[int]:
-        """Refined argmax of the given rows; over the tokens a packed grammar bitmask allows
-        (int32 [len(rows), W], row r for rows[r]) when one is given."""
+    def greedy_ids(self, rows: list[int], bitmask: torch.Tensor | None = None) -> torch.Tensor:
+        """Refined argmax of the given rows, [len(rows)] long on the logits' device; over the
+        tokens a packed grammar bitmask allows (int32 [len(rows), W], row r for rows[r]) when
+        one is given. Nothing waits for the device here."""
         if self.native is not None and self.raw.is_contiguous():
-            return self.native.greedy_refine(
-                self.raw, self.hidden, self.weight, rows, self.vocab_size, bitmask
+            return torch.tensor(
+                self.native.greedy_refine(
+                    self.raw, self.hidden, self.weight, rows, self.vocab_size, bitmask
+                ),
+                dtype=torch.long,
             )
         dense = self.rows_float(rows)
         if bitmask is not None:
-            apply_token_bitmask(dense, bitmask)
-        return dense.argmax(dim=-1).tolist()
+            apply_token_bitmask(dense, bitmask.to(dense.device, non_blocking=True))
+        return dense.argmax(dim=-1)
+
+    def greedy(self, rows: list[int], bitmask: torch.Tensor | None = None) -> list[int]:
+        """`greedy_ids` as a host list."""
+        ids: list[int] = self.greedy_ids(rows, bitmask).tolist()
+        return ids
 
 
 _BF16_REL_ULP = 2.0**-7
@@ -237,3 +273,20 @@ def refine_near_max(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Te
         return
     exact = (hidden[rows].float() * weight[cols].float()).sum(dim=-1)
     logits[rows, cols] = exact
+
+
+# candidates re-scored per row on devices where `refine_near_max`'s nonzero would wait for the
+# device; more than this many tokens within two ulps of a row's maximum is not seen in practice
+_REFINE_TOPK = 16
+
+
+def refine_near_max_topk(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """`refine_near_max` without a host synchronisation: the row's top `_REFINE_TOPK` logits are
+    the candidates, and those within two bf16 ulps of the maximum get their float32 dot products
+    (the others keep their values)."""
+    k = min(_REFINE_TOPK, logits.shape[-1])
+    vals, cols = logits.topk(k, dim=-1)
+    top = vals[:, :1]
+    near = vals >= top - (top.abs() * (2 * _BF16_REL_ULP) + 1e-6)
+    exact = (hidden.float()[:, None, :] * weight[cols].float()).sum(dim=-1)
+    logits.scatter_(1, cols, torch.where(near, exact, vals))

@@ -69,7 +69,8 @@ def linear(
         assert gemm is not None, "a natively packed weight needs the kernels that packed it"
         out = torch.float32 if unrounded else torch.bfloat16
         return gemm.linear_bf16(x, packed, out)  # the bias was packed with the weight
-    single = x.shape[0] == 1 and x.dtype == torch.bfloat16
+    # oneDNN's batch invariance needs M >= 2 (see the module docstring); CUDA needs no padding
+    single = x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
     if single:
         x = torch.cat((x, x))
     if packed is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.kernels.device_io import fetch_to_host, to_device
 from radixgen.kernels.sampling import apply_penalties, sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
@@ -26,6 +27,18 @@ class SampleOutput:
     next_ids: list[int]
     logprobs: list[float | None]  # chosen token's logprob, for rows that asked
     top_logprobs: list[list[tuple[float, int]] | None]
+
+
+@dataclass
+class _DenseSample:
+    """What `_sample_dense` leaves on the device for the step's one transfer to the host."""
+
+    next_ids: torch.Tensor  # [B]
+    logprob_rows: list[int]  # rows that asked for logprobs
+    chosen: torch.Tensor | None  # [len(logprob_rows)] the chosen tokens' logprobs
+    top_vals: torch.Tensor | None  # [len(logprob_rows), k_max]
+    top_ids: torch.Tensor | None
+    top_nums: list[int]  # top_logprobs_num of each of logprob_rows
 
 
 class Sampler:
@@ -45,43 +58,72 @@ class Sampler:
 
         Plain greedy requests (no logprobs, penalties, bias or pending min_new_tokens) take the
         native argmax straight from the model-dtype logits, under their grammar mask if they have
-        one; only the others get a float32 copy of their rows. `grammar_rows` index into `reqs`.
+        one; only the others get a float32 copy of their rows. `grammar_rows` (host) index into
+        `reqs`; the mask may be on the host. NOTE: on a GPU the whole step's results come back
+        in one host synchronisation, at the end.
         """
         b = len(reqs)
         plain = [i for i, r in enumerate(reqs) if self._plain_greedy(r)]
-        ids = [0] * b
-        lps: list[float | None] = [None] * b
-        tops: list[list[tuple[float, int]] | None] = [None] * b
         mask_row: dict[int, int] = {}
         if grammar_mask is not None and grammar_rows is not None:
             mask_row = {int(g): j for j, g in enumerate(grammar_rows.tolist())}
         free = [i for i in plain if i not in mask_row]
         masked = [i for i in plain if i in mask_row]
+        greedy_parts: list[tuple[list[int], torch.Tensor]] = []
         if free:
-            for i, tok in zip(free, logits.greedy([rows[i] for i in free]), strict=True):
-                ids[i] = tok
+            greedy_parts.append((free, logits.greedy_ids([rows[i] for i in free])))
         if masked:
+            assert grammar_mask is not None
             sub_mask = grammar_mask[[mask_row[i] for i in masked]]
-            for i, tok in zip(
-                masked, logits.greedy([rows[i] for i in masked], sub_mask), strict=True
-            ):
-                ids[i] = tok
-        if len(plain) == b:
-            return SampleOutput(ids, lps, tops)
+            greedy_parts.append((masked, logits.greedy_ids([rows[i] for i in masked], sub_mask)))
         plain_set = set(plain)
         rest = [i for i in range(b) if i not in plain_set]
-        sub_rows = None
-        if mask_row:
-            keep = [(j, mask_row[i]) for j, i in enumerate(rest) if i in mask_row]
-            if keep:
-                sub_rows = torch.tensor([j for j, _ in keep], dtype=torch.long)
-                grammar_mask = grammar_mask[[m for _, m in keep]]
-            else:
-                grammar_mask = None
-        dense = logits.rows_float([rows[i] for i in rest])
-        out = self._sample_dense(dense, [reqs[i] for i in rest], grammar_mask, sub_rows)
-        for j, i in enumerate(rest):
-            ids[i], lps[i], tops[i] = out.next_ids[j], out.logprobs[j], out.top_logprobs[j]
+        dense_out = None
+        if rest:
+            sub_rows = None
+            rest_mask = None
+            if mask_row:
+                keep = [(j, mask_row[i]) for j, i in enumerate(rest) if i in mask_row]
+                if keep:
+                    assert grammar_mask is not None
+                    sub_rows = torch.tensor([j for j, _ in keep], dtype=torch.long)
+                    rest_mask = grammar_mask[[m for _, m in keep]]
+            dense = logits.rows_float([rows[i] for i in rest])
+            dense_out = self._sample_dense(dense, [reqs[i] for i in rest], rest_mask, sub_rows)
+        return self._to_host(b, greedy_parts, rest, dense_out)
+
+    @staticmethod
+    def _to_host(
+        b: int,
+        greedy_parts: list[tuple[list[int], torch.Tensor]],
+        rest: list[int],
+        dense: _DenseSample | None,
+    ) -> SampleOutput:
+        """Bring every result tensor to the host in one go and lay it out per request."""
+        tensors: list[torch.Tensor | None] = [t for _, t in greedy_parts]
+        if dense is not None:
+            tensors += [dense.next_ids, dense.chosen, dense.top_vals, dense.top_ids]
+        host = fetch_to_host(*tensors)
+        ids = [0] * b
+        lps: list[float | None] = [None] * b
+        tops: list[list[tuple[float, int]] | None] = [None] * b
+        for (idx, _), got in zip(greedy_parts, host, strict=False):
+            assert got is not None
+            for i, tok in zip(idx, got.tolist(), strict=True):
+                ids[i] = tok
+        if dense is None:
+            return SampleOutput(ids, lps, tops)
+        next_ids, chosen, top_vals, top_ids = host[len(greedy_parts) :]
+        assert next_ids is not None
+        for i, tok in zip(rest, next_ids.tolist(), strict=True):
+            ids[i] = tok
+        if chosen is not None:
+            for j, lp in zip(dense.logprob_rows, chosen.tolist(), strict=True):
+                lps[rest[j]] = lp
+        if top_vals is not None and top_ids is not None:
+            vals_l, idx_l = top_vals.tolist(), top_ids.tolist()
+            for j, k, v, t in zip(dense.logprob_rows, dense.top_nums, vals_l, idx_l, strict=True):
+                tops[rest[j]] = list(zip(v[:k], t[:k], strict=True))
         return SampleOutput(ids, lps, tops)
 
     @staticmethod
@@ -103,15 +145,14 @@ class Sampler:
         reqs: list[Req],
         grammar_mask: torch.Tensor | None,
         grammar_rows: torch.Tensor | None,
-    ) -> SampleOutput:
+    ) -> _DenseSample:
         """logits: [B, V] float32, one row per request in `reqs` (modified in place)."""
-        b = len(reqs)
         logits = logits[:, : self.vocab_size]
-        want_lp = [r.return_logprob for r in reqs]
+        dev = logits.device
+        lp_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
         raw_logprobs = None
-        if any(want_lp):
-            rows = [i for i, w in enumerate(want_lp) if w]
-            raw_logprobs = (rows, torch.log_softmax(logits[rows], dim=-1))
+        if lp_rows:
+            raw_logprobs = torch.log_softmax(logits[to_device(lp_rows, torch.long, dev)], dim=-1)
 
         self._apply_bias_and_min_tokens(logits, reqs)
         if any(
@@ -124,61 +165,73 @@ class Sampler:
         if grammar_mask is not None:
             from radixgen.kernels.sampling import apply_token_bitmask
 
-            apply_token_bitmask(logits, grammar_mask, grammar_rows)
+            apply_token_bitmask(logits, grammar_mask.to(dev, non_blocking=True), grammar_rows)
 
-        greedy = [r.sampling_params.is_greedy for r in reqs]
         next_ids = logits.argmax(dim=-1)
-        if not all(greedy):
-            rows = [i for i, g in enumerate(greedy) if not g]
-            sub = [reqs[i] for i in rows]
-            next_ids[rows] = self._sample_rows(logits[rows], sub)
-        ids = next_ids.tolist()
+        sampled = [i for i, r in enumerate(reqs) if not r.sampling_params.is_greedy]
+        if sampled:
+            sub = [reqs[i] for i in sampled]
+            if len(sampled) == len(reqs):
+                next_ids = self._sample_rows(logits, sub)
+            else:
+                index = to_device(sampled, torch.long, dev)
+                next_ids[index] = self._sample_rows(logits[index], sub)
 
-        lps: list[float | None] = [None] * b
-        tops: list[list[tuple[float, int]] | None] = [None] * b
+        top_nums = [reqs[i].top_logprobs_num for i in lp_rows]
+        out = _DenseSample(next_ids, lp_rows, None, None, None, top_nums)
         if raw_logprobs is not None:
-            rows, lp = raw_logprobs
-            chosen = lp.gather(1, next_ids[rows].unsqueeze(1)).squeeze(1).tolist()
-            for j, i in enumerate(rows):
-                lps[i] = chosen[j]
-            k_max = max(reqs[i].top_logprobs_num for i in rows)
-            if k_max > 0:
-                vals, idx = lp.topk(k_max, dim=-1)
-                vals_l, idx_l = vals.tolist(), idx.tolist()
-                for j, i in enumerate(rows):
-                    k = reqs[i].top_logprobs_num
-                    tops[i] = list(zip(vals_l[j][:k], idx_l[j][:k], strict=True))
-        return SampleOutput(ids, lps, tops)
+            index = to_device(lp_rows, torch.long, dev)
+            out.chosen = raw_logprobs.gather(1, next_ids[index].unsqueeze(1)).squeeze(1)
+            k_max = max(top_nums)
+            if k_max > 0:  # each row keeps its own request's count (trimmed on the host)
+                out.top_vals, out.top_ids = raw_logprobs.topk(k_max, dim=-1)
+        return out
 
     def _apply_bias_and_min_tokens(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+        """Logit biases and the stop tokens banned before min_new_tokens, for the whole batch in
+        one op each (the per-request loop only gathers host lists)."""
+        bias_rows: list[int] = []
+        bias_ids: list[int] = []
+        bias_vals: list[float] = []
+        ban_rows: list[int] = []
+        ban_ids: list[int] = []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             if sp.logit_bias:
-                ids = torch.tensor(list(sp.logit_bias.keys()), dtype=torch.long)
-                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype)
+                bias_rows.extend([i] * len(sp.logit_bias))
+                bias_ids.extend(int(t) for t in sp.logit_bias)
+                bias_vals.extend(sp.logit_bias.values())
             # with a grammar, the grammar decides when the output may end
             if sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens and r.grammar is None:
                 banned = set(sp.stop_token_ids)
                 if not sp.ignore_eos:
                     banned.update(self.eos_token_ids)
-                if banned:
-                    logits[i, list(banned)] = float("-inf")
+                ban_rows.extend([i] * len(banned))
+                ban_ids.extend(banned)
+        dev = logits.device
+        if bias_rows:
+            index = (to_device(bias_rows, torch.long, dev), to_device(bias_ids, torch.long, dev))
+            logits.index_put_(index, to_device(bias_vals, logits.dtype, dev), accumulate=True)
+        if ban_rows:
+            index = (to_device(ban_rows, torch.long, dev), to_device(ban_ids, torch.long, dev))
+            logits.index_put_(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         b, v = logits.shape
+        dev, dtype = logits.device, logits.dtype
         rows: list[int] = []
         flat: list[int] = []
         for i, r in enumerate(reqs):
             rows.extend([i] * len(r.output_ids))
             flat.extend(r.output_ids)
-        counts = torch.zeros(b * v, dtype=logits.dtype)
+        counts = torch.zeros(b * v, dtype=dtype, device=dev)
         if flat:
-            index = torch.tensor(rows, dtype=torch.long) * v + torch.tensor(flat, dtype=torch.long)
-            counts.index_add_(0, index, torch.ones(len(flat), dtype=logits.dtype))
+            index = to_device(rows, torch.long, dev) * v + to_device(flat, torch.long, dev)
+            counts.index_add_(0, index, torch.ones(len(flat), dtype=dtype, device=dev))
         counts = counts.view(b, v)
         seen = None
-        rep = torch.tensor([r.sampling_params.repetition_penalty for r in reqs], dtype=logits.dtype)
-        if bool((rep != 1.0).any()):
+        reps = [r.sampling_params.repetition_penalty for r in reqs]
+        if any(x != 1.0 for x in reps):
             seen = counts > 0
             prompt_rows: list[int] = []
             prompt_ids: list[int] = []
@@ -187,21 +240,26 @@ class Sampler:
                     prompt_rows.extend([i] * len(r.origin_input_ids))
                     prompt_ids.extend(r.origin_input_ids)
             if prompt_ids:
-                seen[torch.tensor(prompt_rows), torch.tensor(prompt_ids)] = True
-        freq = torch.tensor([r.sampling_params.frequency_penalty for r in reqs], dtype=logits.dtype)
-        pres = torch.tensor([r.sampling_params.presence_penalty for r in reqs], dtype=logits.dtype)
-        apply_penalties(logits, counts, seen, freq, pres, rep)
+                index = (
+                    to_device(prompt_rows, torch.long, dev),
+                    to_device(prompt_ids, torch.long, dev),
+                )
+                seen[index] = True
+        freq = to_device([r.sampling_params.frequency_penalty for r in reqs], dtype, dev)
+        pres = to_device([r.sampling_params.presence_penalty for r in reqs], dtype, dev)
+        apply_penalties(logits, counts, seen, freq, pres, to_device(reps, dtype, dev))
 
     def _sample_rows(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         params = [r.sampling_params for r in reqs]
-        temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+        dev, dtype = logits.device, logits.dtype
+        temps = to_device([p.temperature for p in params], dtype, dev)
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         top_k = top_p = min_p = None
         if any(p.top_k < TOP_K_DISABLED for p in params):
-            top_k = torch.tensor([min(p.top_k, self.vocab_size) for p in params], dtype=torch.long)
+            top_k = to_device([min(p.top_k, self.vocab_size) for p in params], torch.long, dev)
         if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
+            top_p = to_device([p.top_p for p in params], dtype, dev)
         if any(p.min_p > 0.0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
-        uniforms = torch.tensor([r.uniform() for r in reqs], dtype=logits.dtype)
+            min_p = to_device([p.min_p for p in params], dtype, dev)
+        uniforms = to_device([r.uniform() for r in reqs], dtype, dev)
         return sample_from_probs(probs, uniforms, top_k, top_p, min_p)

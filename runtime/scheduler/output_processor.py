@@ -37,7 +37,8 @@ def record_input_logprobs(batch: StepBatch, logits: LogitsOutput) -> None:
         row0 = lay.lp_start + skip
         lp = torch.log_softmax(logits.rows_float(slice(row0, row0 + n)), dim=-1)
         targets = [r.origin_input_ids[k + 1] for k in positions]
-        vals = lp.gather(1, torch.tensor(targets)[:, None]).squeeze(1).tolist()
+        index = torch.tensor(targets, device=lp.device)[:, None]
+        vals = lp.gather(1, index).squeeze(1).tolist()
         r.input_token_logprobs.extend(zip(vals, targets, strict=True))
         if r.top_logprobs_num:
             assert r.input_top_logprobs is not None  # set with input_token_logprobs above

@@ -71,3 +71,46 @@ def test_penalties():
     # frequency 0.5 * count, presence 1.0 if generated, repetition divides positive / multiplies
     # negative logits of seen tokens
     assert torch.allclose(out, torch.tensor([[2.0 - 1.0 - 1.0, -2.0, 0.5 - 0.5 - 1.0, 1.5]]))
+
+
+# --- the device (GPU) paths, run here on CPU tensors ------------------------------------------
+
+
+def test_full_sort_draw_equals_the_head_split():
+    """On a GPU, `sample_from_probs` sorts every row whole instead of splitting rows by whether
+    their candidates fit the top-1024 head (that split reads a mask on the host): both give each
+    row the same token."""
+    from radixgen.kernels.sampling import _filtered_draw
+
+    gen = torch.Generator().manual_seed(3)
+    b, v = 12, 3000
+    probs = torch.softmax(torch.randn(b, v, generator=gen) * 3, dim=-1)
+    uniforms = torch.rand(b, generator=gen)
+    top_k = torch.tensor([1, 5, 40, 2000, 3000, 7, 1, 1500, 20, 3000, 100, 2], dtype=torch.long)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 0.999, 1.0, 0.3, 0.8, 0.95, 1.0, 0.99, 0.7, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.001, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0])
+    expected = sample_from_probs(probs, uniforms, top_k, top_p, min_p)
+    sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)
+    got = _filtered_draw(sorted_probs, sorted_idx, uniforms, top_k, top_p, min_p)
+    assert got.tolist() == expected.tolist()
+
+
+def test_topk_refinement_equals_the_nonzero_refinement():
+    """The GPU refinement of near-max bf16 logits (top-16 candidates, no host read) re-scores
+    exactly the candidates the CPU one does."""
+    from radixgen.runtime.model_executor.model_runner import (
+        refine_near_max,
+        refine_near_max_topk,
+    )
+
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(6, 32, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(500, 32, generator=gen).to(torch.bfloat16)
+    weight[7] = weight[9]  # exact ties at the top of some rows
+    hidden[2] = weight[7]
+    raw = (hidden @ weight.T).float()
+    a, b = raw.clone(), raw.clone()
+    refine_near_max(a, hidden, weight)
+    refine_near_max_topk(b, hidden, weight)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, raw)  # something was re-scored
