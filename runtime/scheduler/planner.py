@@ -1,0 +1,211 @@
+"""Step planning: which running requests step, which waiting ones are admitted, and retraction
+when the KV pool is short (scheduler process; a mixin of `Scheduler`).
+
+Decodes come first (each gets its token; the newest are retracted while the pool cannot hold
+them), then requests part-way through their prefill, then admissions by the schedule policy's
+order within the chunked-prefill budget, keeping slots free for running requests' future tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.scheduler.req import Req
+from radixgen.runtime.scheduler.schedule_batch import pages_needed
+from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
+
+if TYPE_CHECKING:
+    from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.scheduler.scheduler import SchedulerStats
+    from radixgen.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+RESERVE_CLIP = 1024  # future tokens reserved per running request are capped at this
+IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many tokens with one being prefilled
+
+
+class SchedulerPlanner:
+    """The planning half of the scheduler; `Scheduler.__init__` sets every attribute below."""
+
+    args: ServerArgs
+    cache: BasePrefixCache
+    kv_pool: TokenToKVPool
+    req_to_token_pool: ReqToTokenPool
+    page_size: int
+    chunk_size: int | None
+    max_prefill_tokens: int
+    max_running: int
+    new_token_ratio: float
+    waiting: list[Req]
+    running: list[Req]
+    _planning: list[Req]
+    stats: SchedulerStats
+
+    def _free_tokens(self, needed: int) -> bool:
+        """Make `needed` slots free, evicting unlocked cache if necessary."""
+        free = self.kv_pool.available_size()
+        if free >= needed:
+            return True
+        self.stats.evicted_tokens += self.cache.evict(needed - free)
+        return self.kv_pool.available_size() >= needed
+
+    def _plan_step(self) -> list[Req]:
+        plan: list[Req] = []
+        decodes = [r for r in self.running if r.pending_len == 1]
+        extends = sorted(
+            (r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time
+        )
+        # 1) every decoding request gets its token; retract the newest when the pool is short
+        self._planning = list(decodes)
+        while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
+            victim = max(decodes + extends, key=lambda r: r.arrival_time)
+            self._retract(victim)
+            if victim in decodes:
+                decodes.remove(victim)
+            else:
+                extends.remove(victim)
+        for r in decodes:
+            r.extend_len = 1
+            plan.append(r)
+        budget = self.chunk_size or self.max_prefill_tokens
+        reserved = self._pages(decodes, 1) * self.page_size
+        # 2) requests part-way through their prefill (chunks, jump-forward text) continue
+        for r in extends:
+            self._planning = [r]
+            n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
+            if n <= 0:
+                break
+            need = pages_needed(r, n, self.page_size) * self.page_size
+            if not self._free_tokens(reserved + need):
+                if not plan and r is extends[-1]:
+                    self._retract(r)  # nothing can run: free the newest to break the deadlock
+                continue
+            r.extend_len = n
+            reserved += need
+            budget -= n
+            plan.append(r)
+        # 3) admit waiting requests
+        self._planning = list(self.waiting)  # until one is picked: the queue's order failed
+        if budget > 0 and self.waiting:
+            plan.extend(self._admit(budget, reserved, plan))
+        return plan
+
+    def _pages(self, reqs: list[Req], n: int) -> int:
+        return sum(pages_needed(r, n, self.page_size) for r in reqs)
+
+    @staticmethod
+    def _future_tokens(r: Req) -> int:
+        """Tokens a request may still generate (capped), for the admission reservation."""
+        left = r.sampling_params.max_new_tokens - len(r.output_ids)
+        return min(max(left, 0), RESERVE_CLIP)
+
+    def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
+        admitted: list[Req] = []
+        try:
+            self._admit_into(admitted, budget, reserved, plan)
+        finally:  # NOTE: also when planning fails part-way: an admitted request never waits twice
+            if admitted:
+                ids = {id(r) for r in admitted}
+                self.waiting = [r for r in self.waiting if id(r) not in ids]
+        return admitted
+
+    def _admit_into(self, admitted: list[Req], budget: int, reserved: int, plan: list[Req]) -> None:
+        """Admit waiting requests by the policy's order into `admitted` (and the running set)."""
+        prefilling = [r for r in plan if r.extend_len > 1]
+        future_tokens = sum(self._future_tokens(r) for r in self.running)
+        for req in order_waiting_queue(
+            self.waiting, self.args.scheduler.schedule_policy, self.cache
+        ):
+            if budget <= 0 or len(self.running) >= self.max_running:
+                break
+            if self.req_to_token_pool.available_size() == 0:
+                break
+            self._planning = [req]
+            key_len = req.seq_len - 1  # at least one token must run to produce logits
+            if req.input_logprob_start >= 0:
+                key_len = min(key_len, req.input_logprob_start)
+            match = self.cache.match_prefix(req.all_ids[:key_len])
+            prefix_len = match.indices.numel()
+            if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
+                continue  # its prefix will be in the cache after this step
+            extend = req.seq_len - prefix_len
+            if self.chunk_size:
+                n = min(extend, budget)
+            else:
+                if extend > budget and (admitted or prefilling):
+                    break
+                n = extend
+            need = -(-n // self.page_size) * self.page_size
+            self.cache.inc_lock_ref(match.last_node)  # protect the prefix from our own eviction
+            future_tokens += self._future_tokens(req)
+            # slots kept free for running requests' future tokens (fewer retractions)
+            future = int(future_tokens * self.new_token_ratio) if self.running or admitted else 0
+            try:
+                fits = self._free_tokens(reserved + need + future)
+                if not fits and not (self.running or admitted or plan):
+                    fits = self._free_tokens(reserved + need)  # alone: run without the reservation
+            except Exception:
+                self.cache.dec_lock_ref(match.last_node)  # not admitted: it holds no lock
+                raise
+            if not fits:
+                self.cache.dec_lock_ref(match.last_node)
+                break
+            row = self.req_to_token_pool.alloc()
+            assert row is not None
+            req.req_pool_idx = row
+            req.last_node = match.last_node
+            if prefix_len:
+                self.req_to_token_pool.write_row(row, 0, match.indices)
+            req.kv_len = prefix_len
+            req.cache_protected_len = prefix_len
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = prefix_len
+                req.admit_time = time.time()
+                self.cache.record_hit(match.last_node)
+                self.stats.prompt_tokens += len(req.origin_input_ids)
+                self.stats.cached_tokens += prefix_len
+            req.extend_len = n
+            budget -= n
+            reserved += need
+            admitted.append(req)
+            self.running.append(req)
+
+    def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
+        """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?
+
+        Called for every admission candidate against every request prefilled this step, so the
+        common case is O(1): a short uncached tail cannot gain enough, and two token probes
+        reject most non-sharing pairs before a full prefix comparison.
+        """
+        if not isinstance(self.cache, RadixCache):
+            return False
+        end = prefix_len + IN_BATCH_SHARE_MIN  # tokens [0, end) must be shared
+        if req.seq_len - 1 < end:
+            return False
+        ids = req.origin_input_ids
+        if len(ids) < end:
+            ids = req.all_ids
+        first, last = ids[prefix_len], ids[end - 1]
+        for o in others:
+            theirs = o.origin_input_ids
+            if len(theirs) < end or theirs[prefix_len] != first or theirs[end - 1] != last:
+                continue
+            if theirs[:end] == ids[:end]:
+                return True
+        return False
+
+    def _retract(self, req: Req) -> None:
+        """Send a running request back to the queue; its KV goes to the cache (evictable)."""
+        self.cache.cache_finished_req(req)
+        self.running.remove(req)
+        req.reset_for_retract()  # NOTE: output_ids are kept, so a grammar's state stays valid
+        self.waiting.append(req)
+        self.stats.retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+        logger.info("retracted %s (pool short): %d running", req.rid, len(self.running))
