@@ -23,16 +23,31 @@ def to_device(
     return host.to(device=device, dtype=dtype, non_blocking=True)
 
 
+class HostCopy:
+    """Device tensors on their way to the host: the copies start at construction (queued behind
+    the kernels that produce them), and `wait` returns them after one synchronisation."""
+
+    def __init__(self, *tensors: torch.Tensor | None) -> None:
+        self._out: list[torch.Tensor | None] = []
+        self._event: torch.cuda.Event | None = None
+        for t in tensors:
+            if t is None or t.device.type == "cpu":
+                self._out.append(t)
+            else:
+                self._out.append(t.to("cpu", non_blocking=True))  # pinned: completes later
+                if self._event is None:
+                    self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        if self._event is not None:
+            self._event.record()
+
+    def wait(self) -> list[torch.Tensor | None]:
+        """The host copies (None stays None); the first call waits for the device."""
+        if self._event is not None:
+            self._event.synchronize()  # NOTE: the step's one host synchronisation
+            self._event = None
+        return self._out
+
+
 def fetch_to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """Copies of device tensors on the host, after one wait for all of them (None stays None)."""
-    out: list[torch.Tensor | None] = []
-    waits = False
-    for t in tensors:
-        if t is None or t.device.type == "cpu":
-            out.append(t)
-        else:
-            out.append(t.to("cpu", non_blocking=True))  # into pinned memory: completes later
-            waits = True
-    if waits:
-        torch.cuda.current_stream().synchronize()  # NOTE: the step's one host synchronisation
-    return out
+    return HostCopy(*tensors).wait()

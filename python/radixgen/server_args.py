@@ -102,6 +102,16 @@ class SchedulerConfig:
         "use, shared out among the --dp-size replicas).",
     )
     stream_interval: int = _f(1, "Decode steps per streamed chunk.")
+    disable_overlap_schedule: bool = _f(
+        False,
+        "Run each step after the previous one's tokens are handled (overlap scheduling, on by "
+        "default on CUDA, plans step N+1 while the device runs step N).",
+    )
+    enable_overlap_schedule: bool = _f(
+        False,
+        "Overlap scheduling on CPU too (there the forward runs inline, so it hides nothing: for "
+        "tests). --disable-overlap-schedule wins.",
+    )
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
 
 

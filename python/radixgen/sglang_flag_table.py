@@ -58,6 +58,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
+    "disable-overlap-schedule",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -356,9 +357,8 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         N,
-        "no overlap scheduler: the CPU runs one step after the other",
-        "disable-overlap-schedule enable-two-batch-overlap enable-single-batch-overlap "
-        "tbo-token-distribution-threshold=",
+        "no two-batch overlap: one batch runs per step",
+        "enable-two-batch-overlap enable-single-batch-overlap tbo-token-distribution-threshold=",
     ),
     FlagTopic(
         N,

@@ -34,7 +34,7 @@ class ForwardBatch:
 
         The scheduler builds batches on the host; the lists stay there for the backends' planning.
         """
-        if device.type == "cpu":
+        if self.input_ids.device.type == device.type:  # NOTE: one device of each type
             return self
         parts = [self.input_ids, self.positions, self.out_cache_loc]
         if self.logits_indices is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixgen.kernels.device_io import fetch_to_host, to_device
+from radixgen.kernels.device_io import HostCopy, to_device
 from radixgen.kernels.sampling import apply_penalties, sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
@@ -41,6 +41,49 @@ class _DenseSample:
     top_nums: list[int]  # top_logprobs_num of each of logprob_rows
 
 
+class PendingSample:
+    """A step's sampled tokens: `device_ids` [B] on the logits' device at once (the next step's
+    inputs can read them there), the host copies under way; `resolve` waits for them once."""
+
+    def __init__(
+        self,
+        b: int,
+        greedy_parts: list[tuple[list[int], torch.Tensor]],
+        rest: list[int],
+        dense: _DenseSample | None,
+    ) -> None:
+        self.b, self.rest, self.dense = b, rest, dense
+        parts = [(idx, t) for idx, t in greedy_parts]
+        if dense is not None:
+            parts.append((rest, dense.next_ids))
+        if len(parts) == 1 and parts[0][0] == list(range(b)):
+            self.device_ids = parts[0][1]
+        else:
+            dev = parts[0][1].device if parts else torch.device("cpu")
+            self.device_ids = torch.empty(b, dtype=torch.long, device=dev)
+            for idx, t in parts:
+                self.device_ids[to_device(idx, torch.long, dev)] = t.to(dev)
+        logprob_parts = (dense.chosen, dense.top_vals, dense.top_ids) if dense else (None,) * 3
+        self._copy = HostCopy(self.device_ids, *logprob_parts)
+
+    def resolve(self) -> SampleOutput:
+        """Wait for the host copies and lay them out per request."""
+        ids_t, chosen, top_vals, top_ids = self._copy.wait()
+        assert ids_t is not None
+        ids: list[int] = ids_t.tolist()
+        lps: list[float | None] = [None] * self.b
+        tops: list[list[tuple[float, int]] | None] = [None] * self.b
+        dense, rest = self.dense, self.rest
+        if dense is not None and chosen is not None:
+            for j, lp in zip(dense.logprob_rows, chosen.tolist(), strict=True):
+                lps[rest[j]] = lp
+        if dense is not None and top_vals is not None and top_ids is not None:
+            vals_l, idx_l = top_vals.tolist(), top_ids.tolist()
+            for j, k, v, t in zip(dense.logprob_rows, dense.top_nums, vals_l, idx_l, strict=True):
+                tops[rest[j]] = list(zip(v[:k], t[:k], strict=True))
+        return SampleOutput(ids, lps, tops)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
@@ -54,7 +97,18 @@ class Sampler:
         grammar_mask: torch.Tensor | None = None,
         grammar_rows: torch.Tensor | None = None,
     ) -> SampleOutput:
-        """One token per request; request i reads logits row `rows[i]`.
+        """`launch`, then wait for its results."""
+        return self.launch(logits, rows, reqs, grammar_mask, grammar_rows).resolve()
+
+    def launch(
+        self,
+        logits: LogitsOutput,
+        rows: list[int],
+        reqs: list[Req],
+        grammar_mask: torch.Tensor | None = None,
+        grammar_rows: torch.Tensor | None = None,
+    ) -> PendingSample:
+        """One token per request, left on the device; request i reads logits row `rows[i]`.
 
         Plain greedy requests (no logprobs, penalties, bias or pending min_new_tokens) take the
         native argmax straight from the model-dtype logits, under their grammar mask if they have
@@ -90,41 +144,7 @@ class Sampler:
                     rest_mask = grammar_mask[[m for _, m in keep]]
             dense = logits.rows_float([rows[i] for i in rest])
             dense_out = self._sample_dense(dense, [reqs[i] for i in rest], rest_mask, sub_rows)
-        return self._to_host(b, greedy_parts, rest, dense_out)
-
-    @staticmethod
-    def _to_host(
-        b: int,
-        greedy_parts: list[tuple[list[int], torch.Tensor]],
-        rest: list[int],
-        dense: _DenseSample | None,
-    ) -> SampleOutput:
-        """Bring every result tensor to the host in one go and lay it out per request."""
-        tensors: list[torch.Tensor | None] = [t for _, t in greedy_parts]
-        if dense is not None:
-            tensors += [dense.next_ids, dense.chosen, dense.top_vals, dense.top_ids]
-        host = fetch_to_host(*tensors)
-        ids = [0] * b
-        lps: list[float | None] = [None] * b
-        tops: list[list[tuple[float, int]] | None] = [None] * b
-        for (idx, _), got in zip(greedy_parts, host, strict=False):
-            assert got is not None
-            for i, tok in zip(idx, got.tolist(), strict=True):
-                ids[i] = tok
-        if dense is None:
-            return SampleOutput(ids, lps, tops)
-        next_ids, chosen, top_vals, top_ids = host[len(greedy_parts) :]
-        assert next_ids is not None
-        for i, tok in zip(rest, next_ids.tolist(), strict=True):
-            ids[i] = tok
-        if chosen is not None:
-            for j, lp in zip(dense.logprob_rows, chosen.tolist(), strict=True):
-                lps[rest[j]] = lp
-        if top_vals is not None and top_ids is not None:
-            vals_l, idx_l = top_vals.tolist(), top_ids.tolist()
-            for j, k, v, t in zip(dense.logprob_rows, dense.top_nums, vals_l, idx_l, strict=True):
-                tops[rest[j]] = list(zip(v[:k], t[:k], strict=True))
-        return SampleOutput(ids, lps, tops)
+        return PendingSample(b, greedy_parts, rest, dense_out)
 
     @staticmethod
     def _plain_greedy(r: Req) -> bool:

@@ -40,6 +40,7 @@ class SchedulerPlanner:
     chunk_size: int | None
     max_prefill_tokens: int
     max_running: int
+    context_length: int
     new_token_ratio: float
     waiting: list[Req]
     running: list[Req]
@@ -56,7 +57,9 @@ class SchedulerPlanner:
 
     def _plan_step(self) -> list[Req]:
         plan: list[Req] = []
-        decodes = [r for r in self.running if r.pending_len == 1]
+        decodes = [
+            r for r in self.running if r.pending_len == 1 and not self._ends_with_pending_token(r)
+        ]
         extends = sorted(
             (r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time
         )
@@ -95,6 +98,15 @@ class SchedulerPlanner:
             plan.extend(self._admit(budget, reserved, plan))
         return plan
 
+    def _ends_with_pending_token(self, r: Req) -> bool:
+        """A request whose token in flight (overlap scheduling) surely finishes it by length: it
+        needs no further step."""
+        if not r.pending_sample:
+            return False
+        return len(r.output_ids) + 1 >= r.sampling_params.max_new_tokens or (
+            r.seq_len >= self.context_length
+        )
+
     def _pages(self, reqs: list[Req], n: int) -> int:
         return sum(pages_needed(r, n, self.page_size) for r in reqs)
 
@@ -125,6 +137,8 @@ class SchedulerPlanner:
                 break
             if self.req_to_token_pool.available_size() == 0:
                 break
+            if req.pending_sample:
+                continue  # retracted while its token was in flight: admitted once it arrives
             self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:

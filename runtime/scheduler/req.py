@@ -50,6 +50,9 @@ class Req:
 
         # step plan, set by the scheduler each step
         self.extend_len = 0
+        # overlap scheduling: a token sampled for this request is still on its way to the host
+        # (counted in seq_len, absent from output_ids; the next step reads it on the device)
+        self.pending_sample = False
 
         # grammar
         self.grammar: BaseGrammarObject | None = None
@@ -87,7 +90,7 @@ class Req:
 
     @property
     def seq_len(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
+        return len(self.origin_input_ids) + len(self.output_ids) + self.pending_sample
 
     @property
     def finished(self) -> bool:

@@ -42,14 +42,24 @@ class StepBatch:
         ]
 
 
+# stands for a token sampled on the device and not yet on the host (overlap scheduling): the
+# step that reads it takes the real id from the device (`OverlapScheduling._launch`)
+PENDING_TOKEN = -1
+
+
 def token_slice(req: Req, start: int, end: int) -> list[int]:
-    """all_ids[start:end] without concatenating the whole sequence."""
+    """all_ids[start:end] without concatenating the whole sequence; a pending sampled token
+    (the position past all_ids) reads as PENDING_TOKEN."""
     p = len(req.origin_input_ids)
     if start >= p:
-        return req.output_ids[start - p : end - p]
-    if end <= p:
+        out = req.output_ids[start - p : end - p]
+    elif end <= p:
         return req.origin_input_ids[start:end]
-    return req.origin_input_ids[start:] + req.output_ids[: end - p]
+    else:
+        out = req.origin_input_ids[start:] + req.output_ids[: end - p]
+    if req.pending_sample and end == req.seq_len:
+        out = [*out, PENDING_TOKEN]
+    return out
 
 
 def build_step_batch(

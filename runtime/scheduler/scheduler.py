@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
     AbortReq,
@@ -45,6 +47,7 @@ from radixgen.runtime.scheduler.output_processor import (
     failure_output,
     record_input_logprobs,
 )
+from radixgen.runtime.scheduler.overlap import InflightStep, OverlapScheduling
 from radixgen.runtime.scheduler.planner import SchedulerPlanner
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import (
@@ -87,7 +90,15 @@ class SchedulerStats:
     jump_forward_tokens: int = 0
 
 
-class Scheduler(SchedulerPlanner):
+def overlap_enabled(args: ServerArgs, device: str) -> bool:
+    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing there)."""
+    sched = args.scheduler
+    if sched.disable_overlap_schedule:
+        return False
+    return device.startswith("cuda") or sched.enable_overlap_schedule
+
+
+class Scheduler(SchedulerPlanner, OverlapScheduling):
     def __init__(
         self,
         args: ServerArgs,
@@ -124,6 +135,11 @@ class Scheduler(SchedulerPlanner):
         self.forward_steps = 0
         self.stats = SchedulerStats()
         self.probe = DashboardProbe()
+        self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
+        self.inflight: InflightStep | None = None
+        self.future_ids = torch.zeros(
+            self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
+        )
 
     # --- requests in --------------------------------------------------------------------------
 
@@ -229,7 +245,7 @@ class Scheduler(SchedulerPlanner):
     def has_work(self) -> bool:
         """Requests to step. Grammar compiles in flight are not work: offline loops use
         `has_work or grammar_waiting`, the process loop polls ZMQ briefly while they finish."""
-        return bool(self.running or self.waiting or self.outbox)
+        return bool(self.running or self.waiting or self.outbox or self.inflight)
 
     def step(self) -> list[BatchTokenIDOut]:
         """Plan, run and process one forward step; return the outputs to send.
@@ -238,6 +254,13 @@ class Scheduler(SchedulerPlanner):
         the stage is batch-wide, that batch's requests) with a 500 abort, frees their KV and logs
         the traceback once; the loop and every other request carry on.
         """
+        out = self._step_overlapped() if self.overlap else self._step_sync()
+        if self.args.scheduler.debug_invariants:
+            self.check_invariants()
+        return out
+
+    def _step_sync(self) -> list[BatchTokenIDOut]:
+        """One step whose tokens are handled before it returns."""
         self._poll_grammars()
         plan = self._plan_step_contained()
         if plan:
@@ -246,14 +269,15 @@ class Scheduler(SchedulerPlanner):
             except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
                 log_internal_error("the forward step", e)
                 self._fail(plan, e)
-            self.probe.on_step(plan, self)
-            self.forward_steps += 1
-            self.new_token_ratio = max(
-                NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
-            )
-        if self.args.scheduler.debug_invariants:
-            self.check_invariants()
+            self._after_step(plan)
         return self._collect_outputs()
+
+    def _after_step(self, plan: list[Req]) -> None:
+        self.probe.on_step(plan, self)
+        self.forward_steps += 1
+        self.new_token_ratio = max(
+            NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
 
     # --- containment --------------------------------------------------------------------------
 
@@ -263,6 +287,7 @@ class Scheduler(SchedulerPlanner):
         self.waiting = [r for r in self.waiting if id(r) not in ids]
         self.grammar_waiting = [r for r in self.grammar_waiting if id(r) not in ids]
         for r in reqs:
+            r.pending_sample = False  # a token in flight for it is dropped
             if r.finished and r not in self.running:
                 continue
             if not r.finished:
@@ -274,6 +299,7 @@ class Scheduler(SchedulerPlanner):
         """Last resort after a failure nobody could be blamed for: fail every request held,
         free everything, and return their final outputs (the scheduler then serves on)."""
         held = [*self.running, *self.waiting, *self.grammar_waiting, *self.outbox]
+        self.inflight = None  # its requests are among those held
         self._fail(list(dict.fromkeys(held)), e)
         self.outbox = []
         return [failure_output(r) for r in dict.fromkeys(held)]

@@ -122,7 +122,7 @@ REALISTIC = [
     "--disable-overlap-schedule", "--enable-mixed-chunk", "--random-seed", "42",
 ]  # fmt: skip
 REALISTIC_NO_EFFECT = (
-    "--trust-remote-code", "--disable-cuda-graph", "--kv-cache-dtype auto", "--cuda-graph-max-bs 16", "--disable-overlap-schedule",
+    "--trust-remote-code", "--disable-cuda-graph", "--kv-cache-dtype auto", "--cuda-graph-max-bs 16",
     "--enable-mixed-chunk",
 )  # fmt: skip
 
@@ -137,6 +137,7 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
     assert args.parsers.tool_call_parser == "qwen25" and args.parsers.reasoning_parser == "qwen3"
     assert args.http.enable_metrics and args.http.log_level == "warning"
     assert args.model.attention_backend == "torch"  # SGLang's torch_native
+    assert args.scheduler.disable_overlap_schedule
     assert len(notes) == len(REALISTIC_NO_EFFECT)
     for shown in REALISTIC_NO_EFFECT:
         assert sum(n.startswith(shown + " has no effect here") for n in notes) == 1, shown
@@ -163,6 +164,7 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--reasoning-parser", "deepseek-r1"], "reasoning_parser", "deepseek-r1"),
         (["--attention-backend", "triton"], "attention_backend", "triton"),
         (["--attention-backend", "torch_native"], "attention_backend", "torch"),
+        (["--disable-overlap-schedule"], "disable_overlap_schedule", True),
     ],
 )
 def test_implemented_flags_set_our_fields(argv, field, value):

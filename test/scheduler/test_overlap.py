@@ -1,0 +1,161 @@
+"""Overlap scheduling (step N+1 planned and launched before step N's tokens are handled) gives
+the same outputs as the synchronous scheduler, on real pools and the radix cache with the toy
+runner, whose outputs break if a pending token were read wrongly or a KV slot lost or shared.
+
+`debug_invariants` (on in `make_scheduler`) checks the KV accounting after every step, with a
+step in flight too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from toy_runner import make_scheduler, reference_output, submit
+
+from radixgen.finish_reason import FinishReason
+from radixgen.io_struct import AbortReq, TokenizedGenerateReq
+from radixgen.runtime.scheduler.scheduler import Scheduler, overlap_enabled
+from radixgen.sampling_params import SamplingParams
+from radixgen.server_args import ServerArgs
+
+PROMPT = [7, 3, 9, 4, 1, 8, 2, 6] * 8  # 64 tokens
+
+
+def run_collecting(s: Scheduler, max_steps: int = 10_000) -> dict[str, Any]:
+    """Step until idle: per rid, the streamed token ids and the finish reason."""
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, Any] = {}
+    for _ in range(max_steps):
+        if not (s.has_work or s.grammar_waiting):
+            return {rid: (tokens.get(rid, []), reasons.get(rid)) for rid in reasons}
+        for batch in s.step():
+            for i, rid in enumerate(batch.rids):
+                assert rid not in reasons, f"{rid}: a message after its final one"
+                toks = tokens.setdefault(rid, [])
+                if batch.rollbacks[i]:
+                    del toks[len(toks) - batch.rollbacks[i] :]
+                assert all(t >= 0 for t in batch.new_token_ids[i]), "a pending token escaped"
+                toks.extend(batch.new_token_ids[i])
+                if batch.finished_reasons[i] is not None:
+                    reasons[rid] = batch.finished_reasons[i]
+    raise AssertionError("the scheduler did not go idle")
+
+
+WORKLOADS: dict[str, tuple[dict[str, Any], list[tuple[str, list[int], dict[str, Any]]]]] = {
+    "decode-lengths": (
+        {},
+        [(f"r{i}", [i + 1, *PROMPT[i:]], {"max_new_tokens": n}) for i, n in enumerate((0, 1, 2, 9, 20))],
+    ),
+    "chunked-shared-prefix": (
+        {"chunked_prefill_size": 16},
+        [(f"r{i}", [*PROMPT, *PROMPT[: 3 + i]], {"max_new_tokens": 7 + i}) for i in range(4)],
+    ),
+    "retraction": (
+        {"pool_tokens": 160},
+        [(f"r{i}", [i + 1, *PROMPT[: 20 + i]], {"max_new_tokens": 40}) for i in range(4)],
+    ),
+    "pages": (
+        {"page_size": 4},
+        [(f"r{i}", [*PROMPT[: 13 + i]], {"max_new_tokens": 11}) for i in range(3)],
+    ),
+    "stops-and-streams": (
+        {"stream_interval": 2},
+        [
+            ("tok", PROMPT, {"max_new_tokens": 12, "stop_token_ids": [reference_output(PROMPT, 12)[4]]}),
+            ("str", PROMPT[:40], {"max_new_tokens": 12, "stop": ["zz", "ab"]}),
+            ("long", PROMPT[:9], {"max_new_tokens": 30, "stream": True}),
+        ],
+    ),
+}  # fmt: skip
+
+
+def _run(workload: str, overlap: bool) -> tuple[dict[str, Any], Scheduler]:
+    flags, reqs = WORKLOADS[workload]
+    flags = dict(flags)
+    pool = flags.pop("pool_tokens", 2048)
+    s, _ = make_scheduler(pool_tokens=pool, enable_overlap_schedule=overlap, **flags)
+    assert s.overlap is overlap
+    for rid, prompt, params in reqs:
+        submit(s, rid, prompt, **params)
+    return run_collecting(s), s
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_outputs_equal_the_synchronous_scheduler(workload: str):
+    sync, s_sync = _run(workload, overlap=False)
+    over, s = _run(workload, overlap=True)
+    assert over == sync
+    assert s.stats.generated_tokens == s_sync.stats.generated_tokens  # none taken twice
+    for rid, prompt, params in WORKLOADS[workload][1]:
+        n = params["max_new_tokens"]
+        ids = over[rid][0]
+        assert ids == reference_output(prompt, n)[: len(ids)]
+    if workload == "retraction":
+        assert s.stats.retractions > 0
+    assert not s.running and s.inflight is None and s.cache.protected_size() == 0
+    assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def test_the_next_step_is_launched_before_the_tokens_of_this_one_arrive():
+    s, runner = make_scheduler(enable_overlap_schedule=True)
+    submit(s, "r", PROMPT[:8], max_new_tokens=6)
+    s.step()  # prefill, sampled on the device
+    req = s.running[0]
+    assert req.pending_sample and req.output_ids == [] and s.inflight is not None
+    s.step()  # the first decode launches, then the first token is handled
+    assert runner.batches[-1].input_ids.tolist() == reference_output(PROMPT[:8], 1)
+    assert req.output_ids == reference_output(PROMPT[:8], 1) and req.pending_sample
+    assert len(runner.batches) == 2
+
+
+def test_a_request_finishing_by_length_runs_no_extra_step():
+    """Its last token is known to end it, so no step is launched for it while it is in flight."""
+    rows = {}
+    for overlap in (False, True):
+        s, runner = make_scheduler(enable_overlap_schedule=overlap)
+        submit(s, "a", PROMPT[:8], max_new_tokens=3)
+        submit(s, "b", PROMPT[:12], max_new_tokens=5)
+        run_collecting(s)
+        rows[overlap] = sum(len(b.extend_lens) for b in runner.batches)
+    assert rows[True] == rows[False]
+
+
+def test_abort_while_a_token_is_in_flight():
+    s, _ = make_scheduler(enable_overlap_schedule=True)
+    submit(s, "gone", PROMPT, max_new_tokens=50)
+    submit(s, "kept", PROMPT[:20], max_new_tokens=10)
+    for _ in range(4):
+        s.step()
+    assert any(r.pending_sample for r in s.running)
+    s.handle(AbortReq(rid="gone"))
+    out = run_collecting(s)
+    assert out["gone"][1] == FinishReason.abort("aborted by the client", 499)
+    assert out["kept"] == (reference_output(PROMPT[:20], 10), FinishReason.length(10))
+    assert not s.running and s.cache.protected_size() == 0
+    assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def test_logprobs_arrive_with_their_tokens():
+    s, _ = make_scheduler(enable_overlap_schedule=True)
+    sp = SamplingParams.from_dict({"max_new_tokens": 6, "temperature": 0})
+    s.add_request(
+        TokenizedGenerateReq("r", PROMPT[:8], sp, return_logprob=True, top_logprobs_num=2,
+                             stream=True, arrival_time=time.time())
+    )  # fmt: skip
+    entries, tokens = [], []
+    while s.has_work:
+        for batch in s.step():
+            tokens += batch.new_token_ids[0]
+            entries += batch.output_token_logprobs[0]
+    assert tokens == reference_output(PROMPT[:8], 6)
+    assert [tid for _, tid in entries] == tokens
+
+
+def test_overlap_is_on_by_default_on_cuda_only():
+    args = ServerArgs.from_kwargs()
+    assert not overlap_enabled(args, "cpu") and overlap_enabled(args, "cuda")
+    assert overlap_enabled(ServerArgs.from_kwargs(enable_overlap_schedule=True), "cpu")
+    off = ServerArgs.from_kwargs(disable_overlap_schedule=True, enable_overlap_schedule=True)
+    assert not overlap_enabled(off, "cuda") and not overlap_enabled(off, "cpu")
