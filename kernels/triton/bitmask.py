@@ -35,11 +35,8 @@ def _apply_bitmask_kernel(
     word = tokens // 32
     bits = tl.load(bitmask_ptr + r * stride_mask + word, mask=word < words, other=0)
     banned = ((bits >> (tokens % 32)) & 1) == 0
-    tl.store(
-        logits_ptr + row * stride_logits + tokens,
-        float("-inf"),
-        mask=banned & (tokens < vocab),
-    )
+    neg_inf = tl.full([BLOCK], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
+    tl.store(logits_ptr + row * stride_logits + tokens, neg_inf, mask=banned & (tokens < vocab))
 
 
 def apply_token_bitmask(

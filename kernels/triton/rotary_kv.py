@@ -48,7 +48,7 @@ def _rope_store_kv_kernel(
     n = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + n).to(tl.int64)
     loc = tl.load(loc_ptr + n).to(tl.int64)
-    half: tl.constexpr = HEAD_DIM // 2
+    half = HEAD_DIM // 2
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     first = d < half

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton_interpret]
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-SIZES = [0, 1, 7, 33, 1000, 70_000] if ON_GPU else [0, 1, 7, 33]
+SIZES = [0, 1, 7, 33, 1000, 70_000] if ON_GPU else [0, 1, 33]
 BF16, F32 = torch.bfloat16, torch.float32
 # (heads, kv heads, head dim): the default model's GQA 9/3 at 64, and 128 with 4/1
 HEAD_SHAPES = [(9, 3, 64), (4, 1, 128)]
