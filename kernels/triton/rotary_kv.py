@@ -108,6 +108,9 @@ def rope_store_kv(
     assert k_pool.shape[1:] == (num_kv_heads, head_dim) and v_pool.shape == k_pool.shape
     assert k_pool.dtype in (torch.float32, torch.bfloat16)
     assert qkv.dtype in (k_pool.dtype, torch.float32)
+    assert positions.device == out_cache_loc.device == cos.device == k_pool.device == qkv.device, (
+        "qkv, positions, out_cache_loc, the tables and the pools must be on one device"
+    )
     q = torch.empty((n, num_heads, head_dim), dtype=k_pool.dtype, device=qkv.device)
     if n == 0:
         return q

@@ -27,8 +27,9 @@ HEAD_SHAPES = [(9, 3, 64), (4, 1, 128)]
 
 
 def rand(*shape: int, dtype: torch.dtype = F32, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEVICE)
+    """Drawn on the device (the GPU sizes would take seconds of host time)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dtype)
 
 
 def assert_close_bf16(got: torch.Tensor, want: torch.Tensor, exact_share: float = 0.99) -> None:
