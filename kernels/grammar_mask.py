@@ -48,10 +48,16 @@ def apply_token_bitmask(
 
     logits: float [B, V]; bitmask: int32 [R, ceil(V/32)]; rows: long [R], the logits row of each
     mask row (distinct), or None when R == B and mask row i belongs to logits row i.
-    NOTE: the mask is added, so a +inf logit under a banned bit would become NaN; logits here are
-    finite model outputs (plus finite biases), and -inf stays -inf.
+    On CUDA one Triton kernel writes -inf where a bit is clear (kernels/triton/bitmask.py).
+    NOTE: on CPU the mask is added, so a +inf logit under a banned bit would become NaN; logits
+    here are finite model outputs (plus finite biases), and -inf stays -inf.
     """
     if bitmask.shape[0] == 0:
+        return
+    if logits.is_cuda:  # NOTE: imported here, so that the CPU path never loads triton
+        from .triton.bitmask import apply_token_bitmask as apply_on_gpu
+
+        apply_on_gpu(logits, bitmask, rows)
         return
     additive = bitmask_to_additive(bitmask, logits.shape[-1], logits.dtype)
     if rows is None:

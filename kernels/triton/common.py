@@ -31,3 +31,26 @@ def dot(a, b, FP32: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def round_bf16(x):
+    """float32 x rounded to the nearest bfloat16 (ties to even), still as float32.
+
+    NOTE: the kernels round through this before every bf16 store or bf16-rounded product: the
+    interpreter's float32 -> bf16 conversion truncates (triton 3.9), so rounding is done on the
+    bits, the same on a GPU and under the interpreter; the final `.to(tl.bfloat16)` is then
+    exact. NaN passes through unchanged.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def store_as(ptr, x, mask):
+    """Store float32 x at ptr in the pointee's dtype (bf16: rounded to nearest, see round_bf16)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        tl.store(ptr, round_bf16(x).to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)

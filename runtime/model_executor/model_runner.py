@@ -18,6 +18,7 @@ from radixgen.kernels.cpu import (
 )
 from radixgen.kernels.device_io import to_device
 from radixgen.kernels.grammar_mask import apply_token_bitmask
+from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_loader.weights import load_model
@@ -119,11 +120,19 @@ class ModelRunner:
         # the model, its linear layers, the attention backend and the logits are handed it.
         self.native: NativeKernels | None = select_native_kernels(self.device, self.dtype)
         gemm = select_linear_gemm(self.native)
+        # GPU hook: the decoder's fused layer ops are the native CPU kernels, else on CUDA the
+        # Triton ones (None: torch ops); attention and logits keep `self.native` (CPU only).
+        self.layer_ops: FusedLayerOps | None = (
+            self.native
+            if self.native is not None
+            else select_gpu_fused_ops(self.device, self.dtype)
+        )
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
         self.model = load_model(
-            model_folder, self.cfg, self.dtype, self.device, context_length + 1, self.native, gemm
-        )
+            model_folder, self.cfg, self.dtype, self.device, context_length + 1,
+            self.layer_ops, gemm,
+        )  # fmt: skip
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache

@@ -20,6 +20,7 @@ from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels
+    from radixgen.kernels.layer_ops import FusedLayerOps
 
 
 def weight_files(folder: str | Path) -> list[Path]:
@@ -56,12 +57,13 @@ def load_model(
     dtype: torch.dtype,
     device: str | torch.device,
     max_positions: int,
-    native: NativeKernels | None = None,
+    native: FusedLayerOps | None = None,
     gemm: NativeKernels | None = None,
 ) -> LlamaForCausalLM:
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
-    native, gemm: the model runner's kernel choice, handed to `LlamaForCausalLM.prepack`."""
+    native, gemm: the model runner's kernel choice (native: the fused layer ops, CPU or
+    Triton), handed to `LlamaForCausalLM.prepack`."""
     model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
     model.load_weights(iter_weights(folder))
     model.prepack(native, gemm)

@@ -22,6 +22,7 @@ from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels
+    from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
 
@@ -30,7 +31,7 @@ def _bad(message: str) -> InvalidRequestError:
 
 
 class RMSNorm(nn.Module):
-    native: NativeKernels | None = None  # fused add + norm in one call (set by `prepack`)
+    native: FusedLayerOps | None = None  # fused add + norm in one call (set by `prepack`)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -116,7 +117,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    native: NativeKernels | None = None  # rotary + KV store fused (set by `prepack`)
+    native: FusedLayerOps | None = None  # rotary + KV store fused (set by `prepack`)
 
     def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
         super().__init__()
@@ -139,7 +140,8 @@ class Attention(nn.Module):
         assert backend is not None  # set by ModelRunner.forward
         # NOTE: the native path takes float32 projections where the GEMM can give them: rotary
         # runs in float32 and q, k, v are rounded to bf16 once instead of three times (the
-        # residual stream, o_proj and down_proj likewise stay float32; see `linear`).
+        # residual stream, o_proj and down_proj likewise stay float32; see `linear`). On CUDA
+        # the torch matmul returns the model dtype: the Triton ops then round as torch does.
         qkv = self.qkv_proj.forward(x, unrounded=self.native is not None)
         if self.native is not None:  # rotary + KV store in one call, straight into the pool
             k_buf, v_buf = backend.kv_pool.get_kv_buffer(self.info.layer_id)
@@ -158,7 +160,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    native: NativeKernels | None = None  # silu(gate) * up in one call (set by `prepack`)
+    native: FusedLayerOps | None = None  # silu(gate) * up in one call (set by `prepack`)
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
@@ -273,11 +275,12 @@ class LlamaForCausalLM(nn.Module):
     _lm_head_gemm: NativeKernels | None = None
 
     def prepack(
-        self, native: NativeKernels | None = None, gemm: NativeKernels | None = None
+        self, native: FusedLayerOps | None = None, gemm: NativeKernels | None = None
     ) -> None:
         """Once the checkpoint is loaded: lay matmul weights out (for the native GEMM `gemm`,
-        else oneDNN) and attach the native fused kernels `native` (rotary + KV store, add +
-        RMSNorm, SiLU-mul). Both are the model runner's choice; None means the torch path."""
+        else oneDNN) and attach the fused layer ops `native` (rotary + KV store, add + RMSNorm,
+        SiLU-mul: the native CPU kernels, or the Triton ones on CUDA). Both are the model
+        runner's choice; None means the torch path."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack(gemm)
