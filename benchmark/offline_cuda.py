@@ -91,12 +91,21 @@ def engine_kwargs(plan: Plan, attention_backend: str, graphs: bool, radix: bool)
     )
 
 
+def flush_cache(engine: radixgen.Engine) -> None:
+    """Empty the prefix cache (refused while the last requests are still being released)."""
+    for _ in range(100):
+        if engine.flush_cache()["success"]:
+            return
+        time.sleep(0.02)
+    raise RuntimeError("the engine did not flush its prefix cache within 2 s")
+
+
 def timed_generate(
     engine: radixgen.Engine, prompts: list[list[int]], new: int, flush: bool = True
 ) -> tuple[float, list[dict[str, Any]]]:
     """Wall seconds of one batch of greedy requests of exactly `new` output tokens each."""
     if flush:
-        assert engine.flush_cache()["success"]
+        flush_cache(engine)
     params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
     t = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
