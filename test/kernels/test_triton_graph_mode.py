@@ -107,3 +107,37 @@ def test_padding_rows_write_only_the_padding_page():
     changed = (after != before).any(dim=(1, 2)).nonzero().flatten().tolist()
     assert set(changed) <= {0, 500, 501} and {500, 501} <= set(changed)
     torch.testing.assert_close(after[500:502], k[:2].view(2, KV_HEADS, HEAD_DIM))
+
+
+def test_decode_captured_in_a_cuda_graph_follows_its_static_inputs():
+    """Captured once at bucket 8; replayed with other rows, lengths and padding: each replay
+    equals an eager decode of the real rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("captures a CUDA graph")
+    backend, _, pool, _ = _setup([100, 60, 90], seed=3)
+    static = StaticDecodeInputs.allocate(8, DEVICE)
+    backend.init_cuda_graph_state(8, 128)
+    q = torch.zeros((8, HEADS * HEAD_DIM), device=DEVICE)
+    ids = torch.zeros(8, dtype=torch.long)
+    lens = fill_static_inputs(static, 8, ids, ids, ids + 1, [0] * 8, [1] * 8)
+    backend.init_forward_metadata_graph(8, static.req_rows, static.seq_lens, lens)
+    batch = decode_batch_of(static, 8)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            backend.forward(q, None, None, LAYER, batch)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = backend.forward(q, None, None, LAYER, batch)
+    gen = torch.Generator().manual_seed(4)
+    for rows, seq_lens in (([3, 1, 6], [100, 60, 90]), ([6], [7]), ([1, 3], [33, 64])):
+        n = len(rows)
+        q.copy_(torch.randn(q.shape, generator=gen))
+        last = _last_slots(pool, rows, seq_lens)
+        host = fill_static_inputs(static, 8, ids[:n], ids[:n], last, rows, seq_lens)
+        backend.init_forward_metadata_graph(8, static.req_rows, static.seq_lens, host)
+        graph.replay()
+        want = _eager(backend, pool, rows, seq_lens, q[:n].view(n, HEADS, HEAD_DIM))
+        torch.testing.assert_close(out[:n], want, atol=1e-5, rtol=0)
