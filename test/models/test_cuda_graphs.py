@@ -6,7 +6,7 @@ backend; two runners, graphs on and off, are fed the same tokens (the eager choi
 forcing), so every step compares like with like. Batches of 1 and 8 rows replay exact buckets,
 3 and 13 padded ones; the set of rows and their lengths change between replays. bf16 may flip a
 near-tie: a different choice is allowed only where eager's top-2 logit gap is below 1e-2, and
-such steps are counted and printed.
+such steps are counted and printed. A tiny float32 model checks the replayed logits themselves.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_harness import VOCAB, build_hf_model, save_hf_model, tiny_config
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -60,11 +61,11 @@ def default_shape_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def cuda_runner(folder: Path, graphs: bool) -> ModelRunner:
+def cuda_runner(folder: Path, graphs: bool, dtype: str = "bfloat16") -> ModelRunner:
     args = ServerArgs.from_kwargs(
         device="cuda",
         attention_backend="triton",
-        dtype="bfloat16",
+        dtype=dtype,
         max_total_tokens=16384,
         max_running_requests=16,
         cuda_graph_bs=BUCKETS,
@@ -177,3 +178,33 @@ def test_graph_decode_equals_eager_decode(default_shape_folder: Path) -> None:
         f"\ncuda graphs vs eager (bf16): {compared} rows compared, {near_ties} near-tie flips, "
         f"max |logit diff| {max_diff:.4f}"
     )
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa", "mistral_window"])
+def test_graph_logits_equal_eager_logits_in_float32(
+    variant: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A tiny float32 model: replayed logits equal eager ones to summation order, row by row,
+    for exact and padded buckets (a sliding window included)."""
+    model = build_hf_model(tiny_config(variant), seed=5)
+    folder = save_hf_model(model, tmp_path_factory.mktemp(f"graphs_{variant}"))
+    ours = Driver(cuda_runner(folder, graphs=True, dtype="float32"))
+    ref = Driver(cuda_runner(folder, graphs=False, dtype="float32"))
+    gen = torch.Generator().manual_seed(2)
+    prompts = [
+        torch.randint(3, VOCAB, (int(n),), generator=gen).tolist()
+        for n in torch.randint(1, 40, (NUM_REQUESTS,), generator=gen)
+    ]
+    for _ in prompts:
+        ours.add()
+        ref.add()
+    want = ref.step(list(range(NUM_REQUESTS)), prompts)
+    ours.step(list(range(NUM_REQUESTS)), prompts)
+    next_tok = want.argmax(-1).tolist()
+    for reqs in STEP_ROWS:
+        tokens = [[next_tok[r]] for r in reqs]
+        want = ref.step(reqs, tokens)
+        got = ours.step(reqs, tokens)
+        torch.testing.assert_close(got, want, atol=1e-4 * float(want.abs().max()), rtol=0)
+        for r, t in zip(reqs, want.argmax(-1).tolist(), strict=True):
+            next_tok[r] = t
