@@ -28,7 +28,7 @@ class TritonAttentionMetadata:
     # extend steps only (None in a CUDA-graph decode step)
     prefix_lens: torch.Tensor | None = None  # [B] int32 tokens already in the pool
     extend_lens: torch.Tensor | None = None  # [B] int32 new tokens
-    extend_starts: torch.Tensor | None = None  # [B] int32 flat offset of each request's first
+    extend_starts: torch.Tensor | None = None  # [B] int32 flat offset of the first new token
     max_extend_len: int = 1
     in_graph: bool = False  # decode partials go to the preallocated buffers
 
