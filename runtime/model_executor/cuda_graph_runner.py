@@ -249,9 +249,9 @@ class CudaGraphRunner:
     def replay(self, batch: ForwardBatch) -> LogitsOutput:
         """The step's logits for a batch `can_run` accepted.
 
-        NOTE: the result's tensors are views of the graph's static outputs: the next replay of
-        the same size overwrites them, so they must be consumed (sampled, or copied) before the
-        next step is launched on the same stream.
+        NOTE: the result's tensors are views of the graph's static outputs, and the next replay
+        (of any size: the graphs share one memory pool) may overwrite them, so they must be
+        consumed (sampled, or copied) before the next step is launched on the same stream.
         """
         n = batch.batch_size
         bs = bucket_for(n, self.batch_sizes)
