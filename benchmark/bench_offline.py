@@ -8,7 +8,11 @@ reported as a share of it). The scheduler's intra-op thread count is compared (1
 
     python benchmark/bench_offline.py [--quick] [--results benchmark/RESULTS.md]
 
-Prints one JSON line per result.
+Prints one JSON line per result. `--device cuda` measures the engine on a GPU instead, against
+HF `generate` on random weights of the same shape (offline_cuda.py says what):
+
+    python benchmark/bench_offline.py --device cuda [--quick] [--attention-backend triton]
+        [--skip-hf] [--model-dir DIR] [--results benchmark/RESULTS.md] [--dry-run]
 """
 
 from __future__ import annotations
@@ -141,7 +145,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens (smoke run)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--results", default=None, help="append a Markdown section to this file")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    cuda = ap.add_argument_group("--device cuda")
+    cuda.add_argument(
+        "--attention-backend", default="auto", choices=("auto", "triton", "flashinfer")
+    )
+    cuda.add_argument("--model-dir", default=None, help="build (or reuse) the random model here")
+    cuda.add_argument("--dry-run", action="store_true", help="the CUDA mode's steps on CPU, tiny")
     args = ap.parse_args()
+    if args.device == "cuda":
+        from offline_cuda import run_cuda  # type: ignore[import-not-found]
+
+        return int(run_cuda(args))
     new_single = 32 if args.quick else 128
     new_batch = 16 if args.quick else 128
     n_prompts = 64

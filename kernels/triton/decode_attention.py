@@ -5,7 +5,8 @@ keys; the query heads that share the KV head (the GQA group) ride in one `tl.dot
 key and value is read once per group. A request's split boundaries depend only on its own
 length, never on the batch, so its output does not change with what it is batched with.
 Keys are read through `req_to_token` (request row -> KV slot per position): no per-step index
-list is built.
+list is built. The split count is fixed, so the launch grid depends on the batch size alone and
+a CUDA graph captures it as it is (with preallocated partials: `mid`).
 """
 
 from __future__ import annotations
@@ -158,20 +159,25 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scaling: float,
     window: int | None = None,
+    mid: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """One query token per request attends to its whole (or last `window`) context.
 
     q, out: [B, H, D]; k_buf, v_buf: [slots, Hkv, D]; req_rows, seq_lens: [B] int32 (the
     sequence length includes the token being decoded, whose K/V is already in the pool).
+    mid: preallocated split partials and LSE (`alloc_decode_mid`, for >= B rows), as CUDA graphs
+    need (nothing allocated per call); else they are allocated here.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
-    mid_o = torch.empty(
-        (batch, num_heads, NUM_SPLITS, head_dim), dtype=torch.float32, device=q.device
-    )
-    mid_lse = torch.empty((batch, num_heads, NUM_SPLITS), dtype=torch.float32, device=q.device)
+    if mid is None:
+        mid_o, mid_lse = alloc_decode_mid(batch, num_heads, head_dim, q.device)
+    else:
+        # NOTE: leading rows of contiguous buffers: the kernels index them densely by row
+        mid_o, mid_lse = mid[0][:batch], mid[1][:batch]
+        assert mid_o.shape[1:] == (num_heads, NUM_SPLITS, head_dim), "mid buffers of another shape"
     _decode_partial_kernel[(batch, num_kv_heads, NUM_SPLITS)](
         q,
         k_buf,
@@ -208,3 +214,12 @@ def decode_attention(
         BLOCK_D=block_d,
         NUM_SPLITS=NUM_SPLITS,
     )
+
+
+def alloc_decode_mid(
+    rows: int, num_heads: int, head_dim: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split partials [rows, H, NUM_SPLITS, D] and their LSE [rows, H, NUM_SPLITS] (float32)."""
+    mid_o = torch.empty((rows, num_heads, NUM_SPLITS, head_dim), dtype=torch.float32, device=device)
+    mid_lse = torch.empty((rows, num_heads, NUM_SPLITS), dtype=torch.float32, device=device)
+    return mid_o, mid_lse

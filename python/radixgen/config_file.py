@@ -70,7 +70,7 @@ def flags_to_argv(flags: dict[Any, Any]) -> list[str]:
             continue  # the default; a switch left off
         if value is True:
             argv.append(flag)
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple)):  # a flag of several values
             argv += [flag, *(str(v) for v in value)]
         else:
             argv += [flag, str(value)]

@@ -156,6 +156,26 @@ class GrammarConfig:
 
 
 @dataclass(frozen=True)
+class CudaGraphConfig:
+    """Decode steps replayed from CUDA graphs (CUDA only: the CPU path never captures)."""
+
+    disable_cuda_graph: bool = _f(False, "Run every decode step eagerly (no CUDA graphs).")
+    cuda_graph_max_bs: int = _f(
+        256,
+        "Largest decode batch replayed from a CUDA graph; larger batches run eagerly. Captured "
+        "sizes: 1, 2, 4, 8, 12, then every 8 to 256, every 16 to 512, every 32 beyond, up to this "
+        "and --max-running-requests. The default is SGLang's for an 80-140 GB card.",
+    )
+    cuda_graph_bs: tuple[int, ...] | None = _f(
+        None, "The decode batch sizes to capture, instead of the list from --cuda-graph-max-bs."
+    )
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph_bs is not None:  # a list from the command line or a config file
+            object.__setattr__(self, "cuda_graph_bs", tuple(int(b) for b in self.cuda_graph_bs))
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     tp_size: int = _f(1, "Tensor-parallel degree.")
     dp_size: int = _f(
@@ -253,6 +273,7 @@ _GROUPS: dict[str, type] = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
     "grammar": GrammarConfig,
+    "cuda_graph": CudaGraphConfig,
     "parallel": ParallelConfig,
     "http": HttpConfig,
     "limits": LimitsConfig,
@@ -268,6 +289,7 @@ class ServerArgs:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -319,6 +341,11 @@ class ServerArgs:
         if s.max_queued_requests is not None and s.max_queued_requests < 0:
             raise InvalidRequestError("max_queued_requests must be >= 0", "max_queued_requests")
         self._validate_limits()
+        graph = self.cuda_graph
+        if graph.cuda_graph_max_bs < 1:
+            raise InvalidRequestError("cuda_graph_max_bs must be >= 1", "cuda_graph_max_bs")
+        if graph.cuda_graph_bs is not None and any(bs < 1 for bs in graph.cuda_graph_bs):
+            raise InvalidRequestError("cuda_graph_bs sizes must be >= 1", "cuda_graph_bs")
         if self.cache.page_size < 1:
             raise InvalidRequestError("page_size must be >= 1", "page_size")
         if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
@@ -415,15 +442,20 @@ def field_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _base_type(annotation: Any) -> type:
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(the type of one value, whether the flag takes a list of them)."""
     hint = annotation
     if isinstance(hint, str):
         hint = eval(hint, {"__builtins__": __builtins__}, {})
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]
+        item = typing.get_args(hint)[0]
+        assert isinstance(item, type), f"no command-line type for {annotation!r}"
+        return item, True
     assert isinstance(hint, type), f"no command-line type for {annotation!r}"
-    return hint
+    return hint, False
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -437,7 +469,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             name = f.name.replace("_", "-")
             flags = [f"--{n}" for n in (name, *sf.flag_aliases(name))]
             help_text = f.metadata.get("help", "")
-            typ = _base_type(f.type)
+            typ, many = _base_type(f.type)
             if typ is bool:
                 # a flag that defaults on (or to "decided later", None) also gets --no-<flag>
                 on = f.default or f.default is None
@@ -448,6 +480,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 *flags,
                 dest=f.name,
+                nargs="+" if many else None,
                 type=_cli_type(typ, name) if typ is str else typ,
                 default=f.default,
                 choices=sf.cli_choices(name, ours),

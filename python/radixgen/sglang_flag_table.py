@@ -59,6 +59,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule",
+    "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -219,8 +220,9 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         N,
-        "CUDA graphs are a GPU feature: the CPU path runs every step directly",
-        "disable-cuda-graph cuda-graph-max-bs= cuda-graph-bs=* cuda-graph-config= "
+        "a CUDA-graph setting without a counterpart here: decode steps are captured at the sizes "
+        "--cuda-graph-max-bs / --cuda-graph-bs give (never prefill), on CUDA only",
+        "cuda-graph-config= "
         "cuda-graph-backend-decode= cuda-graph-backend-prefill= cuda-graph-max-bs-decode= "
         "cuda-graph-max-bs-prefill= cuda-graph-bs-decode=* cuda-graph-bs-prefill=* "
         "cuda-graph-prefill-max-context|context-bucket= cuda-graph-max-seq-len-prefill= "

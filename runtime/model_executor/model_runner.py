@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +156,7 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(
             self.attention_backend, self.kv_pool, self.req_to_token_pool, self.native
         )
+        self.graph_runner = self._build_graph_runner()
         self.load_seconds = time.perf_counter() - t0
         logger.info(
             "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels, %s attention%s",
@@ -186,9 +191,43 @@ class ModelRunner:
         tokens = int(budget // per_token)
         return max(cache.page_size * 64, min(tokens, 1 << 20))
 
+    # --- CUDA graphs (cuda_graph_runner.py) ---------------------------------------------------
+
+    def _build_graph_runner(self) -> CudaGraphRunner | None:
+        """Decode graphs on CUDA unless --disable-cuda-graph (never on CPU)."""
+        graphs = self.args.cuda_graph
+        if not self.device.startswith("cuda") or graphs.disable_cuda_graph:
+            return None
+        if not self.attn_backend.supports_cuda_graph:
+            logger.info(
+                "CUDA graphs off: the %s attention backend runs decode steps eagerly",
+                self.attention_backend,
+            )
+            return None
+        from radixgen.runtime.model_executor.cuda_graph_runner import (
+            CudaGraphRunner,
+            capture_batch_sizes,
+        )
+
+        sizes = capture_batch_sizes(
+            graphs.cuda_graph_max_bs,
+            graphs.cuda_graph_bs,
+            self.args.scheduler.max_running_requests,
+        )
+        return CudaGraphRunner(
+            self.model,
+            self.attn_backend,
+            sizes,
+            self.vocab_size,
+            self.req_to_token_pool.max_context_len,
+            self.device,
+        )
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         batch = batch.to_device(self.torch_device)
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.replay(batch)
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)

@@ -54,7 +54,7 @@ def test_runtime_serves_programs_and_shuts_down_cleanly():
         port=free_port(),
         max_running_requests=4,  # SGLang's ServerArgs names
         chunked_prefill_size=512,
-        disable_cuda_graph=True,  # SGLang flag with no effect here: accepted
+        disable_cuda_graph=True,  # SGLang's flag (graphs are CUDA-only: no effect on CPU)
         num_threads=1,
         log_level="warning",
     )

@@ -122,7 +122,7 @@ REALISTIC = [
     "--disable-overlap-schedule", "--enable-mixed-chunk", "--random-seed", "42",
 ]  # fmt: skip
 REALISTIC_NO_EFFECT = (
-    "--trust-remote-code", "--disable-cuda-graph", "--kv-cache-dtype auto", "--cuda-graph-max-bs 16",
+    "--trust-remote-code", "--kv-cache-dtype auto",
     "--enable-mixed-chunk",
 )  # fmt: skip
 
@@ -138,6 +138,7 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
     assert args.http.enable_metrics and args.http.log_level == "warning"
     assert args.model.attention_backend == "torch"  # SGLang's torch_native
     assert args.scheduler.disable_overlap_schedule
+    assert args.cuda_graph.disable_cuda_graph and args.cuda_graph.cuda_graph_max_bs == 16
     assert len(notes) == len(REALISTIC_NO_EFFECT)
     for shown in REALISTIC_NO_EFFECT:
         assert sum(n.startswith(shown + " has no effect here") for n in notes) == 1, shown
@@ -165,6 +166,9 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--attention-backend", "triton"], "attention_backend", "triton"),
         (["--attention-backend", "torch_native"], "attention_backend", "torch"),
         (["--disable-overlap-schedule"], "disable_overlap_schedule", True),
+        (["--disable-cuda-graph"], "disable_cuda_graph", True),
+        (["--cuda-graph-max-bs", "64"], "cuda_graph_max_bs", 64),
+        (["--cuda-graph-bs", "1", "2", "4"], "cuda_graph_bs", (1, 2, 4)),
     ],
 )
 def test_implemented_flags_set_our_fields(argv, field, value):
@@ -231,12 +235,12 @@ def test_sglang_values_we_lack_are_refused_with_the_flag(argv, needle, capsys):
 
 def test_values_are_consumed_by_every_arity():
     args, notes = resolve(
-        "--cuda-graph-bs", "1", "2", "4", "--decode-attention-backend", "triton",
+        "--cuda-graph-bs-decode", "1", "2", "4", "--decode-attention-backend", "triton",
         "--enable-tf32-matmul", "--no-enable-fused-qk-norm-rope", "--context-length", "1024",
     )  # fmt: skip
     assert args.model.context_length == 1024
     assert sorted(n.split(" has no effect")[0] for n in notes) == [
-        "--cuda-graph-bs 1 2 4", "--decode-attention-backend triton", "--enable-tf32-matmul",
+        "--cuda-graph-bs-decode 1 2 4", "--decode-attention-backend triton", "--enable-tf32-matmul",
         "--no-enable-fused-qk-norm-rope",
     ]  # fmt: skip
 
@@ -251,9 +255,8 @@ def test_config_file_flags_go_first_and_the_command_line_wins(tmp_path):
     args, notes = resolve(*argv)
     assert args.model.model_path == "from/file" and args.model.context_length == 512
     assert args.http.enable_metrics and not args.cache.disable_radix_cache
-    assert sorted(n.split(" has no effect")[0] for n in notes) == [
-        "--cuda-graph-bs 1 2", "--trust-remote-code",
-    ]  # fmt: skip
+    assert args.cuda_graph.cuda_graph_bs == (1, 2)  # a list flag from the file
+    assert [n.split(" has no effect")[0] for n in notes] == ["--trust-remote-code"]
 
 
 @pytest.mark.parametrize(
