@@ -1,0 +1,97 @@
+"""The flashinfer backend's per-step index tensors (pure torch, no flashinfer import), against
+layouts worked out by hand: page sizes 1 and 16, empty and cached prefixes, mixed batches."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from radixgen.kernels.attention.flashinfer_metadata import indptr_of, paged_kv, rows_on
+
+
+def table(rows: dict[int, list[int]], width: int = 40) -> torch.Tensor:
+    """A request -> slot table with the given rows filled (others zero: the padding slot)."""
+    t = torch.zeros((max(rows) + 2, width), dtype=torch.long)
+    for row, slots in rows.items():
+        t[row, : len(slots)] = torch.tensor(slots)
+    return t
+
+
+def layout(t: torch.Tensor, rows: list[int], lens: list[int], page_size: int) -> tuple:
+    p = paged_kv(t, rows_on(t.device, rows), lens, page_size)
+    for x in (p.indptr, p.indices, p.last_page_len):
+        assert x.dtype == torch.int32
+    return p.indptr.tolist(), p.indices.tolist(), p.last_page_len.tolist()
+
+
+def test_indptr_of_new_tokens() -> None:
+    assert indptr_of([3, 1, 7]).tolist() == [0, 3, 4, 11]
+    assert indptr_of([3, 1, 7]).dtype == torch.int32
+    assert indptr_of([]).tolist() == [0]
+
+
+def test_page_size_one_lists_every_slot_in_order() -> None:
+    t = table({2: [9, 4, 7, 30], 0: [5, 6], 3: [11]})
+    # request slots out of order, one of them read shorter than it is filled
+    assert layout(t, [2, 3, 0], [4, 1, 1], 1) == ([0, 4, 5, 6], [9, 4, 7, 30, 11, 5], [1, 1, 1])
+
+
+def test_page_size_sixteen_lists_page_ids_and_last_page_fill() -> None:
+    def pages(*ids: int) -> list[int]:
+        return [s for p in ids for s in range(p * 16, p * 16 + 16)]
+
+    t = table({1: pages(5, 2, 9), 4: pages(3), 2: pages(7, 1)}, width=48)
+    # 33 tokens: pages 5, 2 full and 1 token of page 9; 16: exactly page 3; 17: page 7 + 1 of 1
+    assert layout(t, [1, 4, 2], [33, 16, 17], 16) == ([0, 3, 4, 6], [5, 2, 9, 3, 7, 1], [1, 16, 1])
+    # a 1-token sequence reads its first page only
+    assert layout(t, [1], [1], 16) == ([0, 1], [5], [1])
+
+
+def test_requests_without_prefix_get_no_pages() -> None:
+    """A mixed step's paged part covers the cached prefixes only: a fresh prompt (prefix 0) is an
+    empty row (no pages, last_page_len 0) between requests that have one."""
+    t = table({0: [3, 8, 2], 1: [20, 21], 5: [40, 41, 42, 43, 44]})
+    assert layout(t, [5, 0, 1], [0, 2, 0], 1) == ([0, 0, 2, 2], [3, 8], [0, 1, 0])
+    # page size 16: slots 32..47 are page 2, 48.. page 3
+    t = table({0: list(range(32, 50)), 1: list(range(64, 70))})
+    assert layout(t, [1, 0], [0, 17], 16) == ([0, 0, 2], [2, 3], [0, 1])
+    assert layout(t, [0, 1], [0, 0], 16) == ([0, 0, 0], [], [0, 0])
+
+
+def test_padded_graph_rows_read_the_padding_page() -> None:
+    """CUDA-graph padding rows (request slot 0, seq len 1) land on page 0, the padding page."""
+    t = table({0: [], 3: [16, 17, 18]}, width=8)
+    assert layout(t, [3, 0, 0], [3, 1, 1], 16) == ([0, 1, 2, 3], [1, 0, 0], [3, 1, 1])
+    # the rows may come as an int32 device buffer (the graph runner's static req_rows)
+    p = paged_kv(t, torch.tensor([3, 0], dtype=torch.int32), [2, 1], 1)
+    assert p.indices.tolist() == [16, 17, 0]
+
+
+def test_empty_batch() -> None:
+    t = table({0: [1]})
+    assert layout(t, [], [], 1) == ([0], [], [])
+
+
+def test_a_long_request_matches_a_direct_gather() -> None:
+    """2,000 tokens in shuffled pages: the page table re-expands to exactly the request's slots."""
+    gen = torch.Generator().manual_seed(0)
+    for page_size in (1, 16):
+        n_pages = -(-2000 // page_size)
+        pages = torch.randperm(n_pages + 10, generator=gen)[:n_pages] + 1
+        slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:2000]
+        t = torch.zeros((3, 2048), dtype=torch.long)
+        t[1, :2000] = slots
+        t[2, :500] = slots[:500].flip(0) if page_size == 1 else slots[:500]
+        p = paged_kv(t, rows_on(t.device, [1, 2]), [2000, 500], page_size)
+        ids = p.indices.long()
+        start, mid, end = p.indptr.tolist()
+        expanded = (ids[start:mid, None] * page_size + torch.arange(page_size)).flatten()
+        assert torch.equal(expanded[:2000], slots)
+        assert p.last_page_len.tolist()[0] == 2000 - (mid - 1) * page_size
+        expanded = (ids[mid:end, None] * page_size + torch.arange(page_size)).flatten()
+        assert torch.equal(expanded[:500], t[2, :500])
+
+
+def test_metadata_module_imports_no_flashinfer() -> None:
+    assert "flashinfer" not in sys.modules
