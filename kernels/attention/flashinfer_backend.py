@@ -54,7 +54,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         layer_info: AttentionLayerInfo | None = None,
     ) -> None:
         # NOTE: imported here so that choosing another backend never imports flashinfer
-        import flashinfer
+        try:
+            import flashinfer
+        except ImportError as exc:
+            raise ImportError(
+                "--attention-backend flashinfer needs flashinfer-python 0.6.13 (on the GPU "
+                "machine: from the carried wheels, scripts/gpu_check.sh); or use triton"
+            ) from exc
 
         self._fi: Any = flashinfer
         self.kv_pool = kv_pool

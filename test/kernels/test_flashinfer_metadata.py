@@ -3,8 +3,10 @@ layouts worked out by hand: page sizes 1 and 16, empty and cached prefixes, mixe
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
+import pytest
 import torch
 
 from radixgen.kernels.attention.flashinfer_metadata import indptr_of, paged_kv, rows_on
@@ -94,4 +96,16 @@ def test_a_long_request_matches_a_direct_gather() -> None:
 
 
 def test_metadata_module_imports_no_flashinfer() -> None:
+    assert "flashinfer" not in sys.modules
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="it is installed")
+def test_the_backend_without_flashinfer_says_what_it_needs() -> None:
+    from radixgen.kernels.attention import create_attention_backend
+
+    class Pool:
+        device_req_to_token = req_to_token = torch.zeros((2, 4), dtype=torch.long)
+
+    with pytest.raises(ImportError, match=r"needs flashinfer-python 0\.6\.13"):
+        create_attention_backend("flashinfer", Pool(), Pool())  # type: ignore[arg-type]
     assert "flashinfer" not in sys.modules
