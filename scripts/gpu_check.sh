@@ -171,7 +171,8 @@ fi
 run environment 45 env.log bash -c environment
 
 # --- 1-3: tests and benchmark --------------------------------------------------------------
-PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -m gpu --timeout=120 --maxfail=10)
+PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -m gpu --maxfail=10)
+"$PYTHON" -c 'import pytest_timeout' 2>/dev/null && PYTEST+=(--timeout=120)  # per test
 run kernels "$CAP_KERNELS" kernels.log "${PYTEST[@]}" test/kernels
 # jsonschema / openai are not carried: modules needing them fail to collect, the rest runs
 run models "$CAP_MODELS" models.log "${PYTEST[@]}" --continue-on-collection-errors \
