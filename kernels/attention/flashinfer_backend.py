@@ -16,28 +16,15 @@ the device: the carried prebuilt modules are FA2, see scripts/build_flashinfer_a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
-from .flashinfer_metadata import PagedKV, indptr_of, paged_kv, rows_on
+from .flashinfer_metadata import StepLayout, graph_step_layout, step_layout
 
 # one float workspace shared by every wrapper (split-KV partials; the docs suggest 128 MB)
 WORKSPACE_BYTES = 256 * 1024 * 1024
-
-
-@dataclass
-class _Step:
-    """What `init_forward_metadata*` left for this step's layers."""
-
-    kind: str  # "idle" | "decode" | "extend" | "graph"
-    paged: PagedKV | None = None  # decode: whole sequences; extend: the cached prefixes only
-    qo_indptr: torch.Tensor | None = None  # extend: host int32 offsets of the new tokens
-    has_prefix: bool = False
-    graph_bs: int = 0
-    planned: tuple[int, float] | None = None  # (query heads, scale) the wrappers hold
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -83,36 +70,21 @@ class FlashInferAttentionBackend(AttentionBackend):
         )
         self._graph_wrappers: dict[int, Any] = {}
         self._graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._step = _Step("idle")
+        self._step = StepLayout("idle")
 
     # --- per step -----------------------------------------------------------------------------
 
     def init_forward_metadata(self, batch: AttentionBatch) -> None:
-        rows, prefix_lens, extend_lens = (
-            batch.req_pool_indices_cpu,
-            batch.prefix_lens,
-            batch.extend_lens,
-        )
-        if not rows:
-            self._step = _Step("idle")
-            return
-        rows_dev = rows_on(self.req_to_token.device, rows)
-        if all(e == 1 for e in extend_lens):
-            seq_lens = [p + 1 for p in prefix_lens]
-            self._step = _Step("decode", paged=self._paged(rows_dev, seq_lens))
-            return
-        self._step = _Step(
-            "extend",
-            paged=self._paged(rows_dev, prefix_lens),
-            qo_indptr=indptr_of(extend_lens),
-            has_prefix=any(p > 0 for p in prefix_lens),
-        )
+        self._step = step_layout(batch, self.req_to_token, self.page_size)
 
-    def _paged(self, rows: torch.Tensor, kv_lens: list[int]) -> PagedKV:
-        return paged_kv(self.req_to_token, rows, kv_lens, self.page_size)
+    def _plan(self, step: StepLayout, geometry: tuple[int, float]) -> None:
+        """Host-side planning of this step's wrappers (once per step: layers share it).
 
-    def _plan(self, step: _Step, geometry: tuple[int, float]) -> None:
-        """Host-side planning of this step's wrappers (once per step: layers share it)."""
+        NOTE: a wrapper's plan fills its pinned host buffer and queues a copy of it to the
+        device on the current stream, without waiting: planning step N+1 while the copy of step
+        N's plan of the same wrapper is still queued (a host more than a step ahead of the GPU)
+        would overwrite it. Overlap scheduling must keep the host at most one step ahead.
+        """
         heads, scale = geometry
         common: dict[str, Any] = {
             "q_data_type": self.dtype,
@@ -258,6 +230,6 @@ class FlashInferAttentionBackend(AttentionBackend):
                 paged_kv_indices_buffer=indices,
                 paged_kv_last_page_len_buffer=last[:bs],
             )
-        step = _Step("graph", paged=self._paged(req_rows, seq_lens_host), graph_bs=bs)
+        step = graph_step_layout(bs, req_rows, seq_lens_host, self.req_to_token, self.page_size)
         self._plan(step, self._geometry)
         self._step = step

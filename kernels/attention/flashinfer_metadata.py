@@ -12,8 +12,12 @@ j % page_size of its page), so the page of positions [j*P, (j+1)*P) is req_to_to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .base import AttentionBatch
 
 
 @dataclass(frozen=True)
@@ -67,3 +71,56 @@ def paged_kv(
 def rows_on(device: torch.device, rows: list[int]) -> torch.Tensor:
     """A step's host list of request slots, on the table's device."""
     return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+
+
+@dataclass
+class StepLayout:
+    """What one step's layers run, and over which index tensors.
+
+    decode (every row has one new token): paged attention over each whole sequence, new token
+    included. extend (any row has more): ragged causal attention over the new tokens (`qo_indptr`
+    for both queries and keys) plus, when some row has a cached prefix, paged attention over the
+    prefixes only; decode rows ride along as 1-token extends. graph: a decode step of a captured
+    batch size. idle: no rows.
+    """
+
+    kind: str  # "idle" | "decode" | "extend" | "graph"
+    paged: PagedKV | None = None
+    qo_indptr: torch.Tensor | None = None  # extend: host int32 offsets of the new tokens
+    has_prefix: bool = False
+    graph_bs: int = 0
+    planned: tuple[int, float] | None = None  # (query heads, scale) the wrappers were planned for
+
+
+def step_layout(batch: AttentionBatch, req_to_token: torch.Tensor, page_size: int) -> StepLayout:
+    rows, prefix_lens, extend_lens = (
+        batch.req_pool_indices_cpu,
+        batch.prefix_lens,
+        batch.extend_lens,
+    )
+    if not rows:
+        return StepLayout("idle")
+    rows_dev = rows_on(req_to_token.device, rows)
+    if all(e == 1 for e in extend_lens):
+        seq_lens = [p + 1 for p in prefix_lens]
+        return StepLayout("decode", paged=paged_kv(req_to_token, rows_dev, seq_lens, page_size))
+    return StepLayout(
+        "extend",
+        paged=paged_kv(req_to_token, rows_dev, prefix_lens, page_size),
+        qo_indptr=indptr_of(extend_lens),
+        has_prefix=any(p > 0 for p in prefix_lens),
+    )
+
+
+def graph_step_layout(
+    bs: int,
+    req_rows: torch.Tensor,
+    seq_lens_host: list[int],
+    req_to_token: torch.Tensor,
+    page_size: int,
+) -> StepLayout:
+    """A captured decode step: the graph runner's static request rows and the host lengths."""
+    assert len(seq_lens_host) == bs, (len(seq_lens_host), bs)
+    return StepLayout(
+        "graph", paged=paged_kv(req_to_token, req_rows, seq_lens_host, page_size), graph_bs=bs
+    )

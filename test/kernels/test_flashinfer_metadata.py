@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from radixgen.kernels.attention.flashinfer_metadata import indptr_of, paged_kv, rows_on
+from radixgen.kernels.attention.flashinfer_metadata import (
+    graph_step_layout,
+    indptr_of,
+    paged_kv,
+    rows_on,
+    step_layout,
+)
 
 
 def table(rows: dict[int, list[int]], width: int = 40) -> torch.Tensor:
@@ -93,6 +100,65 @@ def test_a_long_request_matches_a_direct_gather() -> None:
         assert p.last_page_len.tolist()[0] == 2000 - (mid - 1) * page_size
         expanded = (ids[mid:end, None] * page_size + torch.arange(page_size)).flatten()
         assert torch.equal(expanded[:500], t[2, :500])
+
+
+@dataclass
+class Batch:
+    out_cache_loc: torch.Tensor
+    req_pool_indices_cpu: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    extend_start_loc: list[int]
+
+
+def batch(rows: list[int], prefixes: list[int], extends: list[int]) -> Batch:
+    starts = [sum(extends[:i]) for i in range(len(extends))]
+    return Batch(torch.zeros(sum(extends), dtype=torch.long), rows, prefixes, extends, starts)
+
+
+def test_a_decode_step_pages_each_whole_sequence() -> None:
+    t = table({1: [4, 5, 6], 2: [9, 8]})
+    step = step_layout(batch([2, 1], [1, 2], [1, 1]), t, 1)
+    assert step.kind == "decode" and step.qo_indptr is None
+    assert step.paged is not None
+    # the new token's slot (already allocated) is part of the paged sequence
+    assert step.paged.indptr.tolist() == [0, 2, 5]
+    assert step.paged.indices.tolist() == [9, 8, 4, 5, 6]
+
+
+def test_a_mixed_step_is_ragged_new_tokens_plus_paged_prefixes() -> None:
+    # a decode row (prefix 2), a fresh prompt of 3 and a 2-token chunk on a 1-token prefix
+    t = table({1: [4, 5, 6], 2: [9, 8, 7], 3: [11, 12, 13]})
+    step = step_layout(batch([1, 2, 3], [2, 0, 1], [1, 3, 2]), t, 1)
+    assert step.kind == "extend" and step.has_prefix
+    assert step.qo_indptr is not None and step.qo_indptr.tolist() == [0, 1, 4, 6]
+    assert step.qo_indptr.dtype == torch.int32
+    assert step.paged is not None
+    assert step.paged.indptr.tolist() == [0, 2, 2, 3]  # prefixes only: the new tokens are ragged
+    assert step.paged.indices.tolist() == [4, 5, 11]
+    assert step.paged.last_page_len.tolist() == [1, 0, 1]
+
+
+def test_fresh_prompts_need_no_paged_part() -> None:
+    t = table({0: [1, 2], 4: [3, 4, 5]})
+    step = step_layout(batch([4, 0], [0, 0], [3, 2]), t, 16)
+    assert step.kind == "extend" and not step.has_prefix
+    assert step.paged is not None and step.paged.indices.numel() == 0
+
+
+def test_an_empty_step_is_idle() -> None:
+    assert step_layout(batch([], [], []), table({0: []}), 1).kind == "idle"
+
+
+def test_a_graph_step_takes_the_runners_static_rows() -> None:
+    t = table({0: [], 2: list(range(32, 50))}, width=24)
+    rows = torch.tensor([2, 0, 0, 0], dtype=torch.int32)  # one request, three padding rows
+    step = graph_step_layout(4, rows, [18, 1, 1, 1], t, 16)
+    assert step.kind == "graph" and step.graph_bs == 4
+    assert step.paged is not None
+    assert step.paged.indptr.tolist() == [0, 2, 3, 4, 5]
+    assert step.paged.indices.tolist() == [2, 3, 0, 0, 0]
+    assert step.paged.last_page_len.tolist() == [2, 1, 1, 1]
 
 
 def test_metadata_module_imports_no_flashinfer() -> None:
