@@ -81,9 +81,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         """Host-side planning of this step's wrappers (once per step: layers share it).
 
         NOTE: a wrapper's plan fills its pinned host buffer and queues a copy of it to the
-        device on the current stream, without waiting: planning step N+1 while the copy of step
-        N's plan of the same wrapper is still queued (a host more than a step ahead of the GPU)
-        would overwrite it. Overlap scheduling must keep the host at most one step ahead.
+        device on the current stream, without waiting: planning step N+1 before the GPU has
+        started step N (whose first work is that copy) would overwrite it. Overlap scheduling
+        must launch step N+1 only once step N-1 is done (as handling N-1's results implies).
         """
         heads, scale = geometry
         common: dict[str, Any] = {
