@@ -36,7 +36,7 @@ done
 if [[ -z "${PYTHON:-}" ]]; then  # the GPU machine's python3; a dev machine's worktree venv
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-BUDGET=465  # seconds for the whole script
+BUDGET=450  # seconds for the whole script (each stage may overrun its cap by a 10 s kill grace)
 if ((QUICK)); then
     CAP_INSTALL=60 CAP_KERNELS=75 CAP_MODELS=100 CAP_BENCH=60 BENCH_ARGS=(--quick --skip-hf)
 else
