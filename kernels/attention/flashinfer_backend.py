@@ -57,6 +57,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.device = k_buf.device
         self.dtype = k_buf.dtype
         self.num_kv_heads, self.head_dim = int(k_buf.shape[1]), int(k_buf.shape[2])
+        if self.dtype not in (torch.bfloat16, torch.float16):
+            # NOTE: the carried prebuilt modules are bf16 (fp16 would compile on first use)
+            raise ValueError(
+                f"--attention-backend flashinfer runs bf16 or fp16, not {self.dtype} "
+                "(use triton or torch)"
+            )
         self._geometry: tuple[int, float] | None = (
             None if layer_info is None else (layer_info.num_heads, layer_info.scaling)
         )
