@@ -115,10 +115,13 @@ def create_attention_backend(
     kv_pool: KVPool,
     req_to_token_pool: ReqToTokenPool,
     native: NativeKernels | None = None,
+    layer_info: AttentionLayerInfo | None = None,
 ) -> AttentionBackend:
     """native: the CPU kernels the model runner chose (None: the pure-torch path).
+    layer_info: any layer's geometry (heads, scale): flashinfer plans its CUDA-graph decode with
+    it before any layer runs (eager steps learn it from the first layer).
 
-    `triton` imports Triton only here, so the CPU path never loads it.
+    `triton` and `flashinfer` import their packages only here, so the CPU path never loads them.
     """
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
@@ -129,6 +132,9 @@ def create_attention_backend(
 
         return TritonAttentionBackend(kv_pool, req_to_token_pool)
     if name == "flashinfer":
-        # NOTE: planned (issue 13): paged prefill/decode wrappers planned once per step
-        raise ValueError("the flashinfer attention backend is not written yet (use triton)")
+        from .flashinfer_backend import FlashInferAttentionBackend
+
+        # NOTE: the pool's page size (TokenToKVPool.page_size); the KVPool protocol leaves it out
+        page_size = int(getattr(kv_pool, "page_size", 1))
+        return FlashInferAttentionBackend(kv_pool, req_to_token_pool, page_size, layer_info)
     raise ValueError(f"unknown attention backend {name!r} (one of {', '.join(ATTENTION_BACKENDS)})")
