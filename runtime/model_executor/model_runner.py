@@ -53,18 +53,20 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_attention_backend(name: str, device: str) -> str:
+def resolve_attention_backend(name: str, device: str, cfg: ModelArchConfig | None = None) -> str:
     """The backend `--attention-backend` names on `device`, or a precise refusal.
 
     On CPU only torch runs natively; triton there needs Triton's interpreter (TRITON_INTERPRET=1,
-    for the kernels' tests: it is thousands of times slower).
+    for the kernels' tests: it is thousands of times slower). `auto` on CUDA: flashinfer where it
+    imports and the model has no sliding-window layers (which it does not serve), else triton.
     """
     if name == "auto":
         if device == "cpu":
             return "torch"
         from importlib.util import find_spec
 
-        return "flashinfer" if find_spec("flashinfer") is not None else "triton"
+        windowed = cfg is not None and any(w is not None for w in cfg.layer_sliding_windows)
+        return "flashinfer" if find_spec("flashinfer") is not None and not windowed else "triton"
     if (
         device == "cpu"
         and name == "triton"
@@ -115,10 +117,10 @@ class ModelRunner:
         # NOTE: the one device decision: every tensor the step reads is placed on it here
         self.torch_device = torch.device(self.device)
         self.dtype = resolve_dtype(args.model.dtype, self.device)
-        self.attention_backend = resolve_attention_backend(
-            args.model.attention_backend, self.device
-        )
         self.cfg = arch if arch is not None else ModelArchConfig.from_folder(model_folder)
+        self.attention_backend = resolve_attention_backend(
+            args.model.attention_backend, self.device, self.cfg
+        )
         self.context_length = context_length
         # NOTE: the one native-or-torch decision (device, dtype, environment, CPU features):
         # the model, its linear layers, the attention backend and the logits are handed it.
@@ -154,7 +156,11 @@ class ModelRunner:
             args.scheduler.max_running_requests + 8, context_length + 8, self.torch_device
         )
         self.attn_backend = create_attention_backend(
-            self.attention_backend, self.kv_pool, self.req_to_token_pool, self.native
+            self.attention_backend,
+            self.kv_pool,
+            self.req_to_token_pool,
+            self.native,
+            layer_info=self.model.attention_layer_info(),
         )
         self.graph_runner = self._build_graph_runner()
         self.load_seconds = time.perf_counter() - t0

@@ -244,6 +244,12 @@ class LlamaForCausalLM(nn.Module):
         model.rotary = RotaryEmbedding(cfg, max_positions).to(device)
         return model.eval()
 
+    def attention_layer_info(self) -> AttentionLayerInfo:
+        """The first layer's attention geometry (heads, head dim, scale) for the backend."""
+        layer = self.layers[0]
+        assert isinstance(layer, DecoderLayer)
+        return layer.self_attn.info
+
     @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
