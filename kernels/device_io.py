@@ -1,9 +1,11 @@
 """Host <-> device transfers for one step without stalls: small host lists go to the device with
 non-blocking copies, and a step's results come back in one synchronisation.
 
-NOTE: a blocking host-to-device copy waits for every kernel queued before it; a non-blocking one
-does not (from pageable memory the driver stages the bytes first, so the source may be reused at
-once). On CPU both helpers return their inputs unchanged.
+NOTE: a blocking host-to-device copy waits for every kernel queued before it, and a non-blocking
+one from pageable memory may too (the driver can synchronise to stage it); from pinned memory it
+is queued and returns at once. So host data goes through a pinned staging copy (torch's caching
+host allocator keeps a staging block until its copy has run). On CPU the helpers return their
+inputs unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ def to_device(
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return host.to(dtype)
-    return host.to(device=device, dtype=dtype, non_blocking=True)
+    return upload(host.to(dtype), device)
+
+
+def upload(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device`: itself when it is there already (one device of each type is assumed),
+    else a copy queued without a host wait (through pinned memory)."""
+    device = torch.device(device)
+    if t.device.type == device.type:
+        return t
+    staged = t if t.is_pinned() else t.pin_memory()
+    return staged.to(device, non_blocking=True)
 
 
 class HostCopy:

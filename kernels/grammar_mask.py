@@ -63,7 +63,9 @@ def apply_token_bitmask(
     if rows is None:
         logits.add_(additive)
     else:
-        index = rows.to(device=logits.device, dtype=torch.long, non_blocking=True)
+        from .device_io import upload
+
+        index = upload(rows.to(torch.long), logits.device)
         logits.index_add_(0, index, additive)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script run on the lent GPU machine (an H200; Python 3.12, torch cu130, triton, pytest;
 # no network), from the repository root, carrying what scripts/prepare_gpu_carry.sh made:
-#     carry [".whl", ".fi_aot"];  bash scripts/gpu_check.sh [--quick] [--allow-jit]
+#     carry [".whl", ".fi_aot", ".gpu_model"];  bash scripts/gpu_check.sh [--quick] [--allow-jit]
 # Stages, each under its own `timeout`, the whole under 8 minutes there (so that a fresh start
 # and a rerun fit the 15 minutes of device time):
 #   0 install  the carried wheels (pip --target into a temp dir on PYTHONPATH), the carried

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..device_io import upload
+
 if TYPE_CHECKING:
     from .base import AttentionBatch
 
@@ -55,7 +57,7 @@ def paged_kv(
     total = int(indptr[-1])
     device = req_to_token.device
     # one copy up: each request's page count and first entry
-    counts, starts = torch.stack([pages, indptr[:-1]]).to(device, non_blocking=True)
+    counts, starts = upload(torch.stack([pages, indptr[:-1]]), device)
     owner = torch.repeat_interleave(
         torch.arange(len(kv_lens), device=device), counts, output_size=total
     )
@@ -70,7 +72,7 @@ def paged_kv(
 
 def rows_on(device: torch.device, rows: list[int]) -> torch.Tensor:
     """A step's host list of request slots, on the table's device."""
-    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    return upload(torch.tensor(rows, dtype=torch.int64), device)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device_io import upload
 from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
 
 
@@ -83,7 +84,7 @@ class TritonAttentionBackend(AttentionBackend):
             [batch.req_pool_indices_cpu, batch.prefix_lens, extend_lens, batch.extend_start_loc],
             dtype=torch.int32,
         )
-        dev = host.to(self.req_to_token.device, non_blocking=True)
+        dev = upload(host, self.req_to_token.device)
         self.meta = TritonAttentionMetadata(
             req_rows=dev[0],
             seq_lens=dev[1] + dev[2],

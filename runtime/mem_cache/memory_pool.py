@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from radixgen.kernels.device_io import upload
+
 
 class ReqToTokenPool:
     """One row per running request: the KV slot of each of its token positions.
@@ -37,15 +39,16 @@ class ReqToTokenPool:
         """req_to_token[rows[i], cols[i]] = slots[i] (host tensors), on both tables."""
         self.req_to_token[rows, cols] = slots
         if self.mirrored:
-            dev = self.device
-            self.device_req_to_token[rows.to(dev), cols.to(dev)] = slots.to(dev)
+            n = int(rows.numel())
+            moved = upload(torch.cat([rows, cols, slots.to(torch.long)]), self.device)
+            self.device_req_to_token[moved[:n], moved[n : 2 * n]] = moved[2 * n :]
 
     def write_row(self, row: int, start: int, slots: torch.Tensor) -> None:
         """req_to_token[row, start : start + len(slots)] = slots (a host tensor), on both."""
         end = start + slots.numel()
         self.req_to_token[row, start:end] = slots
         if self.mirrored:
-            self.device_req_to_token[row, start:end].copy_(slots, non_blocking=True)
+            self.device_req_to_token[row, start:end].copy_(upload(slots, self.device))
 
     def available_size(self) -> int:
         return len(self._free)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.kernels.device_io import upload
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
@@ -128,12 +129,12 @@ def fill_static_inputs(
         (static.out_cache_loc, out_cache_loc, PAD_KV_SLOT),
     ):
         assert src.shape == (n,), src.shape
-        dst[:n].copy_(src, non_blocking=True)
+        dst[:n].copy_(upload(src, dst.device))
         if bs > n:
             dst[n:bs].fill_(fill)
     lens_host = padded(seq_lens, bs, PAD_SEQ_LEN)
     host = torch.tensor([padded(req_rows, bs, PAD_REQ_ROW), lens_host], dtype=torch.int32)
-    static.lens[:, :bs].copy_(host, non_blocking=True)
+    static.lens[:, :bs].copy_(upload(host, static.lens.device))
     return lens_host
 
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.kernels.device_io import upload
+
 if TYPE_CHECKING:
     from radixgen.kernels.attention import AttentionBackend
 
@@ -40,7 +42,7 @@ class ForwardBatch:
         if self.logits_indices is not None:
             parts.append(self.logits_indices)
         sizes = [int(t.numel()) for t in parts]
-        moved = torch.split(torch.cat(parts).to(device, non_blocking=True), sizes)
+        moved = torch.split(upload(torch.cat(parts), device), sizes)
         return replace(
             self,
             input_ids=moved[0],

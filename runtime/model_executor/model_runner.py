@@ -17,7 +17,7 @@ from radixgen.kernels.cpu import (
     select_linear_gemm,
     select_native_kernels,
 )
-from radixgen.kernels.device_io import to_device
+from radixgen.kernels.device_io import to_device, upload
 from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -305,7 +305,7 @@ class LogitsOutput:
             )
         dense = self.rows_float(rows)
         if bitmask is not None:
-            apply_token_bitmask(dense, bitmask.to(dense.device, non_blocking=True))
+            apply_token_bitmask(dense, upload(bitmask, dense.device))
         return dense.argmax(dim=-1)
 
     def greedy(self, rows: list[int], bitmask: torch.Tensor | None = None) -> list[int]:

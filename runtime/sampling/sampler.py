@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixgen.kernels.device_io import HostCopy, to_device
+from radixgen.kernels.device_io import HostCopy, to_device, upload
 from radixgen.kernels.sampling import apply_penalties, sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
@@ -185,7 +185,7 @@ class Sampler:
         if grammar_mask is not None:
             from radixgen.kernels.sampling import apply_token_bitmask
 
-            apply_token_bitmask(logits, grammar_mask.to(dev, non_blocking=True), grammar_rows)
+            apply_token_bitmask(logits, upload(grammar_mask, dev), grammar_rows)
 
         next_ids = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.sampling_params.is_greedy]
