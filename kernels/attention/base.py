@@ -86,6 +86,23 @@ class AttentionBackend(ABC):
         `batch.out_cache_loc` (the fused rotary + KV-store kernel does).
         """
 
+    def store_new_kv(
+        self,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: AttentionLayerInfo,
+        batch: AttentionBatch,
+    ) -> None:
+        """Write the step's new K/V ([N, Hkv*D] each) at `batch.out_cache_loc`; nothing when
+        the caller has written them already (k and v None: the fused rotary + KV store)."""
+        if k is None:
+            return
+        assert v is not None
+        n, hkv, d = k.shape[0], layer.num_kv_heads, layer.head_dim
+        self.kv_pool.set_kv(
+            layer.layer_id, batch.out_cache_loc, k.view(n, hkv, d), v.view(n, hkv, d)
+        )
+
     # --- CUDA graphs (decode steps only) ------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:

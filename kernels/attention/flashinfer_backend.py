@@ -168,11 +168,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 "the flashinfer backend has no sliding-window kernels (use triton or torch)"
             )
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
-        if k is not None:  # else the caller already wrote k/v into the pool
-            assert v is not None
-            k = k.view(n, hkv, d)
-            v = v.view(n, hkv, d)
-            self.kv_pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
+        self.store_new_kv(k, v, layer, batch)
         geometry = (h, layer.scaling)
         if step.planned != geometry:
             if step.kind == "graph":  # planning inside a captured graph is impossible

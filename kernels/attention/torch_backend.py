@@ -141,13 +141,9 @@ class TorchAttentionBackend(AttentionBackend):
         meta = self.meta
         assert meta is not None
         n = q.shape[0]
-        h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        h, d = layer.num_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
-        if k is not None:  # else the caller already wrote k/v into the pool (fused rotary)
-            assert v is not None
-            k = k.view(n, hkv, d)
-            v = v.view(n, hkv, d)
-            self.kv_pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
+        self.store_new_kv(k, v, layer, batch)
         q = q.view(n, h, d)
         window = layer.sliding_window
         if meta.ragged is not None and self.native is not None:

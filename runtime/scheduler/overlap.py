@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixgen.kernels.device_io import to_device
-from radixgen.runtime.scheduler.containment import internal_error, log_internal_error
+from radixgen.runtime.scheduler.containment import log_internal_error
 from radixgen.runtime.scheduler.output_processor import record_input_logprobs
 from radixgen.runtime.scheduler.schedule_batch import (
     StepBatch,
@@ -78,7 +78,9 @@ class OverlapScheduling:
         def _plan_step_contained(self) -> list[Req]: ...
         def _fail(self, reqs: list[Req], e: Exception) -> None: ...
         def _release(self, req: Req) -> None: ...
-        def _accept_sampled(self, r: Req, out: SampleOutput, i: int) -> None: ...
+        def _accept_all(
+            self, reqs: list[Req], out: SampleOutput, skip: set[int] | None = None
+        ) -> None: ...
         def _after_step(self, plan: list[Req]) -> None: ...
         def _collect_outputs(self) -> list[BatchTokenIDOut]: ...
         def _free_tokens(self, needed: int) -> bool: ...
@@ -181,16 +183,10 @@ class OverlapScheduling:
             self._fail(batch.reqs, e)
             return
         if out is not None:
-            for i, r in enumerate(batch.sampling_reqs):
+            for r in batch.sampling_reqs:
                 r.pending_sample = False
-                if id(r) in settled:
-                    continue  # finished before this step's token arrived: the token is dropped
-                try:
-                    self._accept_sampled(r, out, i)
-                except Exception as e:  # NOTE: fail this request only (released below)
-                    log_internal_error(f"accepting the token of request {r.rid}", e)
-                    if not r.finished:
-                        r.finish(internal_error(e))
+            # a request that finished before its token arrived drops the token
+            self._accept_all(batch.sampling_reqs, out, skip=settled)
         for r, chunk in zip(batch.reqs, step.prompt_chunk, strict=True):
             if id(r) in settled:
                 continue

@@ -383,13 +383,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             if grammars is not None and any(r.grammar is not None for r in sample_reqs):
                 grammar_mask, grammar_rows = grammars.fill_mask(sample_reqs)
             out = self.sampler.sample(logits, rows, sample_reqs, grammar_mask, grammar_rows)
-            for i, r in enumerate(sample_reqs):
-                try:
-                    self._accept_sampled(r, out, i)
-                except Exception as e:  # NOTE: fail this request only (released below)
-                    log_internal_error(f"accepting the token of request {r.rid}", e)
-                    if not r.finished:
-                        r.finish(internal_error(e))
+            self._accept_all(sample_reqs, out)
         for r in batch.reqs:
             if r.finished:
                 self._release(r)
@@ -397,6 +391,18 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.outbox.append(r)
+
+    def _accept_all(self, reqs: list[Req], out: SampleOutput, skip: set[int] | None = None) -> None:
+        """Accept row i of `out` for reqs[i], except the requests whose id() is in `skip`."""
+        for i, r in enumerate(reqs):
+            if skip is not None and id(r) in skip:
+                continue
+            try:
+                self._accept_sampled(r, out, i)
+            except Exception as e:  # NOTE: fail this request only (released by the caller)
+                log_internal_error(f"accepting the token of request {r.rid}", e)
+                if not r.finished:
+                    r.finish(internal_error(e))
 
     def _accept_sampled(self, r: Req, out: SampleOutput, i: int) -> None:
         """Append request r's sampled token (row i of `out`), advance its grammar, check finish."""
