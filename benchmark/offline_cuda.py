@@ -9,6 +9,9 @@ engine (scheduler, radix cache, sampling), one JSON line per result:
   128-token run minus a 1-token run of the same prompts, over 127 steps); CUDA graphs on and off;
 - 64 requests sharing a 1,500-token prefix (+ 32 own tokens, 32 output tokens) after one request
   primed it, radix cache on vs off;
+- overlap scheduling on vs off at each batch size, with the scheduler's own accounting of a
+  step: host work per step (the step's wall time less its wait for the device's tokens) and its
+  share of the step;
 - HF `generate` (dynamic cache, bf16) on the same prompts: the baseline.
 `--dry-run` runs every step on CPU with a miniature model and tiny workloads (a check of the
 script itself, not a measurement).
@@ -73,7 +76,9 @@ def _sync(device: str) -> None:
 # --- RadixGen -----------------------------------------------------------------------------------
 
 
-def engine_kwargs(plan: Plan, attention_backend: str, graphs: bool, radix: bool) -> dict[str, Any]:
+def engine_kwargs(
+    plan: Plan, attention_backend: str, graphs: bool, radix: bool, overlap: bool = True
+) -> dict[str, Any]:
     tokens_needed = plan.prefix_requests * (plan.prefix_len + plan.suffix_len + 64)
     tokens_needed += max(plan.batches) * (plan.prompt_len + plan.new_tokens + 8)
     return dict(
@@ -88,6 +93,7 @@ def engine_kwargs(plan: Plan, attention_backend: str, graphs: bool, radix: bool)
         max_prefill_tokens=16384,
         disable_cuda_graph=not graphs,
         disable_radix_cache=not radix,
+        disable_overlap_schedule=not overlap,
     )
 
 
@@ -114,11 +120,23 @@ def timed_generate(
     return wall, outs
 
 
+def scheduler_times(engine: radixgen.Engine) -> dict[str, float]:
+    """The scheduler's step accounting so far (summed over replicas)."""
+    states = engine.get_server_info()["internal_states"]
+    keys = ("forward_steps", "step_seconds", "device_wait_seconds", "forward_seconds")
+    return {k: float(sum(s.get(k, 0) for s in states)) for k in keys}
+
+
 def engine_decode(engine: radixgen.Engine, plan: Plan, bs: int) -> dict[str, float]:
     prompts = random_prompts(bs, plan.prompt_len, plan.vocab_size, seed=1000 + bs)
     timed_generate(engine, prompts, 2)  # warm-up: this batch's prefill and decode shapes
     one, _ = timed_generate(engine, prompts, 1)
+    before = scheduler_times(engine)
     wall, _ = timed_generate(engine, prompts, plan.new_tokens)
+    after = scheduler_times(engine)
+    d = {k: after[k] - before[k] for k in after}
+    steps = max(d["forward_steps"], 1.0)
+    host = d["step_seconds"] - d["device_wait_seconds"]
     step_s = max(wall - one, 1e-9) / (plan.new_tokens - 1)
     return {
         "tok_per_s": bs * plan.new_tokens / wall,
@@ -126,6 +144,9 @@ def engine_decode(engine: radixgen.Engine, plan: Plan, bs: int) -> dict[str, flo
         "decode_tok_per_s": bs / step_s,
         "prefill_s": one,
         "wall_s": wall,
+        "scheduler_ms_per_step": d["step_seconds"] / steps * 1e3,
+        "host_ms_per_step": host / steps * 1e3,
+        "host_share": host / d["step_seconds"] if d["step_seconds"] else 0.0,
     }
 
 
@@ -150,15 +171,22 @@ def engine_shared_prefix(engine: radixgen.Engine, plan: Plan) -> dict[str, float
 
 
 def run_engine(
-    folder: Path, plan: Plan, attention_backend: str, graphs: bool, radix: bool, work: str
+    folder: Path,
+    plan: Plan,
+    attention_backend: str,
+    graphs: bool,
+    radix: bool,
+    work: str,
+    overlap: bool = True,
 ) -> list[dict[str, Any]]:
     """One engine, the given workloads ("decode", "prefix"): one record each."""
     records = []
-    kwargs = engine_kwargs(plan, attention_backend, graphs, radix)
+    kwargs = engine_kwargs(plan, attention_backend, graphs, radix, overlap)
     t = time.perf_counter()
     with radixgen.Engine(model_path=str(folder), **kwargs) as engine:
         start_s = time.perf_counter() - t
         common = {"engine": "radixgen", "cuda_graphs": graphs, "radix_cache": radix}
+        common["overlap"] = overlap
         common["attention_backend"] = attention_backend
         if "decode" in work:
             for bs in plan.batches:
@@ -239,8 +267,9 @@ def summarize(records: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"bench": "cuda_summary"}
     for bs in plan.batches:
-        on = pick("cuda_decode", engine="radixgen", batch=bs, cuda_graphs=True)
+        on = pick("cuda_decode", engine="radixgen", batch=bs, cuda_graphs=True, overlap=True)
         off = pick("cuda_decode", engine="radixgen", batch=bs, cuda_graphs=False)
+        no_overlap = pick("cuda_decode", engine="radixgen", batch=bs, overlap=False)
         hf = pick("cuda_decode", engine="hf_generate", batch=bs)
         row: dict[str, Any] = {}
         if on:
@@ -249,8 +278,16 @@ def summarize(records: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
                 row["vs_lean_graph_loop"] = on["tok_per_s"] / LEAN_GRAPH_TOK_PER_S[bs]
             if bs in TARGET_TOK_PER_S:
                 row["meets_target"] = on["tok_per_s"] >= TARGET_TOK_PER_S[bs]
+        if on:
+            row |= {"host_ms": on["host_ms_per_step"], "host_share": on["host_share"]}
         if off:
             row |= {"graphs_off_tok_per_s": off["tok_per_s"], "graphs_off_ms": off["ms_per_step"]}
+        if no_overlap:
+            row |= {
+                "overlap_off_tok_per_s": no_overlap["tok_per_s"],
+                "overlap_off_host_ms": no_overlap["host_ms_per_step"],
+                "overlap_off_host_share": no_overlap["host_share"],
+            }
         if on and hf:
             row |= {"hf_tok_per_s": hf["tok_per_s"], "vs_hf": on["tok_per_s"] / hf["tok_per_s"]}
         summary[f"batch{bs}"] = row
@@ -281,6 +318,9 @@ def run_cuda(args: argparse.Namespace) -> int:
         backend = args.attention_backend
         records += run_engine(folder, plan, backend, graphs=True, radix=True, work="decode prefix")
         records += run_engine(folder, plan, backend, graphs=False, radix=True, work="decode")
+        records += run_engine(
+            folder, plan, backend, graphs=True, radix=True, work="decode", overlap=False
+        )
         records += run_engine(folder, plan, backend, graphs=True, radix=False, work="prefix")
     summary = emit(summarize(records, plan))
     if args.results and not args.dry_run:
@@ -298,9 +338,9 @@ def write_results(
         "weights of the default shape. Command: `python benchmark/bench_offline.py --device cuda"
         f"{' --quick' if plan.hf_new_tokens != plan.new_tokens else ''} --results ...`",
         "",
-        "| batch | RadixGen tok/s | ms/step | graphs off tok/s | ms/step | HF tok/s | vs HF | "
-        "vs lean graph loop |",
-        "|---|---|---|---|---|---|---|---|",
+        "| batch | RadixGen tok/s | ms/step | host ms/step (share) | graphs off tok/s | ms/step | "
+        "overlap off tok/s | host ms/step (share) | HF tok/s | vs HF | vs lean graph loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for bs in plan.batches:
         row = summary.get(f"batch{bs}", {})
@@ -310,8 +350,11 @@ def write_results(
 
         lines.append(
             f"| {bs} | {f('tok_per_s')} | {f('ms_per_step', '.2f')} | "
-            f"{f('graphs_off_tok_per_s')} | {f('graphs_off_ms', '.2f')} | {f('hf_tok_per_s')} | "
-            f"{f('vs_hf', '.1f')}x | {f('vs_lean_graph_loop', '.2f')} |"
+            f"{f('host_ms', '.2f')} ({f('host_share', '.0%')}) | "
+            f"{f('graphs_off_tok_per_s')} | {f('graphs_off_ms', '.2f')} | "
+            f"{f('overlap_off_tok_per_s')} | "
+            f"{f('overlap_off_host_ms', '.2f')} ({f('overlap_off_host_share', '.0%')}) | "
+            f"{f('hf_tok_per_s')} | {f('vs_hf', '.1f')}x | {f('vs_lean_graph_loop', '.2f')} |"
         )
     prefix = [r for r in records if r["bench"] == "cuda_shared_prefix"]
     lines += ["", "Shared 1,500-token prefix, 64 requests x 32 new tokens:"]

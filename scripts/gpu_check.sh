@@ -37,11 +37,11 @@ done
 if [[ -z "${PYTHON:-}" ]]; then  # the GPU machine's python3; a dev machine's worktree venv
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-BUDGET=460  # seconds for the whole script (each stage may overrun its cap by a 10 s kill grace)
+BUDGET=470  # seconds for the whole script (each stage may overrun its cap by a 10 s kill grace)
 if ((QUICK)); then
     CAP_INSTALL=40 CAP_KERNELS=75 CAP_MODELS=120 CAP_BENCH=60 BENCH_ARGS=(--quick --skip-hf)
 else
-    CAP_INSTALL=40 CAP_KERNELS=90 CAP_MODELS=200 CAP_BENCH=100 BENCH_ARGS=(--quick)
+    CAP_INSTALL=40 CAP_KERNELS=90 CAP_MODELS=180 CAP_BENCH=130 BENCH_ARGS=(--quick)
 fi
 STAGES=()
 START=$SECONDS

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from radixgen.io_struct import BatchTokenIDOut
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
     from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
     from radixgen.runtime.scheduler.interfaces import StepRunner
@@ -82,6 +83,8 @@ class OverlapScheduling:
             self, reqs: list[Req], out: SampleOutput, skip: set[int] | None = None
         ) -> None: ...
         def _after_step(self, plan: list[Req]) -> None: ...
+        def _forward(self, batch: ForwardBatch) -> LogitsOutput: ...
+        def _resolve(self, pending: PendingSample) -> SampleOutput: ...
         def _collect_outputs(self) -> list[BatchTokenIDOut]: ...
         def _free_tokens(self, needed: int) -> bool: ...
         def _pages(self, reqs: list[Req], n: int) -> int: ...
@@ -142,7 +145,7 @@ class OverlapScheduling:
                 where = to_device([p for p, _ in pending], torch.long, dev)
                 rows = to_device([row for _, row in pending], torch.long, dev)
                 fb.input_ids[where] = self.future_ids[rows]
-            logits = self.model_runner.forward(fb)
+            logits = self._forward(fb)
         except Exception:
             self.kv_pool.free(slots)  # nobody owns this step's slots yet
             raise
@@ -175,7 +178,7 @@ class OverlapScheduling:
         batch = step.batch
         settled = {id(r) for r in batch.reqs if r.finished}  # handled when they finished
         try:
-            out = step.sample.resolve() if step.sample is not None else None
+            out = self._resolve(step.sample) if step.sample is not None else None
         except Exception as e:  # NOTE: fail this batch's requests only
             log_internal_error("the step's results", e)
             for r in batch.reqs:

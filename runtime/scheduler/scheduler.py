@@ -32,7 +32,7 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
 )
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
-from radixgen.runtime.sampling.sampler import SampleOutput, Sampler
+from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
 from radixgen.runtime.scheduler.containment import (
     internal_error,
@@ -59,6 +59,7 @@ from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,12 @@ class SchedulerStats:
     retractions: int = 0
     evicted_tokens: int = 0
     jump_forward_tokens: int = 0
+    # where the scheduler's time goes (seconds): whole steps, launching forwards (on CPU: the
+    # forward itself), and waiting for the device's sampled tokens. Host work per step is
+    # step - wait (a GPU), or step - forward (the CPU, where the forward runs inline).
+    step_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    device_wait_seconds: float = 0.0
 
 
 def overlap_enabled(args: ServerArgs, device: str) -> bool:
@@ -254,7 +261,9 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
         the stage is batch-wide, that batch's requests) with a 500 abort, frees their KV and logs
         the traceback once; the loop and every other request carry on.
         """
+        t0 = time.perf_counter()
         out = self._step_overlapped() if self.overlap else self._step_sync()
+        self.stats.step_seconds += time.perf_counter() - t0
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return out
@@ -322,7 +331,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
         assert slots is not None, "planner admitted more tokens than the pool holds"
         try:
             batch = build_step_batch(plan, slots, self.req_to_token_pool)
-            logits = self.model_runner.forward(batch.forward)
+            logits = self._forward(batch.forward)
         except Exception:
             self.kv_pool.free(slots)  # nobody owns this step's slots yet
             raise
@@ -382,7 +391,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             grammar_mask = grammar_rows = None
             if grammars is not None and any(r.grammar is not None for r in sample_reqs):
                 grammar_mask, grammar_rows = grammars.fill_mask(sample_reqs)
-            out = self.sampler.sample(logits, rows, sample_reqs, grammar_mask, grammar_rows)
+            pending = self.sampler.launch(logits, rows, sample_reqs, grammar_mask, grammar_rows)
+            out = self._resolve(pending)
             self._accept_all(sample_reqs, out)
         for r in batch.reqs:
             if r.finished:
@@ -391,6 +401,20 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.outbox.append(r)
+
+    def _forward(self, batch: ForwardBatch) -> LogitsOutput:
+        """The model runner's forward (on a GPU: its launch), timed."""
+        t0 = time.perf_counter()
+        logits = self.model_runner.forward(batch)
+        self.stats.forward_seconds += time.perf_counter() - t0
+        return logits
+
+    def _resolve(self, pending: PendingSample) -> SampleOutput:
+        """The sampled tokens on the host (the step's one wait for the device), timed."""
+        t0 = time.perf_counter()
+        out = pending.resolve()
+        self.stats.device_wait_seconds += time.perf_counter() - t0
+        return out
 
     def _accept_all(self, reqs: list[Req], out: SampleOutput, skip: set[int] | None = None) -> None:
         """Accept row i of `out` for reqs[i], except the requests whose id() is in `skip`."""

@@ -159,3 +159,16 @@ def test_overlap_is_on_by_default_on_cuda_only():
     assert overlap_enabled(ServerArgs.from_kwargs(enable_overlap_schedule=True), "cpu")
     off = ServerArgs.from_kwargs(disable_overlap_schedule=True, enable_overlap_schedule=True)
     assert not overlap_enabled(off, "cuda") and not overlap_enabled(off, "cpu")
+
+
+def test_the_scheduler_accounts_for_its_step_time():
+    """step_seconds covers the forwards and the waits for sampled tokens (the bench's host
+    share of a step is read from these)."""
+    for overlap in (False, True):
+        s, _ = make_scheduler(enable_overlap_schedule=overlap)
+        submit(s, "r", PROMPT[:8], max_new_tokens=12)
+        run_collecting(s)
+        st = s.stats
+        assert st.step_seconds > 0 and st.forward_seconds > 0 and st.device_wait_seconds >= 0
+        assert st.forward_seconds + st.device_wait_seconds <= st.step_seconds
+        assert s.internal_state()["step_seconds"] == st.step_seconds
