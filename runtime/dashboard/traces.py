@@ -257,7 +257,13 @@ def build_tree(trace: ProgramTrace) -> list[dict[str, Any]]:
     def walk(node_id: str) -> dict[str, Any]:
         view = nodes[node_id]
         ordered.append(view)
-        for child in view["children"]:
+        # branches (and batch items) run at once and start in any order: list them by index,
+        # in the places they first took among their siblings
+        kids = view["children"]
+        spots = [i for i, c in enumerate(kids) if nodes[c]["kind"] in ("branch", "item")]
+        for i, c in zip(spots, sorted((kids[i] for i in spots), key=_index), strict=True):
+            kids[i] = c
+        for child in kids:
             sub = walk(child)
             if view["kind"] in ("program", "fork", "branch", "item"):
                 _merge(view, sub)
@@ -269,6 +275,10 @@ def build_tree(trace: ProgramTrace) -> list[dict[str, Any]]:
 
     walk(ROOT)
     return ordered
+
+
+def _index(path: str) -> int:
+    return int(state_segments(path)[-1].removeprefix("item"))
 
 
 _SUMS = ("requests", "running", "prompt_tokens", "cached_tokens", "completion_tokens",
