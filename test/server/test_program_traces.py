@@ -94,6 +94,26 @@ def test_traced_batch_is_one_trace_with_an_item_per_program(
     assert untraced.trace_id is None
 
 
+def test_traced_stream_with_a_select_in_one_statement(http: httpx.Client, base_url: str) -> None:
+    @rg.function
+    def pick(s: Any, tag: str) -> None:
+        s += (f"Stream trace {tag}: " + rg.gen("x", max_tokens=2, temperature=0) + " Pick:"
+              + rg.select("c", choices=["yes", "no"]))  # fmt: skip
+
+    state = pick.run(tag=uuid.uuid4().hex[:8], backend=rg.RuntimeEndpoint(base_url),
+                     trace=True, stream=True)  # fmt: skip
+    assert "Pick:" in "".join(state.text_iter()) and state.error() is None
+    nodes = {
+        n["id"]: n for n in http.get(f"/dashboard/api/traces/{state.trace_id}").json()["nodes"]
+    }
+    assert nodes[""]["children"] == ["#0", "#0.1"]  # two calls of one statement
+    gen, select = nodes["#0"], nodes["#0.1"]
+    assert (gen["kind"], gen["completion_tokens"], gen["requests"]) == ("gen", 2, 1)
+    assert (select["kind"], select["label"]) == ("select", "select('c')")
+    assert select["requests"] == 3  # the new text's prefill, then both choices scored at once
+    assert select["cached_tokens"] > 0 and len(select["request_list"]) == 3
+
+
 def test_trace_api_refuses_bad_input(http: httpx.Client) -> None:
     r = http.get("/dashboard/api/traces/no-such-trace")
     assert r.status_code == 404 and "no-such-trace" in r.json()["error"]["message"]
