@@ -4,7 +4,8 @@ arrive, and the tree of forks and calls built from them when the dashboard asks.
 The TokenizerManager records a request tagged with a `program_trace` (radixgen/program_trace.py)
 at submit and fills it in at finish, from the meta_info the request ends with (cached tokens,
 queue and first-token delays). Memory is bounded: the most recently active `max_traces` traces,
-at most `max_calls` calls each (later calls of a huge run are counted, not kept).
+at most `max_calls` calls and MAX_LISTED listed requests each (later calls of a huge run are
+counted, not kept; later requests summed into their call).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from radixgen.program_trace import ProgramTraceTag, state_segments
 MAX_TRACES = 64
 MAX_CALLS = 1000
 MAX_REQUESTS_PER_CALL = 64  # a select over many choices: the rest are summed, not listed
+MAX_LISTED = 4000  # requests listed per trace (later ones are summed into their call)
 ROOT = ""
 
 
@@ -68,6 +70,7 @@ class ProgramTrace:
     cached_tokens: int = 0
     completion_tokens: int = 0
     dropped_calls: int = 0  # calls past MAX_CALLS: not kept
+    listed: int = 0  # requests kept in their call's `requests`
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -151,9 +154,11 @@ class ProgramTraceStore:
             call = CallNode(tag.node, tag.parent, tag.kind, tag.label, self._order)
             trace.calls[tag.node] = call
         rec = RequestRecord(st.rid, now, st.prompt_tokens)
-        listed = len(call.requests) < MAX_REQUESTS_PER_CALL
+        # NOTE: memory is bounded by these caps, whatever the clients send
+        listed = len(call.requests) < MAX_REQUESTS_PER_CALL and trace.listed < MAX_LISTED
         if listed:
             call.requests.append(rec)
+            trace.listed += 1
         trace.requests += 1
         trace.running += 1
         trace.prompt_tokens += st.prompt_tokens

@@ -129,3 +129,15 @@ def test_request_field_is_checked_and_carried() -> None:
         with pytest.raises(InvalidRequestError) as e:
             parse_generate_request({"text": "a", "program_trace": value})
         assert e.value.param == param, value
+
+
+def test_requests_past_the_caps_are_summed_not_listed() -> None:
+    from radixgen.runtime.dashboard import traces
+
+    store = ProgramTraceStore()
+    for _ in range(traces.MAX_REQUESTS_PER_CALL + 3):  # a select over many choices
+        send(store, tag("#0", "select"), 10, 4)
+    (node,) = [n for n in store.tree("t1")["nodes"] if n["id"] == "#0"]  # type: ignore[index]
+    assert len(node["request_list"]) == traces.MAX_REQUESTS_PER_CALL
+    assert node["requests"] == traces.MAX_REQUESTS_PER_CALL + 3
+    assert node["prompt_tokens"] == 10 * node["requests"] and node["cached_tokens"] == 4 * node["requests"]
