@@ -12,7 +12,7 @@ import httpx
 
 import radixgen as rg
 
-from .test_dashboard import _browser, artefacts_dir
+from .test_dashboard import _app, _browser, artefacts_dir
 
 # long enough (>= 64 characters new to the server) that fork() prefills it once for the branches
 PREFIX = (
@@ -20,6 +20,16 @@ PREFIX = (
     "from these same sentences, so only the first request computes them and the rest reuse "
     "the cached keys and values."
 )
+
+
+def test_trace_routes_are_behind_the_dashboards_key() -> None:
+    client = _app(api_key="sekret")  # no engine: routes that pass the key see 'still loading'
+    for path in ("/dashboard/api/traces", "/dashboard/api/traces/abc"):
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers={"Authorization": "Bearer sekret"}).status_code == 503
+    client.get("/dashboard?api_key=sekret")  # the page's cookie admits them too
+    assert client.get("/dashboard/api/traces").status_code == 503
+    assert _app(enable_dashboard=False).get("/dashboard/api/traces").status_code == 404
 
 
 @rg.function

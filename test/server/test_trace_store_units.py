@@ -140,4 +140,7 @@ def test_requests_past_the_caps_are_summed_not_listed() -> None:
     (node,) = [n for n in store.tree("t1")["nodes"] if n["id"] == "#0"]  # type: ignore[index]
     assert len(node["request_list"]) == traces.MAX_REQUESTS_PER_CALL
     assert node["requests"] == traces.MAX_REQUESTS_PER_CALL + 3
-    assert node["prompt_tokens"] == 10 * node["requests"] and node["cached_tokens"] == 4 * node["requests"]
+    assert (
+        node["prompt_tokens"] == 10 * node["requests"]
+        and node["cached_tokens"] == 4 * node["requests"]
+    )
