@@ -177,6 +177,8 @@ def test_programs_panel_in_a_headless_browser(base_url: str) -> None:
         by_id = {n["id"]: n for n in t["nodes"]}
         assert by_id["fork2"]["kind"] == "fork" and by_id["fork2/1"]["kind"] == "branch"
         assert by_id["fork2/1#0"]["depth"] == by_id["fork2/1"]["depth"] + 1 == 4  # nested in it
+        wait.until(lambda d: d.execute_script(  # the list has caught up: nothing runs
+            "return document.querySelector(arguments[0]).innerText", row).split("\t")[2] == "5")  # fmt: skip
         driver.execute_script("document.getElementById('programs-panel').scrollIntoView()")
         shot = artefacts_dir() / "dashboard-programs.png"
         driver.save_screenshot(str(shot))
