@@ -55,6 +55,8 @@ def test_traced_fork_program_shows_as_a_tree(http: httpx.Client, base_url: str) 
     summary = next(t for t in listed if t["id"] == state.trace_id)
     assert summary["program"] == "branches" and summary["running"] == 0
     assert summary["requests"] == 5  # the fork's prefix prefill, three branch gens, the verdict
+    snapshot = http.get("/dashboard/api/snapshot", params={"max_nodes": 1}).json()
+    assert summary in snapshot["traces"]  # the page's stream carries the list too
     tree = http.get(f"/dashboard/api/traces/{state.trace_id}").json()
     nodes = {n["id"]: n for n in tree["nodes"]}
     assert len(nodes) == 10  # program, prefill, fork, 3 branches, 3 branch gens, verdict
