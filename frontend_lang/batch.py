@@ -7,15 +7,17 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import tqdm
 
 from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import ProgramState, resolve_backend, run_program
 from radixgen.lang.ir import SglSamplingParams
+from radixgen.lang.run_trace import TraceScope, tagged
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SGLang's rule)
 
 
@@ -44,29 +46,35 @@ def run_program_batch(
     num_threads: int | str,
     progress_bar: bool,
     generator_style: bool = False,
+    trace: bool = False,
 ) -> list[ProgramState] | Iterator[ProgramState]:
     """Run the program once per argument dict; a failing program keeps its error in
-    `state.error()` (logged) instead of failing the batch, as SGLang's run_batch does."""
+    `state.error()` (logged) instead of failing the batch, as SGLang's run_batch does. Traced,
+    the batch is one trace: its prefix prefill at `#0`, program i under `item<i>`."""
     backend = resolve_backend(backend)
+    scope = TraceScope.new(program.__name__) if trace else None
     if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
-        cache_program(program, backend)
+        with tagged(scope.tag(0, 0, "prefill", "batch prefix") if scope else None):
+            cache_program(program, backend)
     workers = _worker_count(num_threads, len(batch_arguments))
 
-    def run_one(arguments: dict[str, Any]) -> ProgramState:
+    def run_one(item: tuple[int, dict[str, Any]]) -> ProgramState:
+        i, arguments = item
         state = run_program(
-            program, backend, (), arguments, default_sampling_para, False, raise_errors=False
-        )
+            program, backend, (), arguments, default_sampling_para, False, raise_errors=False,
+            trace=scope.item(i) if scope is not None else None,
+        )  # fmt: skip
         if state.stream_executor.error_ is not None:
             logger.warning("a program of the batch failed: %s", state.stream_executor.error_)
         return state
 
-    iterator = _run_in_pool(run_one, batch_arguments, workers, progress_bar)
+    iterator = _run_in_pool(run_one, list(enumerate(batch_arguments)), workers, progress_bar)
     return iterator if generator_style else list(iterator)
 
 
 def _run_in_pool(
-    fn: Callable[[dict[str, Any]], ProgramState],
-    items: list[dict[str, Any]],
+    fn: Callable[[T], ProgramState],
+    items: list[T],
     workers: int,
     progress_bar: bool,
     chunk: int = 200,

@@ -40,6 +40,7 @@ from radixgen.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+from radixgen.lang.run_trace import TraceScope, call_label, tagged
 from radixgen.reasoning_parser import ReasoningParser
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,12 @@ class StreamExecutor:
         chat_template: Any,
         stream: bool,
         use_thread: bool = True,
+        trace: TraceScope | None = None,
     ) -> None:
         self.sid = uuid.uuid4().hex
+        self.trace = trace  # run(trace=True): this state's place in the run's tree
+        self.statement = -1  # index of the statement executing (forks take one too)
+        self._calls = 0  # backend calls made by that statement so far
         self.backend = backend
         self.arguments = arguments
         self.default_sampling_para = default_sampling_para
@@ -179,11 +184,13 @@ class StreamExecutor:
         if size > 1 and global_config.enable_fork_precache:
             self.submit(SglCommitLazy(), program_site())  # the worker may not have the text yet
         self.sync()
+        self.statement += 1  # NOTE: the worker is idle now (synced): the fork is a statement
         children = []
-        for _ in range(size):
+        for i in range(size):
+            scope = self.trace.branch(self.statement, i) if self.trace is not None else None
             child = StreamExecutor(
                 self.backend, self.arguments, self.default_sampling_para, self.chat_template,
-                self.stream, self.use_thread,
+                self.stream, self.use_thread, scope,
             )  # fmt: skip
             child.variables = dict(self.variables)
             child.parsers = dict(self.parsers)
@@ -222,6 +229,8 @@ class StreamExecutor:
         self._finish()
 
     def _execute_guarded(self, expr: SglExpr, site: str | None) -> bool:
+        self.statement += 1
+        self._calls = 0
         try:
             self._execute(expr)
             return True
@@ -277,9 +286,10 @@ class StreamExecutor:
         elif isinstance(expr, SglGen):
             self._execute_gen(expr)
         elif isinstance(expr, SglSelect):
-            decision = self.backend.select(
-                self, expr.choices, expr.temperature, expr.choices_method
-            )
+            with self._traced("select", expr.name):
+                decision = self.backend.select(
+                    self, expr.choices, expr.temperature, expr.choices_method
+                )
             self._fill(decision.decision)
             self.server_seen = len(self.text_)
             self._set_result(expr.name, decision.decision, decision.meta_info)
@@ -295,7 +305,8 @@ class StreamExecutor:
             self._fill(str(self.get_var(expr.name)))
         elif isinstance(expr, SglCommitLazy):
             if len(self.text_) - self.server_seen >= FORK_PRECACHE_MIN_CHARS:
-                self.backend.commit_lazy_operations(self)
+                with self._traced("prefill", None, "fork prefix"):
+                    self.backend.commit_lazy_operations(self)
                 self.server_seen = len(self.text_)
         elif isinstance(expr, SglSeparateReasoning):
             self._separate_reasoning(expr)
@@ -308,6 +319,14 @@ class StreamExecutor:
                 self._fill(child.text_[child.fork_start_text_pos :])
         else:
             raise TypeError(f"cannot execute {expr!r}")
+
+    def _traced(self, kind: str, name: str | None, label: str | None = None) -> Any:
+        """Tag the requests of one backend call with its place in a traced run."""
+        if self.trace is None:
+            return tagged(None)
+        tag = self.trace.tag(self.statement, self._calls, kind, label or call_label(kind, name))
+        self._calls += 1
+        return tagged(tag)
 
     def _separate_reasoning(self, expr: SglSeparateReasoning) -> None:
         """Split each named gen's reply; the reasoning leaves the program text when the reply is
@@ -361,6 +380,11 @@ class StreamExecutor:
 
     def _execute_gen(self, expr: SglGen) -> None:
         params = self.resolve_sampling_params(expr)
+        kind = "select" if params.choices is not None else "gen"
+        with self._traced(kind, expr.name):
+            self._run_gen(expr, params)
+
+    def _run_gen(self, expr: SglGen, params: SglSamplingParams) -> None:
         if expr.name is not None and expr.parser is not None:
             self.parsers[expr.name] = expr.parser
         constrained = global_config.enable_constrained_decoding

@@ -99,17 +99,22 @@ class SglFunction:
         stream: bool = False,
         backend: Any = None,
         use_thread: bool = True,
+        trace: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run once; the sampling keywords are defaults each gen() may override."""
+        """Run once; the sampling keywords are defaults each gen() may override. `trace=True`
+        tags every request with the run's trace id (`state.trace_id`) for the dashboard."""
         from radixgen.lang.interpreter import run_program
+        from radixgen.lang.run_trace import TraceScope
 
         defaults = _run_defaults(
             max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
             min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
         )  # fmt: skip
-        return run_program(self, backend, args, kwargs, defaults, stream, use_thread)
+        trace = self._take_trace(trace, kwargs)
+        scope = TraceScope.new(self.__name__) if trace else None
+        return run_program(self, backend, args, kwargs, defaults, stream, use_thread, trace=scope)
 
     def run_batch(
         self,
@@ -135,8 +140,10 @@ class SglFunction:
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         generator_style: bool = False,
+        trace: bool = False,
     ) -> list[Any] | Iterator[Any]:
-        """Run once per argument set (dicts, or positional tuples) on a thread pool."""
+        """Run once per argument set (dicts, or positional tuples) on a thread pool; `trace=True`
+        makes the batch one trace, each program a branch `item<i>` of it."""
         from radixgen.lang.batch import run_program_batch
 
         if not isinstance(batch_kwargs, (list, tuple)):
@@ -150,8 +157,16 @@ class SglFunction:
             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
         )  # fmt: skip
         return run_program_batch(
-            self, backend, batch, defaults, num_threads, progress_bar, generator_style
+            self, backend, batch, defaults, num_threads, progress_bar, generator_style, trace
         )
+
+    def _take_trace(self, trace: bool | None, kwargs: dict[str, Any]) -> bool:
+        """`trace=` of run(); NOTE: a program with its own `trace` parameter gets it, as before."""
+        if "trace" in self.arg_names:
+            if trace is not None:
+                kwargs["trace"] = trace
+            return False
+        return bool(trace)
 
     def _as_kwargs(self, item: Any) -> dict[str, Any]:
         if isinstance(item, dict):

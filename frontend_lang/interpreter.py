@@ -22,6 +22,7 @@ from radixgen.lang.ir import (
     SglVarScopeBegin,
     SglVarScopeEnd,
 )
+from radixgen.lang.run_trace import TraceScope
 
 
 def resolve_backend(backend: Any) -> Any:
@@ -83,6 +84,12 @@ class ProgramState(RoleMethods):
 
     def sync(self) -> None:
         self.stream_executor.sync()
+
+    @property
+    def trace_id(self) -> str | None:
+        """The run's program-trace id (`run(..., trace=True)`; /dashboard/api/traces/<id>)."""
+        trace = self.stream_executor.trace
+        return trace.trace_id if trace is not None else None
 
     def error(self) -> BaseException | None:
         self.stream_executor.sync()
@@ -281,16 +288,18 @@ def run_program(
     stream: bool,
     use_thread: bool = True,
     raise_errors: bool = True,
+    trace: TraceScope | None = None,
 ) -> ProgramState:
     """Run one program; without streaming, return once all its statements are done.
 
     SGLang's semantics: a statement that fails (the backend refused it, say) does not raise here:
     the returned state's `error()` holds it and its text so far is kept. An exception raised by
     the program's own code propagates (`raise_errors`), as SGLang's run() lets it; with
-    `raise_errors=False` (run_batch) it is kept in `error()` too."""
+    `raise_errors=False` (run_batch) it is kept in `error()` too. With a `trace` scope every
+    request the run sends carries its place in the run's tree (run_trace.py)."""
     backend = resolve_backend(backend)
     kwargs = {**kwargs, **program.bind_arguments}
-    exe = StreamExecutor(backend, kwargs, default_sampling_para, None, stream, use_thread)
+    exe = StreamExecutor(backend, kwargs, default_sampling_para, None, stream, use_thread, trace)
     state = ProgramState(exe)
     if stream:
         threading.Thread(

@@ -2,7 +2,9 @@
 
 The chat template is the served model's own: the Jinja source from /get_model_info when the
 server reports one, else the tokenizer folder it names when that folder is readable here (same
-machine), else a template picked by model name. Any non-200 answer raises BackendError.
+machine), else a template picked by model name. Any non-200 answer raises BackendError. In a run
+with `trace=True` each /generate body carries the call's `program_trace` (a RadixGen server's
+field: SGLang's server refuses it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from radixgen.lang.chat_template import (
     get_chat_template_by_model_path,
 )
 from radixgen.lang.errors import BackendError
+from radixgen.lang.run_trace import with_trace
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +81,10 @@ class RuntimeEndpoint(NativeBackend):
         return res
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        return self._request("POST", "/generate", payload).json()
+        return self._request("POST", "/generate", with_trace(payload)).json()
 
     def _post_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        res = self._request("POST", "/generate", payload, stream=True)
+        res = self._request("POST", "/generate", with_trace(payload), stream=True)
         with res:
             for line in res.iter_lines(decode_unicode=False):
                 if not line.startswith(b"data:"):

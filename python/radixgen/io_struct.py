@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
+from radixgen.program_trace import ProgramTraceTag
 from radixgen.sampling_params import SamplingParams
 
 # (logprob, token_id) pairs; the API process adds token text when asked.
@@ -112,6 +113,8 @@ class RequestMeta:
     # wall-clock seconds from the API's submit to the first output token (scheduler's view), so
     # time to first token is known for requests that are not streamed too
     first_token_delay: float | None = None
+    # wall-clock seconds from the API's submit to the first admission (time spent queued)
+    queue_delay: float | None = None
     grammar_backend: str | None = None  # constrained requests: the backend that served it
 
 
@@ -178,6 +181,8 @@ class GenerateReqInput:
     stream: bool = False
     # the data-parallel replica to run on (set by an external router), None: the policy decides
     data_parallel_rank: int | None = None
+    # a traced DSL program's call (radixgen/program_trace.py): recorded for the dashboard
+    program_trace: ProgramTraceTag | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -231,4 +236,5 @@ class GenerateReqInput:
             else (f"{self.rid}_{i}" if self.rid else None),
             stream=self.stream,
             data_parallel_rank=self.data_parallel_rank,
+            program_trace=self.program_trace,
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixgen.finish_reason import FinishReason
+from radixgen.runtime.dashboard.traces import PendingRequest
 from radixgen.runtime.text.tokenizer import Tokenizer
 
 
@@ -37,6 +38,7 @@ class ReqState:
     internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
     stream: bool = False  # metrics label requests by it, as SGLang does
     constrained: bool = False  # has a grammar: SGLang's structured-output request count
+    trace: PendingRequest | None = None  # a traced program's call: the dashboard's record
 
     @property
     def finished(self) -> bool:

@@ -47,6 +47,7 @@ from radixgen.io_struct import (
 )
 from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_limits import RequestLimits
+from radixgen.runtime.dashboard.traces import ProgramTraceStore
 from radixgen.runtime.dp_controller.data_parallel_controller import (
     DataParallelController,
     SchedulerLink,
@@ -99,6 +100,7 @@ class TokenizerManager:
         self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
+        self.program_traces = ProgramTraceStore()  # traced DSL runs, for the dashboard
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
@@ -435,6 +437,7 @@ class TokenizerManager:
         finally:
             for st in states:
                 self.states.pop(st.rid, None)
+                self.program_traces.on_finish(st)
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 
@@ -501,6 +504,7 @@ class TokenizerManager:
             constrained=sp.constraint is not None,
         )
         self.states[rid] = st
+        st.trace = self.program_traces.on_submit(None if internal else it.program_trace, st)
         if self._aborted_early(rid):
             st.finish_reason = FinishReason.abort("aborted by the client", 499)
             st.finished_time = st.created

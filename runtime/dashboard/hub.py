@@ -14,13 +14,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from radixgen.runtime.dashboard.traces import ProgramTraceStore
+
 HISTORY_POINTS = 300  # plot points kept (about five minutes at the page's 1 Hz)
 SHARE_WINDOW_S = 0.25  # pages asking within this window share one scheduler snapshot
 HOT_NODES = 5  # shared nodes marked hot in the tree
+PAGE_TRACES = 20  # traced program runs listed in each view (the Programs panel)
 
 
 class SnapshotSource(Protocol):
     """What the hub needs of the TokenizerManager."""
+
+    program_traces: ProgramTraceStore
 
     async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]: ...
 
@@ -65,6 +70,7 @@ class DashboardHub:
             view = await asyncio.to_thread(build_view, raw, tokenizer)
             self._add_history(raw)
             view["history"] = [p.__dict__ for p in self.history]
+            view["traces"] = tm.program_traces.summaries(PAGE_TRACES)
             self._cached = (time.monotonic(), max_nodes, view)
             return view
 

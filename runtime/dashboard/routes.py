@@ -3,7 +3,9 @@
 `GET /dashboard` the page; `GET /dashboard/static/<file>` its script and style (served from the
 package, no CDN); `GET /dashboard/api/snapshot` one view as JSON; `GET /dashboard/api/history` the
 plot points kept so far; `GET /dashboard/api/stream` the same view as server-sent events, one per
-`interval` seconds while the client stays connected. Included only when the dashboard is on.
+`interval` seconds while the client stays connected; `GET /dashboard/api/traces` the recent traced
+program runs and `GET /dashboard/api/traces/<id>` one run's tree of forks and calls. Included only
+when the dashboard is on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixgen.runtime.dashboard.auth import (
     query_key,
 )
 from radixgen.runtime.dashboard.hub import DashboardHub
+from radixgen.runtime.dashboard.traces import MAX_TRACES, ProgramTraceStore
 from radixgen.runtime.entrypoints.http_utils import (
     SSE_HEADERS,
     error_body,
@@ -45,6 +48,7 @@ ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 DEFAULT_NODES = 200
 MaxNodes = Annotated[int, Query(ge=1, le=2000, description="radix nodes to include")]
 Interval = Annotated[float, Query(ge=0.2, le=60.0, description="seconds between events")]
+Limit = Annotated[int, Query(ge=1, le=MAX_TRACES, description="traces to list")]
 
 
 def _hub(request: Request) -> DashboardHub:
@@ -108,6 +112,32 @@ async def snapshot(request: Request, max_nodes: MaxNodes = DEFAULT_NODES) -> Res
 @router.get(DASHBOARD_PATH + "/api/history")
 async def history(request: Request) -> Response:
     return json_response({"history": [p.__dict__ for p in _hub(request).history]})
+
+
+def _traces(request: Request) -> ProgramTraceStore:
+    state: ServerState = request.app.state.server
+    return state.manager(while_draining=True).program_traces
+
+
+@router.get(DASHBOARD_PATH + "/api/traces")
+async def traces(request: Request, limit: Limit = MAX_TRACES) -> Response:
+    """Traced program runs (`run(..., trace=True)`), the most recently active first."""
+    try:
+        return json_response({"traces": _traces(request).summaries(limit)})
+    except RadixGenError as e:
+        return error_response(e)
+
+
+@router.get(DASHBOARD_PATH + "/api/traces/{trace_id}")
+async def trace(request: Request, trace_id: str) -> Response:
+    """One traced run: its summary and `nodes`, the tree depth-first from the program's state."""
+    try:
+        tree = _traces(request).tree(trace_id)
+        if tree is None:
+            raise _NotFound(f"no program trace {trace_id!r} (unknown, or no longer kept)")
+        return json_response(tree)
+    except RadixGenError as e:
+        return error_response(e)
 
 
 @router.get(DASHBOARD_PATH + "/api/stream")

@@ -12,6 +12,8 @@ from typing import Any
 
 from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.program_trace import FIELD as TRACE_FIELD
+from radixgen.program_trace import parse_program_trace
 
 _CORE_KEYS = {
     "text",
@@ -23,6 +25,7 @@ _CORE_KEYS = {
     "return_text_in_logprobs",
     "rid",
     "stream",
+    TRACE_FIELD,  # radixgen's own: a traced DSL program's call (radixgen/program_trace.py)
 }
 # SGLang request keys this server accepts only while they are unset.
 _UNSUPPORTED_KEYS = {
@@ -170,6 +173,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         rid=body.get("rid"),
         stream=bool(body.get("stream")),
         data_parallel_rank=dp_rank,
+        program_trace=parse_program_trace(body.get(TRACE_FIELD)),
     )
     obj.check_per_item_lengths()
     return obj

@@ -137,6 +137,11 @@ class Req:
             jump_forward_tokens=self.jump_forward_tokens,
             retractions=self.retractions,
             first_token_delay=self.first_token_delay,
+            queue_delay=(
+                max(0.0, self.admit_time - self.arrival_time)
+                if self.admit_time is not None and self.arrival_time
+                else None
+            ),
             grammar_backend=self.grammar_backend,
         )
 

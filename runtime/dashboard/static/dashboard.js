@@ -201,6 +201,135 @@ function drawRequests(view) {
   body.replaceChildren(...rows);
 }
 
+// --- Programs: traced DSL runs (/dashboard/api/traces) ----------------------------------------
+
+let openTrace = null; // the trace id whose tree is shown
+let traceView = null; // its tree as last fetched
+let traceStamp = ""; // what of its summary changes while it runs: refetch when it does
+const HIGH_SHARE = 0.5; // a cached share at least this is highlighted
+
+const ms = (s) => (s == null ? "–" : s < 1 ? (1000 * s).toFixed(0) + " ms" : s.toFixed(2) + " s");
+
+function tokenBar(n) {
+  const svg = el("svg:svg", { class: "tokbar", viewBox: "0 0 80 8", preserveAspectRatio: "none" });
+  const w = n.prompt_tokens ? (80 * n.cached_tokens) / n.prompt_tokens : 0;
+  svg.append(el("svg:rect", { class: "cached", x: 0, y: 0, width: w, height: 8 }));
+  svg.append(el("svg:rect", { class: "computed", x: w, y: 0, width: 80 - w, height: 8 }));
+  return svg;
+}
+
+function shareSpan(share, suffix = " cached") {
+  return el("span", { class: "share" + (share >= HIGH_SHARE ? " high" : ""), text: pct(share) + suffix });
+}
+
+function drawPrograms(view) {
+  const body = document.querySelector("#programs tbody");
+  const traces = view.traces || [];
+  body.replaceChildren(
+    ...traces.map((t) =>
+      el(
+        "tr",
+        { class: "trace" + (t.id === openTrace ? " selected" : ""), "data-trace-id": t.id, onclick: () => selectTrace(t.id) },
+        el("td", { text: t.program || "(program)", title: t.id }),
+        el("td", { text: new Date(t.started * 1000).toLocaleTimeString() }),
+        el("td", { text: t.running ? `${t.requests} (${t.running} running)` : t.requests }),
+        el("td", { text: `${t.prompt_tokens} (${t.cached_tokens} + ${t.computed_tokens})` }),
+        el("td", {}, shareSpan(t.cached_share, "")),
+      ),
+    ),
+  );
+  if (!traces.length) body.append(el("tr", {}, el("td", { colspan: 5, class: "muted", text: "no traced runs yet" })));
+  const open = traces.find((t) => t.id === openTrace);
+  const stamp = open ? `${open.requests}/${open.running}/${open.updated}` : "";
+  if (open && stamp !== traceStamp) {
+    traceStamp = stamp;
+    fetchTrace(open.id);
+  }
+}
+
+function selectTrace(id) {
+  openTrace = openTrace === id ? null : id;
+  traceView = null;
+  traceStamp = "";
+  drawTrace();
+  render(lastView);
+}
+
+async function fetchTrace(id) {
+  try {
+    const r = await fetch(`/dashboard/api/traces/${encodeURIComponent(id)}`);
+    const data = await r.json();
+    if (id !== openTrace) return; // another one was picked meanwhile
+    traceView = r.ok ? data : { error: data.error ? data.error.message : `HTTP ${r.status}` };
+  } catch (e) {
+    traceView = { error: String(e) };
+  }
+  drawTrace();
+}
+
+function traceItem(n, byId) {
+  const isState = ["program", "fork", "branch", "item"].includes(n.kind);
+  const time = isState ? `wall ${ms(n.wall_s)}` : ms(n.total_s);
+  const phases = isState ? "" : `queued ${ms(n.queue_s)} · prefill ${ms(n.prefill_s)} · decode ${ms(n.decode_s)}`;
+  const row = el(
+    "div",
+    {
+      class: "tnode",
+      "data-node-id": n.id,
+      "data-kind": n.kind,
+      "data-prompt-tokens": n.prompt_tokens,
+      "data-cached-tokens": n.cached_tokens,
+      title: `${n.requests} request(s)${phases ? "; " + phases : ""}${n.finish_reason ? "; finish: " + n.finish_reason : ""}`,
+    },
+    el("span", { class: "kind", text: n.kind }),
+    el("span", { class: "label", text: n.label }),
+    tokenBar(n),
+    el("span", { class: "tokens", text: `${n.prompt_tokens} = ${n.cached_tokens} cached + ${n.computed_tokens} computed` }),
+    shareSpan(n.cached_share),
+    n.completion_tokens ? el("span", { class: "muted", text: `→ ${n.completion_tokens} out` }) : null,
+    el("span", { class: "muted", text: time }),
+    n.running ? el("span", { class: "badge lock", text: `${n.running} running` }) : null,
+    n.finish_reason === "abort" ? el("span", { class: "badge lock", text: "aborted" }) : null,
+  );
+  const li = el("li", {}, row);
+  if (n.children.length) {
+    const ul = el("ul");
+    for (const c of n.children) if (byId.has(c)) ul.append(traceItem(byId.get(c), byId));
+    li.append(ul);
+  }
+  return li;
+}
+
+function drawTrace() {
+  const box = document.getElementById("trace");
+  if (!openTrace) {
+    box.replaceChildren(el("div", { class: "muted", text: "no program selected" }));
+    return;
+  }
+  if (!traceView) {
+    box.replaceChildren(el("div", { class: "muted", text: "loading…" }));
+    return;
+  }
+  if (traceView.error) {
+    box.replaceChildren(el("div", { class: "muted", text: traceView.error }));
+    return;
+  }
+  const t = traceView;
+  const byId = new Map(t.nodes.map((n) => [n.id, n]));
+  const head = el(
+    "div",
+    { class: "trace-head", id: "trace-head", "data-trace-id": t.id },
+    el("b", { text: t.program || "(program)" }),
+    ` · ${t.requests} requests · prompt ${t.prompt_tokens} tokens, ${t.cached_tokens} from the cache `,
+    shareSpan(t.cached_share),
+    t.dropped_calls ? el("span", { class: "muted", text: ` · ${t.dropped_calls} later calls not kept` }) : null,
+  );
+  const root = byId.get("");
+  const scroll = box.scrollTop;
+  box.replaceChildren(head, root ? el("ul", {}, traceItem(root, byId)) : el("div", { class: "muted", text: "no calls yet" }));
+  box.scrollTop = scroll;
+}
+
 let lastView = null;
 
 function render(view) {
@@ -209,6 +338,7 @@ function render(view) {
   drawTree(view);
   drawBatch(view);
   drawRequests(view);
+  drawPrograms(view);
   setText("clock", new Date(view.time * 1000).toLocaleTimeString());
 }
 
