@@ -8,14 +8,16 @@
 #              source tree over the radixgen wheel, .fi_aot into flashinfer/data/aot; versions,
 #              nvidia-smi -L, and a check that every prebuilt flashinfer module loads
 #   1 kernels  pytest -m gpu test/kernels (Triton and flashinfer against the torch reference)
-#   2 models   pytest -m gpu over the rest of test/ (models, engine, server)
-#   3 bench    benchmark/bench_offline.py --device cuda, short (a failure does not stop the run)
-#   4 summary  a table of the stages, printed last
+#   2 models   pytest -m gpu test/models (CUDA graphs vs eager, the backends and fused ops in a
+#              runner), before the engine tests: it holds the main graph check
+#   3 engine   pytest -m gpu over the rest of test/ (engine and server on CUDA: test/gpu/, ...)
+#   4 bench    benchmark/bench_offline.py --device cuda, short (a failure does not stop the run)
+#   5 summary  a table of the stages, printed last
 # --quick: shorter caps and the benchmark's quick mode (a rerun). --allow-jit: let flashinfer
 # compile what is missing (the first run sets FLASHINFER_DISABLE_JIT=1, proving the prebuilt set
 # complete; a compile there takes ~20-60 s a module).
-# NOTE: at most 8 files come back from $OUT: this writes 6 (env.log, kernels.log, models.log,
-# bench.log, bench.md, summary.txt); add none without dropping one.
+# NOTE: at most 8 files come back from $OUT: this writes 7 (env.log, kernels.log, models.log,
+# engine.log, bench.log, bench.md, summary.txt); add none without dropping one.
 # Dry run on a CPU machine: OUT=/tmp/gpucheck bash scripts/gpu_check.sh (the worktree's .venv;
 # the wheels are cp312, so the install stage runs only under a Python 3.12 with torch; the gpu
 # tests skip, the benchmark needs CUDA).
@@ -24,7 +26,7 @@ export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-rm -f "$OUT"/{env,kernels,models,bench}.log "$OUT"/bench.md "$OUT"/summary.txt  # a rerun's logs
+rm -f "$OUT"/{env,kernels,models,engine,bench}.log "$OUT"/bench.md "$OUT"/summary.txt  # a rerun's logs
 QUICK=0
 JIT=0
 for arg in "$@"; do
@@ -37,11 +39,13 @@ done
 if [[ -z "${PYTHON:-}" ]]; then  # the GPU machine's python3; a dev machine's worktree venv
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-BUDGET=470  # seconds for the whole script (each stage may overrun its cap by a 10 s kill grace)
+BUDGET=460  # seconds for the whole script (each stage may overrun its cap by a 10 s kill grace)
 if ((QUICK)); then
-    CAP_INSTALL=40 CAP_KERNELS=75 CAP_MODELS=120 CAP_BENCH=60 BENCH_ARGS=(--quick --skip-hf)
+    CAP_INSTALL=30 CAP_KERNELS=60 CAP_MODELS=50 CAP_ENGINE=100 CAP_BENCH=60
+    BENCH_ARGS=(--quick --skip-hf)
 else
-    CAP_INSTALL=40 CAP_KERNELS=90 CAP_MODELS=180 CAP_BENCH=130 BENCH_ARGS=(--quick)
+    CAP_INSTALL=30 CAP_KERNELS=75 CAP_MODELS=70 CAP_ENGINE=150 CAP_BENCH=110
+    BENCH_ARGS=(--quick)
 fi
 STAGES=()
 START=$SECONDS
@@ -176,19 +180,21 @@ fi
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))' 2>/dev/null; then
     export TVM_FFI_DISABLE_TORCH_C_DLPACK=1  # else tvm-ffi would compile a DLPack addon
 fi
-run environment 30 env.log bash -c environment
+run environment 20 env.log bash -c environment
 
-# --- 1-3: tests and benchmark --------------------------------------------------------------
+# --- 1-4: tests and benchmark --------------------------------------------------------------
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -m gpu --maxfail=10)
 "$PYTHON" -c 'import pytest_timeout' 2>/dev/null && PYTEST+=(--timeout=120)  # per test
+# jsonschema / openai / selenium are not carried: modules needing them fail to collect, the
+# rest runs
+PYTEST+=(--continue-on-collection-errors)
 run kernels "$CAP_KERNELS" kernels.log "${PYTEST[@]}" test/kernels
-# jsonschema / openai are not carried: modules needing them fail to collect, the rest runs
-run models "$CAP_MODELS" models.log "${PYTEST[@]}" --continue-on-collection-errors \
-    --ignore=test/kernels test
+run models "$CAP_MODELS" models.log "${PYTEST[@]}" test/models
+run engine "$CAP_ENGINE" engine.log "${PYTEST[@]}" --ignore=test/kernels --ignore=test/models test
 run bench "$CAP_BENCH" bench.log "$PYTHON" benchmark/bench_offline.py --device cuda \
     "${BENCH_ARGS[@]}" --results "$OUT/bench.md"
 
-# --- 4: summary ----------------------------------------------------------------------------
+# --- 5: summary ----------------------------------------------------------------------------
 {
     echo
     echo "=== gpu_check summary ($(date -u +%FT%TZ), $((SECONDS - START)) s, quick=$QUICK, jit=$JIT)"

@@ -189,6 +189,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         else:
             if k is None or v is None:  # the new tokens' K/V, from where the caller put them
                 k, v = k_buf[batch.out_cache_loc], v_buf[batch.out_cache_loc]
+            else:  # [N, Hkv*D] from the caller: flashinfer reads heads from dim 1
+                k, v = k.view(n, hkv, d), v.view(n, hkv, d)
             out, lse = self._ragged.run(q, k, v, return_lse=True)
             if step.has_prefix:
                 prefix_out, prefix_lse = self._prefix.run(q, paged_cache, return_lse=True)

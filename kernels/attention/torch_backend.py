@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ..device_io import upload
 from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -75,7 +76,10 @@ class TorchAttentionBackend(AttentionBackend):
         if decode_rows:
             seq_lens = [prefix_lens[i] + 1 for i in decode_rows]
             rows = [req_rows[i] for i in decode_rows]
-            meta.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long)
+            meta.decode_token_idx = upload(
+                torch.tensor([starts[i] for i in decode_rows], dtype=torch.long),
+                self.req_to_token.device,
+            )
             meta.decode_rows = list(zip(rows, seq_lens, strict=True))
             meta.decode_padded_idx, meta.decode_mask = self._decode_layout(meta.decode_rows, None)
         self.meta = meta
@@ -110,11 +114,12 @@ class TorchAttentionBackend(AttentionBackend):
         """
         spans = [(r, 0 if window is None else max(0, n - window), n) for r, n in rows]
         max_len = max(hi for _, _, hi in spans)
-        pos = torch.arange(max_len)[None, :]
-        lows = torch.tensor([lo for _, lo, _ in spans])[:, None]
-        highs = torch.tensor([hi for _, _, hi in spans])[:, None]
-        mask = (pos >= lows) & (pos < highs)
-        padded = self.req_to_token[torch.tensor([r for r, _, _ in spans]), :max_len]
+        dev = self.req_to_token.device  # NOTE: the table's device: masks must live beside it
+        pos = torch.arange(max_len, device=dev)[None, :]
+        bounds = upload(torch.tensor([[lo for _, lo, _ in spans], [hi for _, _, hi in spans]]), dev)
+        mask = (pos >= bounds[0][:, None]) & (pos < bounds[1][:, None])
+        row_index = upload(torch.tensor([r for r, _, _ in spans]), dev)
+        padded = self.req_to_token[row_index, :max_len]
         return padded.masked_fill(~mask, 0), mask
 
     def _decode_meta(
@@ -233,8 +238,8 @@ def _extend_one(
             qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=gqa
         )
     else:
-        q_pos = torch.arange(prefix_len, total).unsqueeze(1)
-        k_pos = torch.arange(total).unsqueeze(0)
+        q_pos = torch.arange(prefix_len, total, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(total, device=q.device).unsqueeze(0)
         mask = k_pos <= q_pos  # [E, total]
         if window is not None:
             mask &= k_pos > q_pos - window

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..device_io import upload
+
 BLOCK = 1024  # tokens per program (32 mask words)
 
 
@@ -55,10 +57,10 @@ def apply_token_bitmask(
         assert num_rows == logits.shape[0]
     else:
         assert rows.shape == (num_rows,)
-        rows = rows.to(logits.device)
+        rows = upload(rows, logits.device)
     if num_rows == 0 or vocab == 0:
         return
-    bitmask = bitmask.to(logits.device)
+    bitmask = upload(bitmask.contiguous(), logits.device)
     _apply_bitmask_kernel[(num_rows, triton.cdiv(vocab, BLOCK))](
         logits,
         bitmask,

@@ -53,20 +53,40 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_attention_backend(name: str, device: str, cfg: ModelArchConfig | None = None) -> str:
+# head dims flashinfer's attention modules are built for (its JIT compiles each on first use)
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+def flashinfer_serves(cfg: ModelArchConfig | None, dtype: torch.dtype | None) -> bool:
+    """Whether the flashinfer backend can run this model: bf16 or fp16, a head dim it has, and
+    no sliding-window layers (None: not known yet, assumed so)."""
+    if dtype not in (None, torch.bfloat16, torch.float16):
+        return False
+    return cfg is None or (
+        cfg.head_dim in FLASHINFER_HEAD_DIMS and all(w is None for w in cfg.layer_sliding_windows)
+    )
+
+
+def resolve_attention_backend(
+    name: str,
+    device: str,
+    cfg: ModelArchConfig | None = None,
+    dtype: torch.dtype | None = None,
+) -> str:
     """The backend `--attention-backend` names on `device`, or a precise refusal.
 
     On CPU only torch runs natively; triton there needs Triton's interpreter (TRITON_INTERPRET=1,
     for the kernels' tests: it is thousands of times slower). `auto` on CUDA: flashinfer where it
-    imports and the model has no sliding-window layers (which it does not serve), else triton.
+    imports and serves the model (bf16 or fp16, a head dim it has, no sliding-window layers),
+    else triton.
     """
     if name == "auto":
         if device == "cpu":
             return "torch"
         from importlib.util import find_spec
 
-        windowed = cfg is not None and any(w is not None for w in cfg.layer_sliding_windows)
-        return "flashinfer" if find_spec("flashinfer") is not None and not windowed else "triton"
+        serves = flashinfer_serves(cfg, dtype)
+        return "flashinfer" if serves and find_spec("flashinfer") is not None else "triton"
     if (
         device == "cpu"
         and name == "triton"
@@ -119,7 +139,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(args.model.dtype, self.device)
         self.cfg = arch if arch is not None else ModelArchConfig.from_folder(model_folder)
         self.attention_backend = resolve_attention_backend(
-            args.model.attention_backend, self.device, self.cfg
+            args.model.attention_backend, self.device, self.cfg, self.dtype
         )
         self.context_length = context_length
         # NOTE: the one native-or-torch decision (device, dtype, environment, CPU features):
@@ -281,7 +301,9 @@ class LogitsOutput:
     def rows_float(self, rows: list[int] | slice) -> torch.Tensor:
         """float32 [R, V] for the given logits rows, near-max refined (a fresh tensor)."""
         index = self._index(rows)
-        out = self.raw[index, : self.vocab_size].float()
+        # NOTE: a copy even for float32 logits read through a slice: consumers modify it in
+        # place, and the logits are inference-mode tensors (a CUDA graph's static output)
+        out = self.raw[index, : self.vocab_size].to(torch.float32, copy=True)
         if out.shape[0] and not self.exact:
             hidden = self.hidden[index].contiguous()
             if self.native is not None:

@@ -234,7 +234,7 @@ class Sampler:
             logits.index_put_(index, to_device(bias_vals, logits.dtype, dev), accumulate=True)
         if ban_rows:
             index = (to_device(ban_rows, torch.long, dev), to_device(ban_ids, torch.long, dev))
-            logits.index_put_(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
+            logits[index] = float("-inf")  # NOTE: a scalar: no host-to-device copy
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         b, v = logits.shape

@@ -162,12 +162,21 @@ class OverlapScheduling:
         if not reqs:
             return
         step.sample = self.sampler.launch(step.logits, step.batch.sample_rows, reqs)
-        rows = [r.req_pool_idx or 0 for r in reqs]  # NOTE: every sampled request holds a row
+        # NOTE: only requests still running: one that finished since the launch holds no row
+        live = [
+            (i, r, r.req_pool_idx)
+            for i, r in enumerate(reqs)
+            if not r.finished and r.req_pool_idx is not None
+        ]
+        if not live:
+            return
         dev = self.future_ids.device
-        self.future_ids[to_device(rows, torch.long, dev)] = step.sample.device_ids.to(dev)
-        for r in reqs:
-            if not r.finished:
-                r.pending_sample = True
+        ids = step.sample.device_ids.to(dev)
+        if len(live) < len(reqs):
+            ids = ids[to_device([i for i, _, _ in live], torch.long, dev)]
+        self.future_ids[to_device([row for _, _, row in live], torch.long, dev)] = ids
+        for _, r, _ in live:
+            r.pending_sample = True
 
     def finish_inflight(self) -> None:
         """Handle the step in flight, if any: accept its tokens and finish, release or stream its

@@ -109,6 +109,7 @@ def make_runner(folder: Path, dtype: str = "float32", native: bool = True) -> Mo
         runner.attn_backend = TorchAttentionBackend(
             runner.kv_pool, runner.req_to_token_pool, native=None
         )
+        runner.graph_runner = None  # its graphs were captured with the replaced backend
     return runner
 
 
@@ -134,7 +135,7 @@ class Session:
         for slot, new in chunks:
             n, pre = len(new), self.prefix[slot]
             loc = locs[offset : offset + n]
-            self.runner.req_to_token_pool.req_to_token[slot, pre : pre + n] = loc
+            self.runner.req_to_token_pool.write_row(slot, pre, loc)  # both tables (on CUDA)
             ids += list(new)
             positions += range(pre, pre + n)
             slots_list.append(slot)
