@@ -20,8 +20,6 @@ def to_device(
 ) -> torch.Tensor:
     """A host list (or CPU tensor) as a tensor of `dtype` on `device`, without a host wait."""
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    if device.type == "cpu":
-        return host.to(dtype)
     return upload(host.to(dtype), device)
 
 
@@ -58,8 +56,3 @@ class HostCopy:
             self._event.synchronize()  # NOTE: the step's one host synchronisation
             self._event = None
         return self._out
-
-
-def fetch_to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Copies of device tensors on the host, after one wait for all of them (None stays None)."""
-    return HostCopy(*tensors).wait()

@@ -301,9 +301,10 @@ class LogitsOutput:
     def rows_float(self, rows: list[int] | slice) -> torch.Tensor:
         """float32 [R, V] for the given logits rows, near-max refined (a fresh tensor)."""
         index = self._index(rows)
-        # NOTE: a copy even for float32 logits read through a slice: consumers modify it in
-        # place, and the logits are inference-mode tensors (a CUDA graph's static output)
-        out = self.raw[index, : self.vocab_size].to(torch.float32, copy=True)
+        # NOTE: a fresh tensor even for float32 logits read through a slice (a view): consumers
+        # modify it in place, and the logits are inference-mode tensors (a CUDA graph's static
+        # output); a list or tensor index has copied already
+        out = self.raw[index, : self.vocab_size].to(torch.float32, copy=isinstance(index, slice))
         if out.shape[0] and not self.exact:
             hidden = self.hidden[index].contiguous()
             if self.native is not None:

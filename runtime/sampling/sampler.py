@@ -53,13 +53,13 @@ class PendingSample:
         dense: _DenseSample | None,
     ) -> None:
         self.b, self.rest, self.dense = b, rest, dense
-        parts = [(idx, t) for idx, t in greedy_parts]
+        parts = list(greedy_parts)
         if dense is not None:
             parts.append((rest, dense.next_ids))
         if len(parts) == 1 and parts[0][0] == list(range(b)):
             self.device_ids = parts[0][1]
         else:
-            dev = parts[0][1].device if parts else torch.device("cpu")
+            dev = parts[0][1].device  # NOTE: b > 0 rows come from at least one part
             self.device_ids = torch.empty(b, dtype=torch.long, device=dev)
             for idx, t in parts:
                 self.device_ids[to_device(idx, torch.long, dev)] = t.to(dev)
