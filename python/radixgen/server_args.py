@@ -177,7 +177,11 @@ class CudaGraphConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tp_size: int = _f(1, "Tensor-parallel degree.")
+    tp_size: int = _f(
+        1,
+        "Tensor-parallel degree: this many scheduler rank processes (gloo, CPU), each holding "
+        "1/tp of the attention heads, MLP columns and vocabulary; rank 0 schedules and samples.",
+    )
     dp_size: int = _f(
         1,
         "Data-parallel replicas: this many scheduler processes, each with its own KV pool, radix "
@@ -190,6 +194,18 @@ class ParallelConfig:
         "this one, unless the loads are too uneven: then the least loaded). auto = round_robin.",
         ("auto", "round_robin", "shortest_queue", "cache_aware"),
     )
+    dist_timeout: float = _f(
+        60.0,
+        "Seconds a tensor-parallel collective may wait for a peer rank; past it the rank stops "
+        "and the server exits with the reason (gloo's own default is 30 minutes).",
+    )
+    dist_init_addr: str | None = _f(
+        None,
+        "host:port where the tensor-parallel ranks meet (TCP store on rank 0's machine); "
+        "needed with --nnodes > 1. Default: a file in the server's private folder.",
+    )
+    nnodes: int = _f(1, "Machines the tensor-parallel ranks are spread over.")
+    node_rank: int = _f(0, "This machine's index among --nnodes (0 runs the API).")
 
 
 @dataclass(frozen=True)
@@ -367,12 +383,57 @@ class ServerArgs:
                 "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
-        if self.parallel.tp_size != 1:
-            raise InvalidRequestError(
-                "tensor parallelism is not available yet (tp_size=1)", "tp_size"
-            )
         if self.parallel.dp_size < 1:
             raise InvalidRequestError("dp_size must be >= 1", "dp_size")
+        self._validate_tp()
+
+    def _validate_tp(self) -> None:
+        par = self.parallel
+        if par.tp_size < 1:
+            raise InvalidRequestError("tp_size must be >= 1", "tp_size")
+        if par.dist_timeout < 1:
+            raise InvalidRequestError("dist_timeout must be >= 1 (seconds)", "dist_timeout")
+        if par.nnodes < 1 or not 0 <= par.node_rank < par.nnodes:
+            raise InvalidRequestError(
+                f"node_rank must be in [0, nnodes) (got {par.node_rank} of {par.nnodes})",
+                "node_rank",
+            )
+        if par.nnodes > 1:
+            if not par.dist_init_addr:
+                raise InvalidRequestError(
+                    "--nnodes > 1 needs --dist-init-addr host:port (where the ranks meet)",
+                    "dist_init_addr",
+                )
+            if par.tp_size % par.nnodes:
+                raise InvalidRequestError(
+                    f"--tp-size {par.tp_size} must split evenly over --nnodes {par.nnodes}",
+                    "nnodes",
+                )
+            raise InvalidRequestError(
+                "--nnodes > 1 is not available yet: run --tp-size on one machine", "nnodes"
+            )
+            if par.dp_size > 1:
+                raise InvalidRequestError(
+                    "--dp-size > 1 with --nnodes > 1: run one server per machine behind the "
+                    "SGLang router instead",
+                    "dp_size",
+                )
+        if par.dist_init_addr is not None:
+            host, _, port = par.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise InvalidRequestError(
+                    f"dist_init_addr must be host:port, got {par.dist_init_addr!r}",
+                    "dist_init_addr",
+                )
+        if par.tp_size > 1 and self.scheduler.enable_overlap_schedule:
+            raise InvalidRequestError(
+                "--enable-overlap-schedule with --tp-size > 1: the ranks run each step in turn",
+                "enable_overlap_schedule",
+            )
+        if par.tp_size > 1 and self.model.device == "cuda":
+            raise InvalidRequestError(
+                "--tp-size > 1 runs on CPU ranks over gloo (--device cpu)", "device"
+            )
 
     def _validate_limits(self) -> None:
         lim = self.limits

@@ -60,6 +60,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs",
+    "dist-timeout", "dist-init-addr", "nnodes", "node-rank",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -73,6 +74,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "model-path": ("model",),
     "tp-size": ("tensor-parallel-size",),
     "dp-size": ("data-parallel-size",),
+    "dist-init-addr": ("nccl-init-addr",),
 }
 
 VALUE_COMPAT: dict[str, ValueCompat] = {
@@ -290,9 +292,9 @@ TOPICS: tuple[FlagTopic, ...] = (
     # --- parallelism ------------------------------------------------------------------------
     FlagTopic(
         R,
-        "pipeline, expert, context and attention-data parallelism and multi-node serving are "
-        "not available: one scheduler process (per --dp-size replica) runs the whole model",
-        "nnodes=1 node-rank=0 pp-size|pipeline-parallel-size=1 ep-size|expert-parallel-size|ep=1 "
+        "pipeline, expert, context and attention-data parallelism are not available: each "
+        "--dp-size replica runs the whole model, split only by --tp-size",
+        "pp-size|pipeline-parallel-size=1 ep-size|expert-parallel-size|ep=1 "
         "dcp-size|decode-context-parallel-size=1 attn-dp-size|attention-data-parallel-size=1 "
         "attn-cp-size|attention-context-parallel-size=1 moe-dp-size|moe-data-parallel-size=1 "
         "dwdp-size=1 enable-dp-attention",
@@ -300,7 +302,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     FlagTopic(
         N,
         "only matters with several ranks or nodes, and each model replica runs in one process here",
-        "nccl-port= dist-timeout= dist-init-addr|nccl-init-addr= gated-launch-port= "
+        "nccl-port= gated-launch-port= "
         "pp-max-micro-batch-size= pp-async-batch-depth= dcp-comm-backend= "
         "dcp-replicate-q-proj/no enable-prefill-cp cp-strategy= enable-cp-decode-attn-tp "
         "enable-kv-cache-sharding enable-dp-attention-local-control-broadcast enable-dp-lm-head "

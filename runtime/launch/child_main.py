@@ -14,9 +14,11 @@ import tempfile
 from typing import Any
 
 
-def scheduler_role(dp_rank: int) -> str:
-    """The name a scheduler reports ready under: `scheduler`, or `scheduler-K` for replica K > 0."""
-    return "scheduler" if dp_rank == 0 else f"scheduler-{dp_rank}"
+def scheduler_role(dp_rank: int, tp_rank: int = 0) -> str:
+    """The name a scheduler reports ready under: `scheduler`, or `scheduler-K` for replica K > 0,
+    with `-tpR` for tensor-parallel rank R > 0."""
+    name = "scheduler" if dp_rank == 0 else f"scheduler-{dp_rank}"
+    return name if tp_rank == 0 else f"{name}-tp{tp_rank}"
 
 
 class ReadyChannel:
@@ -41,10 +43,11 @@ class ReadyChannel:
 def main() -> None:
     role, spec_path = sys.argv[1], sys.argv[2]
     dp_rank = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # schedulers: the replica
+    tp_rank = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # and the tensor-parallel rank
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
     channel = ReadyChannel(
-        spec["ready_endpoint"], scheduler_role(dp_rank) if role == "scheduler" else role
+        spec["ready_endpoint"], scheduler_role(dp_rank, tp_rank) if role == "scheduler" else role
     )
     if role == "scheduler":
         from radixgen.runtime.scheduler.scheduler_process import run_scheduler_process
@@ -54,7 +57,9 @@ def main() -> None:
         # server stops, even after a SIGKILL; in the default temp folder they were left behind.
         tempfile.tempdir = spec["ports"].ipc_dir
 
-        run_scheduler_process(spec["args"], spec["model_folder"], spec["ports"], channel, dp_rank)
+        run_scheduler_process(
+            spec["args"], spec["model_folder"], spec["ports"], channel, dp_rank, tp_rank
+        )
     elif role == "detokenizer":
         from radixgen.runtime.detokenizer.detokenizer_manager import run_detokenizer_process
 

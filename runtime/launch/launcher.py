@@ -32,14 +32,22 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0
 
 
-def child_argvs(dp_size: int, spec_path: str) -> dict[str, list[str]]:
+def child_argvs(
+    dp_size: int, spec_path: str, tp_size: int = 1, tp_ranks: range | None = None
+) -> dict[str, list[str]]:
     """Each child's role name -> its `child_main` arguments: one scheduler per data-parallel
-    replica (`scheduler`, `scheduler-1`, ...; replica 0 is started exactly as without DP) and one
-    detokenizer, which every replica sends to."""
-    argvs = {"scheduler": ["scheduler", spec_path]}
-    for rank in range(1, dp_size):
-        argvs[scheduler_role(rank)] = ["scheduler", spec_path, str(rank)]
-    argvs["detokenizer"] = ["detokenizer", spec_path]
+    replica (`scheduler`, `scheduler-1`, ...; replica 0 is started exactly as without DP) times
+    its tensor-parallel ranks (`scheduler-tp1`, ...), and one detokenizer, which every replica
+    sends to. tp_ranks: the ranks this machine runs (multi-node); the detokenizer runs where
+    rank 0 does."""
+    ranks = tp_ranks if tp_ranks is not None else range(tp_size)
+    argvs: dict[str, list[str]] = {}
+    for dp in range(dp_size):
+        for tp in ranks:
+            extra = [str(dp), str(tp)] if tp else ([str(dp)] if dp else [])
+            argvs[scheduler_role(dp, tp)] = ["scheduler", spec_path, *extra]
+    if 0 in ranks:
+        argvs["detokenizer"] = ["detokenizer", spec_path]
     return argvs
 
 
@@ -83,6 +91,11 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     tokenizer_folder(model_folder, args.model.tokenizer_path)
     chat_template_text(args.model.chat_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path)
+    if args.parallel.tp_size > 1:  # a split the model's shape refuses fails before any start
+        from radixgen.runtime.distributed.shard_plan import check_tp_shape
+        from radixgen.runtime.models.model_config import ModelArchConfig
+
+        check_tp_shape(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)
     for path in remove_stale_ipc_dirs():
         logger.info("removed %s, left behind by a server that is gone", path)
     ports = PortArgs.create()
@@ -115,7 +128,9 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
         role: subprocess.Popen(
             [sys.executable, "-m", "radixgen.runtime.launch.child_main", *argv], env=env
         )
-        for role, argv in child_argvs(args.parallel.dp_size, spec_path).items()
+        for role, argv in child_argvs(
+            args.parallel.dp_size, spec_path, args.parallel.tp_size
+        ).items()
     }
     handle = EngineProcesses(args, model_folder, served, ports, None, procs)
     try:
@@ -145,8 +160,8 @@ def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> list[SchedulerRead
                     f"the {msg.get('role')} process failed to start: {msg.get('error')}"
                 )
             waiting.discard(msg["role"])
-            if msg["role"].startswith("scheduler"):
-                info: SchedulerReadyOut = msg["info"]
+            info: SchedulerReadyOut | None = msg.get("info")
+            if info is not None:  # a scheduler (tensor-parallel followers report none)
                 ready[info.dp_rank] = info
             continue
         dead = handle.dead_child()

@@ -27,6 +27,9 @@ from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from radixgen.runtime.distributed.parallel_linear import ParallelLMHead
+    from radixgen.runtime.distributed.parallel_state import TensorParallelGroup
+    from radixgen.runtime.distributed.tp_worker import StepChannel
     from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
@@ -129,10 +132,16 @@ class ModelRunner:
         args: ServerArgs,
         context_length: int,
         arch: ModelArchConfig | None = None,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
-        """`arch`: the folder's config when the caller has read it already (else read here)."""
+        """`arch`: the folder's config when the caller has read it already (else read here).
+        `tp`: this process's tensor-parallel rank (None: the whole model in one process)."""
         t0 = time.perf_counter()
         self.args = args
+        self.tp = tp
+        # rank 0 of a TP group: sends each step's batch to the other ranks (set by the process)
+        self.step_channel: StepChannel | None = None
+        self.lm_head: ParallelLMHead | None = None
         self.device = resolve_device(args.model.device)
         # NOTE: the one device decision: every tensor the step reads is placed on it here
         self.torch_device = torch.device(self.device)
@@ -155,19 +164,30 @@ class ModelRunner:
         )
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
-        self.model = load_model(
-            model_folder, self.cfg, self.dtype, self.device, context_length + 1,
-            self.layer_ops, gemm,
-        )  # fmt: skip
+        if tp is None:
+            self.model = load_model(
+                model_folder, self.cfg, self.dtype, self.device, context_length + 1,
+                self.layer_ops, gemm,
+            )  # fmt: skip
+            local_kv_heads = self.cfg.num_kv_heads
+        else:
+            from radixgen.runtime.distributed.parallel_linear import load_sharded_model
+
+            self.model, self.lm_head, local_kv_heads = load_sharded_model(
+                model_folder, self.cfg, self.dtype, self.device, context_length + 1,
+                self.layer_ops, gemm, tp,
+            )  # fmt: skip
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache
-        self.max_total_tokens = self._kv_capacity()
+        self.max_total_tokens = self._kv_capacity(local_kv_heads)
+        if tp is not None:  # NOTE: every rank's pool has the same slots: the smallest one's
+            self.max_total_tokens = tp.min_int(self.max_total_tokens)
         self.kv_pool = TokenToKVPool(
             self.max_total_tokens,
             cache.page_size,
             self.cfg.num_layers,
-            self.cfg.num_kv_heads,
+            local_kv_heads,
             self.cfg.head_dim,
             self.dtype,
             self.device,
@@ -195,17 +215,11 @@ class ModelRunner:
             ", native GEMM" if gemm is not None else "",
         )
 
-    def _kv_capacity(self) -> int:
+    def _kv_capacity(self, kv_heads: int) -> int:
         cache = self.args.cache
         if cache.max_total_tokens is not None:
             return cache.max_total_tokens
-        per_token = (
-            2
-            * self.cfg.num_layers
-            * self.cfg.num_kv_heads
-            * self.cfg.head_dim
-            * self.dtype.itemsize
-        )
+        per_token = 2 * self.cfg.num_layers * kv_heads * self.cfg.head_dim * self.dtype.itemsize
         if self.torch_device.type == "cuda":
             # SGLang's reading of the fraction: of the device memory free once weights are in
             free, _ = torch.cuda.mem_get_info(self.torch_device)
@@ -222,7 +236,7 @@ class ModelRunner:
     def _build_graph_runner(self) -> CudaGraphRunner | None:
         """Decode graphs on CUDA unless --disable-cuda-graph (never on CPU)."""
         graphs = self.args.cuda_graph
-        if not self.device.startswith("cuda") or graphs.disable_cuda_graph:
+        if not self.device.startswith("cuda") or graphs.disable_cuda_graph or self.tp is not None:
             return None
         if not self.attn_backend.supports_cuda_graph:
             logger.info(
@@ -251,6 +265,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        if self.tp is not None:
+            return self._forward_tp(batch)
         batch = batch.to_device(self.torch_device)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
@@ -259,6 +275,22 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, batch)
         raw = self.model.compute_logits(hidden)
         return LogitsOutput(raw, hidden, self.model.lm_head_weight, self.vocab_size, self.native)
+
+    def _forward_tp(self, batch: ForwardBatch) -> LogitsOutput:
+        """One step on this rank's shard. Rank 0 first sends the batch to the others (they call
+        this too, from `tp_worker.run_follower`); its logits are the gathered float32 ones (the
+        others' are empty: they never sample)."""
+        assert self.lm_head is not None
+        if self.step_channel is not None:
+            self.step_channel.send_forward(batch, self.req_to_token_pool)
+        batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        full = self.lm_head.logits(hidden)
+        raw = (
+            full if full is not None else hidden.new_zeros(0, self.vocab_size, dtype=torch.float32)
+        )
+        return LogitsOutput(raw, hidden, self.lm_head.weight, self.vocab_size, None)
 
 
 class LogitsOutput:

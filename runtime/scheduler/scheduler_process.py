@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -13,6 +14,7 @@ from radixgen.runtime.launch.process_utils import PortArgs, configure_child_proc
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from radixgen.runtime.distributed.parallel_state import TensorParallelGroup
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.scheduler.scheduler import Scheduler
@@ -30,7 +32,8 @@ def choose_num_threads(args: ServerArgs) -> int:
 
     if args.scheduler.num_threads:
         return args.scheduler.num_threads
-    return max(1, available_cores() // args.parallel.dp_size)
+    par = args.parallel
+    return max(1, available_cores() // (par.dp_size * par.tp_size))
 
 
 def resolve_context_length(requested: int | None, model_max: int) -> int:
@@ -52,8 +55,11 @@ def create_prefix_cache(
     return RadixCache(req_to_token_pool, kv_pool, args.cache.page_size)
 
 
-def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
-    """Load the model, tokenizer, cache and grammar backend, and hand them to a Scheduler."""
+def build_scheduler(
+    args: ServerArgs, model_folder: str, tp: TensorParallelGroup | None = None
+) -> Scheduler:
+    """Load the model, tokenizer, cache and grammar backend, and hand them to a Scheduler
+    (tp: rank 0 of a tensor-parallel group; its runner then leads the other ranks' steps)."""
     from radixgen.runtime.model_executor.model_runner import ModelRunner
     from radixgen.runtime.models.model_config import ModelArchConfig
     from radixgen.runtime.scheduler.scheduler import ModelLimits, Scheduler
@@ -62,7 +68,11 @@ def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
     tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, args.model.chat_template)
     arch = ModelArchConfig.from_folder(model_folder)
     context_length = resolve_context_length(args.model.context_length, arch.max_position_embeddings)
-    runner = ModelRunner(model_folder, args, context_length, arch)
+    runner = ModelRunner(model_folder, args, context_length, arch, tp)
+    if tp is not None:
+        from radixgen.runtime.distributed.tp_worker import StepChannel
+
+        runner.step_channel = StepChannel(tp)
     cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
     limits = ModelLimits(
         context_length, arch.vocab_size, list(arch.eos_token_ids or tokenizer.eos_token_ids)
@@ -77,25 +87,100 @@ def build_scheduler(args: ServerArgs, model_folder: str) -> Scheduler:
     return Scheduler(args, runner, tokenizer, cache, grammar_manager, limits)
 
 
+def tp_init_method(args: ServerArgs, ports: PortArgs, dp_rank: int) -> str:
+    """Where the ranks of one tensor-parallel group meet: a file store in the server's private
+    IPC folder on one machine (no port to race for), `--dist-init-addr` across machines."""
+    par = args.parallel
+    if par.dist_init_addr:
+        return f"tcp://{par.dist_init_addr}"
+    return f"file://{ports.ipc_dir}/tp-{dp_rank}.store"
+
+
+def scheduler_process_name(args: ServerArgs, dp_rank: int, tp_rank: int) -> str:
+    name = "scheduler" if args.parallel.dp_size == 1 else f"scheduler dp{dp_rank}"
+    return name if args.parallel.tp_size == 1 else f"{name} tp{tp_rank}"
+
+
 def run_scheduler_process(
     args: ServerArgs,
     model_folder: str,
     ports: PortArgs,
     ready_pipe: Connection,
     dp_rank: int = 0,
+    tp_rank: int = 0,
 ) -> None:
-    name = "scheduler" if args.parallel.dp_size == 1 else f"scheduler dp{dp_rank}"
-    configure_child_process(name, args.http.log_level)
+    """One scheduler (tp rank 0), or one follower rank of a tensor-parallel group."""
+    configure_child_process(scheduler_process_name(args, dp_rank, tp_rank), args.http.log_level)
+    from radixgen.runtime.distributed.parallel_state import CollectiveError, TensorParallelGroup
+
     t0 = time.perf_counter()
+    tp: TensorParallelGroup | None = None
     try:
         import torch
-        import zmq
 
         threads = choose_num_threads(args)
         torch.set_num_threads(threads)
-        from radixgen.runtime.model_executor.model_runner import ModelRunner
+        par = args.parallel
+        if par.tp_size > 1:
+            init = tp_init_method(args, ports, dp_rank)
+            tp = TensorParallelGroup(tp_rank, par.tp_size, init, par.dist_timeout)
+        if tp is not None and not tp.is_first:
+            _run_follower_rank(args, model_folder, ready_pipe, tp, t0)
+            return
+        _serve(args, model_folder, ports, ready_pipe, dp_rank, tp, threads, t0)
+    except CollectiveError as e:
+        # NOTE: fatal for the whole group: the launcher sees this process exit and stops the
+        # server with this reason in the log (no rank is left waiting on the others)
+        logger.error("%s: stopping this rank", e)
+        if tp is None:  # failed while joining: the launcher is still waiting for the report
+            ready_pipe.send({"status": "error", "error": str(e)})
+        logging.shutdown()
+        os._exit(1)
 
-        scheduler = build_scheduler(args, model_folder)
+
+def _run_follower_rank(
+    args: ServerArgs,
+    model_folder: str,
+    ready_pipe: Connection,
+    tp: TensorParallelGroup,
+    t0: float,
+) -> None:
+    """Ranks 1..T-1: the model shard and its KV pool only; rank 0 drives every step."""
+    from radixgen.runtime.distributed.tp_worker import run_follower
+    from radixgen.runtime.model_executor.model_runner import ModelRunner
+    from radixgen.runtime.models.model_config import ModelArchConfig
+
+    try:
+        arch = ModelArchConfig.from_folder(model_folder)
+        context_length = resolve_context_length(
+            args.model.context_length, arch.max_position_embeddings
+        )
+        runner = ModelRunner(model_folder, args, context_length, arch, tp)
+    except Exception as e:
+        ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})
+        raise
+    ready_pipe.send({"status": "ready", "info": None})
+    ready_pipe.close()
+    logger.info("rank %d ready in %.1f s", tp.rank, time.perf_counter() - t0)
+    run_follower(runner, tp)
+
+
+def _serve(
+    args: ServerArgs,
+    model_folder: str,
+    ports: PortArgs,
+    ready_pipe: Connection,
+    dp_rank: int,
+    tp: TensorParallelGroup | None,
+    threads: int,
+    t0: float,
+) -> None:
+    import zmq
+
+    from radixgen.runtime.model_executor.model_runner import ModelRunner
+
+    try:
+        scheduler = build_scheduler(args, model_folder, tp)
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)
         recv.bind(ports.scheduler_input_for(dp_rank))
@@ -122,6 +207,7 @@ def run_scheduler_process(
     ready_pipe.close()
     logger.info("scheduler ready in %.1f s (%d threads)", ready.startup_seconds, threads)
 
+    channel = runner.step_channel
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     while True:
@@ -149,3 +235,5 @@ def run_scheduler_process(
             outputs = scheduler.fail_all(e)
         for out in outputs:
             to_detok.send_pyobj(out)
+        if channel is not None:
+            channel.keepalive()

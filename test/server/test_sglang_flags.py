@@ -197,7 +197,7 @@ def test_refused_flags_stop_the_launch_naming_flag_and_reason(flag, capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--pp-size", "1"], ["--nnodes", "1"], ["--quantization", "gguf"], ["--load-format", "auto"],
+    [["--pp-size", "1"], ["--attn-dp-size", "1"], ["--quantization", "gguf"], ["--load-format", "auto"],
      ["--disaggregation-mode", "null"], ["--fastapi-root-path", ""], ["--lora-paths"]],
 )  # fmt: skip
 def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
@@ -219,7 +219,8 @@ def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
             ["--load-balance-method", "total_tokens"],
             "--load-balance-method total_tokens is refused",
         ),
-        (["--tp-size", "2"], "tensor parallelism is not available yet"),
+        (["--tp-size", "0"], "tp_size must be >= 1"),
+        (["--nnodes", "2"], "--nnodes > 1 needs --dist-init-addr host:port"),
         (["--pp-size", "2"], "--pp-size 2 is refused"),
         (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is refused"),
         (["--lora-paths", "a=/x", "b=/y"], "--lora-paths a=/x b=/y is refused"),
@@ -265,7 +266,7 @@ def test_config_file_flags_go_first_and_the_command_line_wins(tmp_path):
         (None, "--config {path}: No such file"),
         ("- a list\n", "--config {path}: must hold a mapping of flags"),
         ("enable-lora: true\n", "--enable-lora is refused: LoRA adapters"),
-        ("tp-size: 2\n", "tensor parallelism is not available"),
+        ("tp-size: 0\n", "tp_size must be >= 1"),
     ],
 )
 def test_config_file_errors_name_the_file_or_the_flag(tmp_path, capsys, content, needle):

@@ -1,0 +1,1 @@
+"""Tensor parallelism: rank groups, sharded layers, the step broadcast."""
