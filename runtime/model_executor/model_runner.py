@@ -215,6 +215,11 @@ class ModelRunner:
             ", native GEMM" if gemm is not None else "",
         )
 
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds this rank has spent inside tensor-parallel collectives (0 without TP)."""
+        return self.tp.comm_seconds if self.tp is not None else 0.0
+
     def _kv_capacity(self, kv_heads: int) -> int:
         cache = self.args.cache
         if cache.max_total_tokens is not None:

@@ -189,3 +189,85 @@ def test_the_sglang_router_in_dp_aware_mode_targets_each_replica(dp_server, dhtt
         assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
     finally:
         router.stop()
+
+
+def _stream_text(url: str, body: dict) -> tuple[str, dict]:
+    """A streamed /generate: its final cumulative text and meta_info (chunks that a slow
+    reader falls behind on may arrive merged, so their number is not fixed)."""
+    chunks = []
+    with httpx.Client(timeout=120.0) as c, c.stream("POST", url + "/generate", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: ") :]))
+    return chunks[-1]["text"], chunks[-1]["meta_info"]
+
+
+def test_concurrent_streams_are_spread_and_match_the_unstreamed_answers(dp_server, dhttp):
+    """Four streams at once over two replicas: both replicas serve, and every stream ends with
+    the text the same greedy request gets unstreamed (whichever replica runs it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"{topic} Tell me more." for topic in (AQUEDUCTS, BEES, "Chess openings:", "Tea:")]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    before = [s["prompt_tokens"] for s in replica_states(dhttp)]
+    with ThreadPoolExecutor(4) as pool:
+        streamed = list(
+            pool.map(
+                lambda p: _stream_text(
+                    dp_server.url, {"text": p, "stream": True, "sampling_params": params}
+                ),
+                prompts,
+            )
+        )
+    after = [s["prompt_tokens"] for s in replica_states(dhttp)]
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    for p, (text, meta) in zip(prompts, streamed, strict=True):
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 8
+        r = dhttp.post("/generate", json={"text": p, "sampling_params": params})
+        assert r.status_code == 200 and r.json()["text"] == text
+
+
+def test_constrained_decoding_on_each_replica(dhttp):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    texts = []
+    for rank in (0, 1):
+        body = {"text": "A JSON object with a number n:", "data_parallel_rank": rank,
+                "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                    "json_schema": json.dumps(schema)}}  # fmt: skip
+        r = dhttp.post("/generate", json=body)
+        assert r.status_code == 200, r.text
+        assert isinstance(json.loads(r.json()["text"])["n"], int)
+        texts.append(r.json()["text"])
+    assert texts[0] == texts[1]  # each replica's own grammar manager, the same answer
+
+
+def test_each_conversation_stays_on_the_replica_that_cached_it(dhttp):
+    """Two chats, three turns each, asked in turn: every later turn goes where its conversation's
+    earlier turns ran (its history is cached there), not to the other replica."""
+    convs = [
+        [{"role": "system", "content": "You are a historian of Roman engineering."},
+         {"role": "user", "content": AQUEDUCTS + "Why did it work?"}],
+        [{"role": "system", "content": "You are a beekeeper who answers briefly."},
+         {"role": "user", "content": BEES + "How do they do it?"}],
+    ]  # fmt: skip
+    homes: list[set[int]] = [set(), set()]
+    for turn in range(3):
+        for i, conv in enumerate(convs):
+            before = [s["prompt_tokens"] for s in replica_states(dhttp)]
+            r = dhttp.post(
+                "/v1/chat/completions",
+                json={"messages": conv, "max_tokens": 4, "temperature": 0},
+            )
+            assert r.status_code == 200, r.text
+            after = [s["prompt_tokens"] for s in replica_states(dhttp)]
+            homes[i] |= {k for k, (a, b) in enumerate(zip(after, before, strict=True)) if a > b}
+            usage = r.json()["usage"]
+            if turn > 0:  # the previous turns, cached where they ran
+                assert usage["prompt_tokens_details"]["cached_tokens"] > 30, usage
+            conv.append(
+                {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
+            )
+            conv.append({"role": "user", "content": f"And point {turn + 2}?"})
+    assert all(len(h) == 1 for h in homes), homes
+    assert homes[0] != homes[1]  # the first turns (nothing in common) went to different replicas
