@@ -204,6 +204,12 @@ class ParallelConfig:
         "host:port where the tensor-parallel ranks meet (TCP store on rank 0's machine); "
         "needed with --nnodes > 1. Default: a file in the server's private folder.",
     )
+    enable_dp_attention: bool = _f(
+        False,
+        "With --tp-size N --dp-size N: attention data-parallel (each of the N ranks a scheduler "
+        "with its own requests, KV pool and radix cache, behind the DP controller) and the MLP "
+        "tensor-parallel over all ranks' tokens.",
+    )
     nnodes: int = _f(1, "Machines the tensor-parallel ranks are spread over.")
     node_rank: int = _f(0, "This machine's index among --nnodes (0 runs the API).")
 
@@ -425,6 +431,12 @@ class ServerArgs:
                     f"dist_init_addr must be host:port, got {par.dist_init_addr!r}",
                     "dist_init_addr",
                 )
+        if par.enable_dp_attention and (par.tp_size < 2 or par.dp_size != par.tp_size):
+            raise InvalidRequestError(
+                "--enable-dp-attention needs --tp-size N > 1 and --dp-size N (one attention "
+                f"replica per rank; got tp {par.tp_size}, dp {par.dp_size})",
+                "enable_dp_attention",
+            )
         if par.tp_size > 1 and self.scheduler.enable_overlap_schedule:
             raise InvalidRequestError(
                 "--enable-overlap-schedule with --tp-size > 1: the ranks run each step in turn",

@@ -60,7 +60,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs",
-    "dist-timeout", "dist-init-addr", "nnodes", "node-rank",
+    "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -297,7 +297,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         "pp-size|pipeline-parallel-size=1 ep-size|expert-parallel-size|ep=1 "
         "dcp-size|decode-context-parallel-size=1 attn-dp-size|attention-data-parallel-size=1 "
         "attn-cp-size|attention-context-parallel-size=1 moe-dp-size|moe-data-parallel-size=1 "
-        "dwdp-size=1 enable-dp-attention",
+        "dwdp-size=1",
     ),
     FlagTopic(
         N,

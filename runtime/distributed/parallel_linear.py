@@ -12,6 +12,7 @@ Hugging Face tensor to the rank's part as it streams past the loader.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,8 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.distributed.dp_attention import DPAttentionSync, parallelize_dp_attention
 from radixgen.runtime.distributed.parallel_state import TensorParallelGroup
-from radixgen.runtime.distributed.shard_plan import TensorShard, shard_config, tensor_shard
+from radixgen.runtime.distributed.shard_plan import (
+    TensorShard,
+    dp_attention_shard,
+    shard_config,
+    tensor_shard,
+)
 from radixgen.runtime.models.llama import LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 
@@ -135,16 +142,17 @@ def shard_tensor(
     d = cfg.head_dim
     is_bias = name.endswith(".bias")
     if kind == _Q:
-        return t.narrow(0, shard.rank * shard.num_heads * d, shard.num_heads * d)
+        return t.narrow(0, shard.attn_rank * shard.num_heads * d, shard.num_heads * d)
     if kind == _KV:
         return t.narrow(0, shard.kv_head_start * d, shard.num_kv_heads * d)
     if kind == _MLP_OUT:
         return t.narrow(0, shard.rank * shard.intermediate, shard.intermediate)
     if kind in (_ATTN_IN, _MLP_IN):
+        rank = shard.attn_rank if kind == _ATTN_IN else shard.rank
         if is_bias:  # added once, after the sum: rank 0 keeps it
-            return t if shard.rank == 0 else torch.zeros_like(t)
+            return t if rank == 0 else torch.zeros_like(t)
         width = shard.num_heads * d if kind == _ATTN_IN else shard.intermediate
-        return t.narrow(1, shard.rank * width, width)
+        return t.narrow(1, rank * width, width)
     if kind == _VOCAB:
         rows = t[shard.vocab_start : shard.vocab_start + shard.vocab_rows]
         if rows.shape[0] < shard.vocab_rows:  # the padding rows (past the real vocabulary)
@@ -162,6 +170,16 @@ def shard_checkpoint(
         yield name, shard_tensor(name, t, cfg, shard)
 
 
+@dataclass
+class ShardedModel:
+    """One rank's loaded part of the model and what the model runner needs beside it."""
+
+    model: LlamaForCausalLM
+    kv_heads: int  # KV heads this rank's pool holds
+    lm_head: ParallelLMHead | None  # None under DP attention: each rank has the whole head
+    dp_sync: DPAttentionSync | None  # DP attention only
+
+
 def load_sharded_model(
     folder: str,
     cfg: ModelArchConfig,
@@ -171,9 +189,9 @@ def load_sharded_model(
     native: FusedLayerOps | None,
     gemm: NativeKernels | None,
     tp: TensorParallelGroup,
-) -> tuple[LlamaForCausalLM, ParallelLMHead, int]:
-    """This rank's decoder, filled from its part of the checkpoint: (model, LM head, the number
-    of KV heads its pool holds)."""
+    dp_attention: bool = False,
+) -> ShardedModel:
+    """This rank's decoder, filled from its part of the checkpoint."""
     from radixgen.runtime.model_loader.weights import iter_weights
 
     if cfg.architecture not in LLAMA_FAMILY:
@@ -182,9 +200,21 @@ def load_sharded_model(
             f"not {cfg.architecture}",
             "tp_size",
         )
-    shard = tensor_shard(cfg, tp.rank, tp.size)
+    if torch.device(device).type != "cpu":
+        raise InvalidRequestError(
+            "--tp-size > 1 runs on CPU ranks over gloo (--device cpu)", "device"
+        )
+    if dp_attention:
+        shard = dp_attention_shard(cfg, tp.rank, tp.size)
+    else:
+        shard = tensor_shard(cfg, tp.rank, tp.size)
     model = LlamaForCausalLM.create(shard_config(cfg, shard), dtype, device, max_positions)
     model.load_weights(shard_checkpoint(iter_weights(folder), cfg, shard))
+    if dp_attention:
+        sync = parallelize_dp_attention(model, tp)
+        model.prepack(native, gemm)
+        return ShardedModel(model, shard.num_kv_heads, None, sync)
     parallelize_model(model, tp, shard)
     model.prepack(native, gemm)
-    return model, ParallelLMHead(model.lm_head_weight, tp, cfg.vocab_size), shard.num_kv_heads
+    head = ParallelLMHead(model.lm_head_weight, tp, cfg.vocab_size)
+    return ShardedModel(model, shard.num_kv_heads, head, None)

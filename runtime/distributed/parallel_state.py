@@ -73,6 +73,12 @@ class TensorParallelGroup:
         self._run("all_reduce(min)", self._dist.all_reduce, t, self._dist.ReduceOp.MIN)
         return int(t.item())
 
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor (all of one shape), in rank order, on every rank."""
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        self._run("all_gather", self._dist.all_gather, parts, t.contiguous())
+        return parts
+
     def gather_columns(self, t: torch.Tensor) -> torch.Tensor | None:
         """Every rank's [M, C] block side by side on rank 0 ([M, C * size]); None elsewhere."""
         t = t.contiguous()

@@ -30,10 +30,10 @@ class TensorShard:
     intermediate: int  # MLP columns on this rank
     padded_vocab: int  # the whole padded vocabulary
     vocab_start: int  # this rank's vocab rows [vocab_start, vocab_start + vocab_rows)
-
-    @property
-    def vocab_rows(self) -> int:
-        return self.padded_vocab // self.size
+    vocab_rows: int
+    # this rank's index among the ranks that split the attention heads (0 under DP attention,
+    # where every rank holds all of them)
+    attn_rank: int
 
 
 def padded_vocab_size(vocab: int, tp: int) -> int:
@@ -77,8 +77,26 @@ def tensor_shard(cfg: ModelArchConfig, rank: int, tp: int) -> TensorShard:
     padded = padded_vocab_size(cfg.vocab_size, tp)
     return TensorShard(
         rank, tp, cfg.num_heads // tp, local_kv, kv_start, cfg.intermediate_size // tp,
-        padded, rank * (padded // tp),
+        padded, rank * (padded // tp), padded // tp, rank,
     )  # fmt: skip
+
+
+def check_dp_attention_shape(cfg: ModelArchConfig, tp: int) -> None:
+    if cfg.intermediate_size % tp:
+        raise InvalidRequestError(
+            f"--tp-size {tp} does not divide the model's MLP size {cfg.intermediate_size}",
+            "tp_size",
+        )
+
+
+def dp_attention_shard(cfg: ModelArchConfig, rank: int, tp: int) -> TensorShard:
+    """Under DP attention every rank keeps the whole attention, embedding and LM head (it runs
+    them on its own requests) and 1/tp of the MLP columns (run over every rank's tokens)."""
+    check_dp_attention_shape(cfg, tp)
+    v = cfg.vocab_size
+    return TensorShard(
+        rank, tp, cfg.num_heads, cfg.num_kv_heads, 0, cfg.intermediate_size // tp, v, 0, v, 0
+    )
 
 
 def shard_config(cfg: ModelArchConfig, shard: TensorShard) -> ModelArchConfig:

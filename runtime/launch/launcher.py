@@ -51,6 +51,13 @@ def child_argvs(
     return argvs
 
 
+def followers_per_replica(args: ServerArgs) -> int:
+    """Scheduler processes per DP replica: its TP ranks; 1 under DP attention, where each rank
+    is a replica of its own (the group spans the replicas)."""
+    par = args.parallel
+    return 1 if par.enable_dp_attention else par.tp_size
+
+
 @dataclass
 class EngineProcesses:
     args: ServerArgs
@@ -92,10 +99,11 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     chat_template_text(args.model.chat_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path)
     if args.parallel.tp_size > 1:  # a split the model's shape refuses fails before any start
-        from radixgen.runtime.distributed.shard_plan import check_tp_shape
+        from radixgen.runtime.distributed.shard_plan import check_dp_attention_shape, check_tp_shape
         from radixgen.runtime.models.model_config import ModelArchConfig
 
-        check_tp_shape(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)
+        check = check_dp_attention_shape if args.parallel.enable_dp_attention else check_tp_shape
+        check(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)
     for path in remove_stale_ipc_dirs():
         logger.info("removed %s, left behind by a server that is gone", path)
     ports = PortArgs.create()
@@ -129,7 +137,7 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
             [sys.executable, "-m", "radixgen.runtime.launch.child_main", *argv], env=env
         )
         for role, argv in child_argvs(
-            args.parallel.dp_size, spec_path, args.parallel.tp_size
+            args.parallel.dp_size, spec_path, followers_per_replica(args)
         ).items()
     }
     handle = EngineProcesses(args, model_folder, served, ports, None, procs)

@@ -27,6 +27,7 @@ from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from radixgen.runtime.distributed.dp_attention import DPAttentionSync
     from radixgen.runtime.distributed.parallel_linear import ParallelLMHead
     from radixgen.runtime.distributed.parallel_state import TensorParallelGroup
     from radixgen.runtime.distributed.tp_worker import StepChannel
@@ -142,6 +143,7 @@ class ModelRunner:
         # rank 0 of a TP group: sends each step's batch to the other ranks (set by the process)
         self.step_channel: StepChannel | None = None
         self.lm_head: ParallelLMHead | None = None
+        self.dp_sync: DPAttentionSync | None = None  # DP attention: the group's step counts
         self.device = resolve_device(args.model.device)
         # NOTE: the one device decision: every tensor the step reads is placed on it here
         self.torch_device = torch.device(self.device)
@@ -173,15 +175,17 @@ class ModelRunner:
         else:
             from radixgen.runtime.distributed.parallel_linear import load_sharded_model
 
-            self.model, self.lm_head, local_kv_heads = load_sharded_model(
+            sharded = load_sharded_model(
                 model_folder, self.cfg, self.dtype, self.device, context_length + 1,
-                self.layer_ops, gemm, tp,
+                self.layer_ops, gemm, tp, args.parallel.enable_dp_attention,
             )  # fmt: skip
+            self.model, local_kv_heads = sharded.model, sharded.kv_heads
+            self.lm_head, self.dp_sync = sharded.lm_head, sharded.dp_sync
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache
         self.max_total_tokens = self._kv_capacity(local_kv_heads)
-        if tp is not None:  # NOTE: every rank's pool has the same slots: the smallest one's
+        if tp is not None and self.lm_head is not None:  # NOTE: TP ranks: equal pools, the least
             self.max_total_tokens = tp.min_int(self.max_total_tokens)
         self.kv_pool = TokenToKVPool(
             self.max_total_tokens,
@@ -219,6 +223,11 @@ class ModelRunner:
     def comm_seconds(self) -> float:
         """Seconds this rank has spent inside tensor-parallel collectives (0 without TP)."""
         return self.tp.comm_seconds if self.tp is not None else 0.0
+
+    @property
+    def idle_forwards(self) -> int:
+        """DP attention: forwards this rank ran with no tokens of its own (for the others')."""
+        return self.dp_sync.idle_forwards if self.dp_sync is not None else 0
 
     def _kv_capacity(self, kv_heads: int) -> int:
         cache = self.args.cache
@@ -270,7 +279,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        if self.tp is not None:
+        if self.dp_sync is not None:  # DP attention: the group learns every rank's token count
+            self.dp_sync.before_forward(batch.num_tokens)
+        elif self.tp is not None:
             return self._forward_tp(batch)
         batch = batch.to_device(self.torch_device)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):

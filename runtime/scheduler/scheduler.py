@@ -480,6 +480,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             "new_token_ratio": self.new_token_ratio,
             # time inside tensor-parallel collectives (rank 0's, waits for slower ranks included)
             "tp_comm_seconds": float(getattr(self.model_runner, "comm_seconds", 0.0)),
+            "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
             **asdict(st),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
         }

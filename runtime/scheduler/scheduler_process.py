@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000
 GRAMMAR_POLL_MS = 2
+DP_ATTENTION_POLL_MS = 5
 
 
 def choose_num_threads(args: ServerArgs) -> int:
@@ -69,7 +70,7 @@ def build_scheduler(
     arch = ModelArchConfig.from_folder(model_folder)
     context_length = resolve_context_length(args.model.context_length, arch.max_position_embeddings)
     runner = ModelRunner(model_folder, args, context_length, arch, tp)
-    if tp is not None:
+    if tp is not None and runner.dp_sync is None:
         from radixgen.runtime.distributed.tp_worker import StepChannel
 
         runner.step_channel = StepChannel(tp)
@@ -93,12 +94,15 @@ def tp_init_method(args: ServerArgs, ports: PortArgs, dp_rank: int) -> str:
     par = args.parallel
     if par.dist_init_addr:
         return f"tcp://{par.dist_init_addr}"
+    if par.enable_dp_attention:  # one group across the replicas
+        return f"file://{ports.ipc_dir}/dp-attention.store"
     return f"file://{ports.ipc_dir}/tp-{dp_rank}.store"
 
 
 def scheduler_process_name(args: ServerArgs, dp_rank: int, tp_rank: int) -> str:
     name = "scheduler" if args.parallel.dp_size == 1 else f"scheduler dp{dp_rank}"
-    return name if args.parallel.tp_size == 1 else f"{name} tp{tp_rank}"
+    par = args.parallel
+    return name if par.tp_size == 1 or par.enable_dp_attention else f"{name} tp{tp_rank}"
 
 
 def run_scheduler_process(
@@ -123,8 +127,9 @@ def run_scheduler_process(
         par = args.parallel
         if par.tp_size > 1:
             init = tp_init_method(args, ports, dp_rank)
-            tp = TensorParallelGroup(tp_rank, par.tp_size, init, par.dist_timeout)
-        if tp is not None and not tp.is_first:
+            rank = dp_rank if par.enable_dp_attention else tp_rank
+            tp = TensorParallelGroup(rank, par.tp_size, init, par.dist_timeout)
+        if tp is not None and not tp.is_first and not par.enable_dp_attention:
             _run_follower_rank(args, model_folder, ready_pipe, tp, t0)
             return
         _serve(args, model_folder, ports, ready_pipe, dp_rank, tp, threads, t0)
@@ -207,12 +212,15 @@ def _serve(
     ready_pipe.close()
     logger.info("scheduler ready in %.1f s (%d threads)", ready.startup_seconds, threads)
 
-    channel = runner.step_channel
+    channel, dp_sync = runner.step_channel, runner.dp_sync
+    # NOTE: under DP attention every iteration meets the other ranks' (a count gather), so an
+    # idle rank polls briefly: a long sleep here would stall a busy rank's next step
+    idle_ms = DP_ATTENTION_POLL_MS if dp_sync is not None else IDLE_POLL_MS
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     while True:
         if not scheduler.has_work:
-            timeout = GRAMMAR_POLL_MS if scheduler.grammar_waiting else IDLE_POLL_MS
+            timeout = GRAMMAR_POLL_MS if scheduler.grammar_waiting else idle_ms
             poller.poll(timeout)
         while True:
             try:
@@ -237,3 +245,5 @@ def _serve(
             to_detok.send_pyobj(out)
         if channel is not None:
             channel.keepalive()
+        if dp_sync is not None:
+            dp_sync.end_iteration(runner.model, runner.cfg.hidden_size, runner.dtype)

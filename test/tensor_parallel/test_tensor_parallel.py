@@ -39,10 +39,11 @@ def _requests() -> list[list[int]]:
     return [*prompts(4, 12, seed=1), [*shared, 5, 6, 7], [*shared, 8, 9]]
 
 
-def _run(folder: Path, tp: int) -> list[dict]:
+def _run(folder: Path, tp: int, **extra: object) -> tuple[list[dict], list[dict]]:
+    """The requests' outputs, and each scheduler's internal state after them."""
     engine = rg.Engine(
         model_path=str(folder), tp_size=tp, dtype="float32", max_total_tokens=4096,
-        num_threads=1, grammar_backend="none", log_level="warning",
+        num_threads=1, grammar_backend="none", log_level="warning", **extra,
     )  # fmt: skip
     try:
         reqs = _requests()
@@ -52,14 +53,14 @@ def _run(folder: Path, tp: int) -> list[dict]:
         last = engine.generate(
             input_ids=reqs[-1], sampling_params=SAMPLING, return_logprob=True, top_logprobs_num=2
         )
-        return [*first, last]
+        return [*first, last], engine.get_server_info()["internal_states"]
     finally:
         engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def reference(folder) -> list[dict]:
-    outs = _run(folder, 1)
+    outs, _ = _run(folder, 1)
     for out in outs:  # the reference is decisive everywhere (else the test proves nothing)
         for top in out["meta_info"]["output_top_logprobs"]:
             assert top[0][0] - top[1][0] > MIN_TOP2_GAP, top
@@ -78,12 +79,30 @@ def _same_as_reference(outs: list[dict], reference: list[dict]) -> None:
 
 
 def test_tp2_greedy_equals_tp1(folder, reference):
-    _same_as_reference(_run(folder, 2), reference)
+    _same_as_reference(_run(folder, 2)[0], reference)
 
 
 def test_tp4_with_replicated_kv_heads_equals_tp1(folder, reference):
     """2 KV heads over 4 ranks: each rank keeps one, ranks 2r and 2r+1 the same one."""
-    _same_as_reference(_run(folder, 4), reference)
+    _same_as_reference(_run(folder, 4)[0], reference)
+
+
+def test_dp_attention_equals_tp1(folder, reference):
+    """--enable-dp-attention over 2 ranks: the first 5 requests (nothing shared) spread over
+    both (ranks with different batch sizes); the last one, routed cache-aware to the rank that
+    holds its prefix in its own radix cache, runs alone while the other rank runs idle forwards
+    (the MLP collectives only)."""
+    outs, states = _run(
+        folder, 2, dp_size=2, enable_dp_attention=True, load_balance_method="cache_aware"
+    )
+    _same_as_reference(outs, reference)
+    assert all(s["prompt_tokens"] > 0 for s in states), states  # both ranks had requests
+    assert sum(s["dp_attention_idle_forwards"] for s in states) > 0, states
+
+
+def test_dp_attention_needs_one_replica_per_rank(folder):
+    with pytest.raises(ValueError, match="--enable-dp-attention needs --tp-size N > 1 and --dp"):
+        rg.Engine(model_path=str(folder), tp_size=2, enable_dp_attention=True)
 
 
 def test_a_split_the_model_refuses_is_a_precise_error_before_any_start(folder):
