@@ -415,10 +415,7 @@ class ServerArgs:
                     f"--tp-size {par.tp_size} must split evenly over --nnodes {par.nnodes}",
                     "nnodes",
                 )
-            raise InvalidRequestError(
-                "--nnodes > 1 is not available yet: run --tp-size on one machine", "nnodes"
-            )
-            if par.dp_size > 1:
+            if par.dp_size > 1 or par.enable_dp_attention:
                 raise InvalidRequestError(
                     "--dp-size > 1 with --nnodes > 1: run one server per machine behind the "
                     "SGLang router instead",

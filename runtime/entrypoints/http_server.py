@@ -131,6 +131,11 @@ class _Server(uvicorn.Server):
 def run_server(args: ServerArgs, flag_notes: Sequence[FlagNote] = ()) -> int:
     """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code.
     `flag_notes`: SGLang launch flags given that have no effect here, logged once now."""
+    if args.parallel.node_rank > 0:  # another machine's ranks of a multi-node group: no API
+        from radixgen.runtime.launch.worker_node import run_worker_node
+
+        log_flag_notes(flag_notes)
+        return run_worker_node(args)
     configure_logging(args.http.log_level, "server")
     log_flag_notes(flag_notes)
     holder: dict[str, _Server] = {}

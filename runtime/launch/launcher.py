@@ -58,6 +58,13 @@ def followers_per_replica(args: ServerArgs) -> int:
     return 1 if par.enable_dp_attention else par.tp_size
 
 
+def node_ranks(args: ServerArgs) -> range:
+    """The tensor-parallel ranks this machine runs: its slice of --tp-size over --nnodes."""
+    par = args.parallel
+    per_node = followers_per_replica(args) // par.nnodes
+    return range(par.node_rank * per_node, (par.node_rank + 1) * per_node)
+
+
 @dataclass
 class EngineProcesses:
     args: ServerArgs
@@ -137,13 +144,14 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
             [sys.executable, "-m", "radixgen.runtime.launch.child_main", *argv], env=env
         )
         for role, argv in child_argvs(
-            args.parallel.dp_size, spec_path, followers_per_replica(args)
+            args.parallel.dp_size, spec_path, followers_per_replica(args), node_ranks(args)
         ).items()
     }
     handle = EngineProcesses(args, model_folder, served, ports, None, procs)
     try:
         handle.replicas = _wait_ready(handle, ready_sock)
-        handle.ready = handle.replicas[0]
+        # NOTE: a machine other than the first runs no scheduler (no report): it only follows
+        handle.ready = handle.replicas[0] if handle.replicas else None
     except BaseException:
         handle.shutdown()
         raise

@@ -181,3 +181,39 @@ def test_a_rank_that_dies_or_hangs_takes_the_server_down(tiny_folder, how):
         assert not wait_gone(pids), "rank processes outlived the server"
     finally:
         srv.stop()
+
+
+def test_two_nodes_on_one_host_serve_one_tp_group(tiny_folder):
+    """--nnodes 2: node 0 runs the API, the detokenizer and rank 0; node 1 only rank 1 (and
+    /health). They meet at --dist-init-addr over TCP; the tokens are those of one process; a
+    SIGTERM on node 0 stops node 1 too, within 10 s."""
+    from server.server_process import free_port
+
+    import radixgen as rg
+
+    ids = [11, 12, 13, 14, 15]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with rg.Engine(model_path=str(tiny_folder), dtype="float32", num_threads=1,
+                   grammar_backend="none", log_level="warning") as engine:  # fmt: skip
+        expected = engine.generate(input_ids=ids, sampling_params=params)["output_ids"]
+    addr = f"127.0.0.1:{free_port()}"
+    common = [*server_flags(), "--model-path", str(tiny_folder), "--tp-size", "2",
+              "--dtype", "float32", "--grammar-backend", "none", "--nnodes", "2",
+              "--dist-init-addr", addr, "--log-level", "info"]  # fmt: skip
+    node1 = ServerProcess(*common, "--node-rank", "1")
+    node0 = ServerProcess(*common, "--node-rank", "0")
+    try:
+        node0.wait_healthy()
+        node1.wait_healthy()
+        assert list(_ranks(node0)) == [0] and list(_ranks(node1)) == [1]
+        assert httpx.post(node1.url + "/generate", json={}).status_code >= 400  # health only
+        r = httpx.post(node0.url + "/generate", json={"input_ids": ids, "sampling_params": params})
+        assert r.status_code == 200, r.text
+        assert r.json()["output_ids"] == expected
+        pids = node0.child_pids() + node1.child_pids()
+        node0.stop()
+        node1.proc.wait(10)
+        assert not wait_gone(pids), "rank processes outlived their nodes"
+    finally:
+        node0.stop()
+        node1.stop()
