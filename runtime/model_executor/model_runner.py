@@ -279,10 +279,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        if self.dp_sync is not None:  # DP attention: the group learns every rank's token count
-            self.dp_sync.before_forward(batch.num_tokens)
-        elif self.tp is not None:
-            return self._forward_tp(batch)
+        if self.tp is None:
+            return self._forward_local(batch)
+        from radixgen.runtime.distributed.parallel_state import CollectiveError
+
+        try:
+            if self.dp_sync is None:
+                return self._forward_tp(batch)
+            self.dp_sync.before_forward(batch.num_tokens)  # every rank's token count
+            return self._forward_local(batch)
+        except Exception as e:
+            # NOTE: the other ranks are in this step's collectives: a rank that skips the rest
+            # of them can never line up again, so the failure is the group's, not one batch's
+            raise CollectiveError(
+                f"rank {self.tp.rank}/{self.tp.size}: the forward failed mid-step ({e!r})"
+            ) from e
+
+    def _forward_local(self, batch: ForwardBatch) -> LogitsOutput:
         batch = batch.to_device(self.torch_device)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
