@@ -33,6 +33,18 @@ KEEPALIVE_S = 1.0
 FORWARD, IDLE, STOP = "forward", "idle", "stop"
 
 
+def slot_positions(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request slot, position) of every KV entry the step reads: each request's positions
+    [0, prefix + extend), flattened in batch order (no Python loop over the requests)."""
+    ends = torch.tensor(batch.prefix_lens, dtype=torch.long) + torch.tensor(
+        batch.extend_lens, dtype=torch.long
+    )
+    rows = torch.repeat_interleave(torch.tensor(batch.req_pool_indices_cpu, dtype=torch.long), ends)
+    starts = torch.cumsum(ends, 0) - ends
+    cols = torch.arange(int(ends.sum())) - torch.repeat_interleave(starts, ends)
+    return rows, cols
+
+
 class StepChannel:
     """Rank 0's side: one broadcast per step (or per idle second)."""
 
@@ -45,10 +57,8 @@ class StepChannel:
     def send_forward(self, batch: ForwardBatch, pool: ReqToTokenPool) -> None:
         """The batch and, per request, its KV slots up to the end of this step's tokens (the
         other ranks have no scheduler that would have written them)."""
-        ends = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
-        table = pool.req_to_token
-        rows = [table[r, :n] for r, n in zip(batch.req_pool_indices_cpu, ends, strict=True)]
-        slots = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)
+        rows, cols = slot_positions(batch)
+        slots = pool.req_to_token[rows, cols]
         self.tp.broadcast_obj((FORWARD, dataclasses.replace(batch, attn_backend=None), slots))
         self._last = time.monotonic()
         self.steps += 1
@@ -72,9 +82,8 @@ def run_follower(runner: ModelRunner, tp: TensorParallelGroup) -> None:
         kind = msg[0]
         if kind == FORWARD:
             _, batch, slots = msg
-            ends = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
-            for row, part in zip(batch.req_pool_indices_cpu, slots.split(ends), strict=True):
-                pool.write_row(row, 0, part)
+            rows, cols = slot_positions(batch)
+            pool.write(rows, cols, slots)
             runner.forward(batch)
         elif kind == STOP:
             logger.info("rank 0 stopped the group")
