@@ -51,7 +51,7 @@ class StepChannel:
     def __init__(self, tp: TensorParallelGroup) -> None:
         assert tp.is_first
         self.tp = tp
-        self._last = time.monotonic()
+        self._last = -KEEPALIVE_S  # the first loop iteration sends one at once
         self.steps = 0
 
     def send_forward(self, batch: ForwardBatch, pool: ReqToTokenPool) -> None:

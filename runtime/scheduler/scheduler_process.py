@@ -69,15 +69,12 @@ def build_scheduler(
     tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, args.model.chat_template)
     arch = ModelArchConfig.from_folder(model_folder)
     context_length = resolve_context_length(args.model.context_length, arch.max_position_embeddings)
-    runner = ModelRunner(model_folder, args, context_length, arch, tp)
-    if tp is not None and runner.dp_sync is None:
-        from radixgen.runtime.distributed.tp_worker import StepChannel
-
-        runner.step_channel = StepChannel(tp)
-    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
     limits = ModelLimits(
         context_length, arch.vocab_size, list(arch.eos_token_ids or tokenizer.eos_token_ids)
     )
+    # NOTE: the grammar backend starts (seconds) before the model loads: with tensor
+    # parallelism the model runner's set-up ends in a collective, after which the other ranks
+    # wait for this one's first step within --dist-timeout
     grammar_manager = None
     if args.grammar.grammar_backend != "none":
         from radixgen.runtime.constrained.grammar_manager import GrammarManager
@@ -85,6 +82,12 @@ def build_scheduler(
         grammar_manager = GrammarManager(
             args.grammar, tokenizer, limits.vocab_size, limits.eos_token_ids
         )
+    runner = ModelRunner(model_folder, args, context_length, arch, tp)
+    if tp is not None and runner.dp_sync is None:
+        from radixgen.runtime.distributed.tp_worker import StepChannel
+
+        runner.step_channel = StepChannel(tp)
+    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
     return Scheduler(args, runner, tokenizer, cache, grammar_manager, limits)
 
 
