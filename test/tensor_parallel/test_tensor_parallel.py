@@ -23,6 +23,9 @@ pytestmark = pytest.mark.slow  # starts real engine processes (3-4 s each on 2 c
 LOGPROB_TOL = 1e-4
 MIN_TOP2_GAP = 1e-2  # 100x the tolerance: a reference choice this decisive cannot flip
 SAMPLING = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+# a hot, seeded sample: every vocabulary row gets probability, so a padding row that reached the
+# sampler would be drawn; rank 0 samples alone, so the draws equal one process's
+HOT = {"max_new_tokens": 48, "temperature": 2.0, "seed": 5, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,9 @@ def _requests() -> list[list[int]]:
     return [*prompts(4, 12, seed=1), [*shared, 5, 6, 7], [*shared, 8, 9]]
 
 
+_runs_sampled: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+
+
 def _run(folder: Path, tp: int, **extra: object) -> tuple[list[dict], list[dict]]:
     """The requests' outputs, and each scheduler's internal state after them."""
     engine = rg.Engine(
@@ -53,6 +59,8 @@ def _run(folder: Path, tp: int, **extra: object) -> tuple[list[dict], list[dict]
         last = engine.generate(
             input_ids=reqs[-1], sampling_params=SAMPLING, return_logprob=True, top_logprobs_num=2
         )
+        hot = engine.generate(input_ids=prompts(1, 8, seed=11)[0], sampling_params=HOT)
+        _runs_sampled[tp, tuple(sorted(extra))] = hot["output_ids"]
         return [*first, last], engine.get_server_info()["internal_states"]
     finally:
         engine.shutdown()
@@ -80,6 +88,8 @@ def _same_as_reference(outs: list[dict], reference: list[dict]) -> None:
 
 def test_tp2_greedy_equals_tp1(folder, reference):
     _same_as_reference(_run(folder, 2)[0], reference)
+    sampled, expected = _runs_sampled[2, ()], _runs_sampled[1, ()]
+    assert sampled == expected and all(t < 1000 for t in sampled)
 
 
 def test_tp4_with_replicated_kv_heads_equals_tp1(folder, reference):
