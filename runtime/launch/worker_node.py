@@ -15,6 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from radixgen.errors import EngineDeadError
 from radixgen.runtime.launch.launcher import launch_engine_processes
 from radixgen.runtime.launch.process_utils import configure_logging
 from radixgen.server_args import ServerArgs
@@ -42,7 +43,11 @@ def run_worker_node(args: ServerArgs) -> int:
     configure_logging(args.http.log_level, f"node {par.node_rank}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    procs = launch_engine_processes(args)
+    try:
+        procs = launch_engine_processes(args)
+    except EngineDeadError as e:  # e.g. rank 0's machine never came within --dist-timeout
+        logger.error("node %d could not start: %s", par.node_rank, e)
+        return 1
     health = ThreadingHTTPServer((args.http.host, args.http.port), _Health)
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
     logger.info(

@@ -34,7 +34,9 @@ def choose_num_threads(args: ServerArgs) -> int:
     if args.scheduler.num_threads:
         return args.scheduler.num_threads
     par = args.parallel
-    return max(1, available_cores() // (par.dp_size * par.tp_size))
+    # under DP attention the replicas are the ranks: dp_size processes in all
+    procs = par.dp_size * (1 if par.enable_dp_attention else par.tp_size)
+    return max(1, available_cores() // procs)
 
 
 def resolve_context_length(requested: int | None, model_max: int) -> int:

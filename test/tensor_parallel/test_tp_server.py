@@ -217,3 +217,19 @@ def test_two_nodes_on_one_host_serve_one_tp_group(tiny_folder):
     finally:
         node0.stop()
         node1.stop()
+
+
+def test_a_node_whose_rank_0_never_comes_gives_up_after_the_timeout(tiny_folder):
+    from server.server_process import free_port
+
+    node1 = ServerProcess(
+        *server_flags(), "--model-path", str(tiny_folder), "--tp-size", "2", "--nnodes", "2",
+        "--node-rank", "1", "--dist-init-addr", f"127.0.0.1:{free_port()}", "--dist-timeout", "3",
+        "--grammar-backend", "none",
+    )  # fmt: skip
+    try:
+        node1.proc.wait(60)
+        assert node1.proc.returncode == 1
+        assert "node 1 could not start" in node1.log() and "joining tcp://" in node1.log()
+    finally:
+        node1.stop()
