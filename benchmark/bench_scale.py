@@ -9,8 +9,9 @@ Default model, greedy, `ignore_eos`, requests to `/generate` from an async clien
       question, 16 output tokens, 8 in flight; cache_aware vs round_robin for our DP controller
       (one --dp-size 2 server) and for the SGLang router (`sglang-router`) in front of two
       --dp-size 1 workers. Prefix-cache hit rate, output tok/s and requests/s, and the ratios.
-  (c) tensor parallelism: --tp-size 3 vs --tp-size 1 (the default model splits only in 3), the
-      mean decode step and the share of it inside collectives (bench_scale_tp.py).
+  (c) tensor parallelism: --tp-size 3 vs --tp-size 1 (the default model splits only in 3), and
+      --tp-size 2 vs 1 on a random model of its size with 12 q / 4 KV heads: the mean decode step
+      and the share of it inside collectives (bench_scale_tp.py).
 Every mode starts cold (all caches flushed, fresh tenants each repeat); modes run back to back in
 one run, their order alternating between repeats.
 
@@ -27,13 +28,15 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
-from bench_scale_tp import part_c
+from bench_scale_tp import part_c, tp2_model_folder
 from server_launch import free_port, launch_server
 
 ROUTER_LOG_LEVEL = "warn"
@@ -395,6 +398,8 @@ def write_results(path: str, a: dict, b: dict, c: dict, cfg: dict, command: str)
         f"output {c['tp1_out_tok_per_s']:.1f} vs {c['tp3_out_tok_per_s']:.1f} tok/s. No gain is possible here: 3 ranks share 2 cores, and a",
         "gloo collective on loopback costs about as much as the decode step's matmuls it splits. TP pays where each rank",
         "has its own device and a fast interconnect (NCCL), or for a model too large for one.",
+        "--tp-size 2 vs 1 on a random model of the default's size with 12 q / 4 KV heads (head size 48, splits in 2):",
+        f"step {c['tp2']['tp1_step_ms']:.1f} vs {c['tp2']['tp2_step_ms']:.1f} ms (**{c['tp2']['tp2_over_tp1_step_time']:.2f}x**), {c['tp2']['tp2_comm_share']:.0%} of tp=2's step in collectives.",
         "",
         "Seen on the way: at start the router probes each worker for gRPC (SGLang's, then vLLM's health check) before",
         "taking it as HTTP, so every worker logs uvicorn's `Invalid HTTP request received` twice per router; harmless.",
@@ -419,6 +424,10 @@ def main() -> int:
     cfg["requests"] = cfg["rounds"] * len(TENANTS)
     b = part_b(cfg["rounds"], 1000, cfg["out_len"], cfg["conc"], repeats)
     c = part_c([1, 3], n=4 if q else 8, out_len=8 if q else 32, repeats=repeats)
+    tp2_flags = ["--model-path", str(tp2_model_folder(Path(tempfile.gettempdir())))]
+    c["tp2"] = part_c(
+        [1, 2], n=4 if q else 8, out_len=8 if q else 32, repeats=repeats, extra=tp2_flags
+    )
     elapsed = time.monotonic() - t0
     cfg["note"] = f"{repeats} repeat(s) per mode, {elapsed / 60:.1f} min in all."
     emit({"bench": "scale_done", "elapsed_s": round(elapsed, 1)})

@@ -1,13 +1,15 @@
 """Part (c) of bench_scale.py: tensor parallelism's decode step time and its communication share.
 
 The default model (9 q / 3 KV heads) splits only in 3, so the comparison is --tp-size 3 against
---tp-size 1, each server with its default threads (the cores shared out among its ranks). A
+--tp-size 1; `--shape tp2` runs --tp-size 2 against 1 on a random model of the default's size and
+vocabulary with 12 q / 4 KV heads (head size 48), which splits in 2. Each server has its default
+threads (the cores shared out among its ranks). A
 batch of concurrent greedy requests (short prompts, `ignore_eos`) runs on each, alternating
 between repeats; each server's own counters over the run give the mean step time and the share
 of rank 0's step spent inside collectives (`tp_comm_seconds`: the step broadcast, the two sums
 per layer, the embedding sum and the logits gather, waits for slower ranks included).
 
-    python benchmark/bench_scale_tp.py [--quick] [--tp-sizes 1 3] [-- extra server flags]
+    python benchmark/bench_scale_tp.py [--quick] [--shape default|tp2] [--tp-sizes 1 3]
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +31,29 @@ from server_launch import launch_server
 
 COUNTERS = ("forward_steps", "step_seconds", "forward_seconds", "tp_comm_seconds",
             "generated_tokens")  # fmt: skip
+
+
+# the default model's shape with heads that split in 2 (576 = 12 x 48)
+TP2_HEADS = {"num_attention_heads": 12, "num_key_value_heads": 4}
+
+
+def tp2_model_folder(root: Path) -> Path:
+    """A random bf16 model of the default's size and vocabulary with `TP2_HEADS` (built once),
+    with random_model.py's word-level tokenizer."""
+    out = root / "radixgen-bench-tp2-shape"
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    import torch
+    from random_model import DEFAULT_SHAPE, write_tokenizer
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(**{**DEFAULT_SHAPE, **TP2_HEADS}, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    write_tokenizer(out, DEFAULT_SHAPE["vocab_size"])
+    return out
 
 
 def emit(record: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +114,7 @@ def part_c(
                 proc.wait(60)
     base = tp_sizes[0]
     summary: dict[str, Any] = {"bench": "scale_tp_ratio", "requests": n, "output_len": out_len,
-                               "baseline_tp": base}  # fmt: skip
+                               "baseline_tp": base, "extra_flags": extra or []}  # fmt: skip
     for tp in tp_sizes:
         summary[f"tp{tp}_step_ms"] = statistics.median(r["step_ms"] for r in runs[tp])
         summary[f"tp{tp}_comm_share"] = statistics.median(r["comm_share"] for r in runs[tp])
@@ -101,13 +128,29 @@ def part_c(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
-    ap.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 3])
+    ap.add_argument(
+        "--shape",
+        choices=("default", "tp2"),
+        default="default",
+        help="the default model (tp 1 vs 3), or its size with heads that split in 2",
+    )
+    ap.add_argument(
+        "--tp-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="default: 1 3 (default shape), 1 2 (tp2 shape)",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="runs per size (default 3, quick 1)")
     ap.add_argument("extra", nargs="*", help="more server flags (after --)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n, out_len = (4, 8) if args.quick else (8, 32)
-    part_c(args.tp_sizes, n, out_len, args.repeats or (1 if args.quick else 3), args.extra)
+    extra = list(args.extra)
+    sizes = args.tp_sizes or ([1, 3] if args.shape == "default" else [1, 2])
+    if args.shape == "tp2":
+        extra += ["--model-path", str(tp2_model_folder(Path(tempfile.gettempdir())))]
+    part_c(sizes, n, out_len, args.repeats or (1 if args.quick else 3), extra)
     return 0
 
 
