@@ -97,6 +97,14 @@ def test_tp4_with_replicated_kv_heads_equals_tp1(folder, reference):
     _same_as_reference(_run(folder, 4)[0], reference)
 
 
+def test_two_replicas_of_tp2_groups_equal_tp1(folder, reference):
+    """--dp-size 2 --tp-size 2: two independent groups (own file stores, 4 processes), the DP
+    controller routing between their rank-0 schedulers."""
+    outs, states = _run(folder, 2, dp_size=2, load_balance_method="cache_aware")
+    _same_as_reference(outs, reference)
+    assert len(states) == 2 and all(s["prompt_tokens"] > 0 for s in states), states
+
+
 def test_dp_attention_equals_tp1(folder, reference):
     """--enable-dp-attention over 2 ranks: the first 5 requests (nothing shared) spread over
     both (ranks with different batch sizes); the last one, routed cache-aware to the rank that
