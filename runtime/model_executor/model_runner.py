@@ -235,6 +235,9 @@ class ModelRunner:
         graphs = self.args.cuda_graph
         if not self.device.startswith("cuda") or graphs.disable_cuda_graph:
             return None
+        if self.cfg.moe is not None:
+            logger.info("CUDA graphs off: MoE layers size their expert groups on the host")
+            return None
         if not self.attn_backend.supports_cuda_graph:
             logger.info(
                 "CUDA graphs off: the %s attention backend runs decode steps eagerly",

@@ -15,6 +15,7 @@ import torch
 from arch_harness import (
     ARCH_VARIANTS,
     GEMMA2_WINDOW,
+    LONGROPE,
     PHI3_ORIG_CTX,
     arch_config,
     arch_runner,
@@ -167,3 +168,83 @@ def test_bf16_runs_close_to_hf(saved: Any) -> None:
         allowed = 1 if "moe" in variant or "mixtral" in variant else 0
         assert int((errs > 0.1).sum()) <= allowed, (variant, errs.tolist())
         assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])
+def test_moe_rows_are_batch_invariant_in_bf16(saved: Any, variant: str) -> None:
+    """A request's bf16 logits are bitwise the same alone or batched with others, although
+    its tokens then share expert groups with other tokens (each expert: one prepacked GEMM
+    pair over its group, rows computed alike for every group size)."""
+    from radixgen.kernels.cpu import select_linear_gemm
+
+    _, folder = saved(variant)
+    runner = arch_runner(folder, native=True, dtype="bfloat16")
+    if select_linear_gemm(runner.native) is None:
+        pytest.skip("no native bf16 GEMM on this CPU (oneDNN rows vary with the batch)")
+    prompt, others = random_ids(20, seed=8), [random_ids(n, seed=9 + n) for n in (13, 27)]
+    alone = our_logits(runner, [prompt])[0]
+    batched = our_logits(arch_runner(folder, native=True, dtype="bfloat16"), [prompt, *others])
+    assert all(torch.equal(a, b) for a, b in zip(alone, batched[0], strict=True))
+
+
+def our_logits(runner: Any, prompts: list[list[int]], steps: int = 4) -> list[list[torch.Tensor]]:
+    """Each prompt's last-row logits after its prefill and after each greedy decode step."""
+    session = Session(runner)
+    slots = [session.new_request() for _ in prompts]
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    step = [(s, p) for s, p in zip(slots, prompts, strict=True)]
+    for _ in range(steps):
+        outs = session.step(step)
+        step = []
+        for i, (slot, out) in enumerate(zip(slots, outs, strict=True)):
+            rows[i].append(out[-1])
+            step.append((slot, [int(out[-1].argmax())]))
+    return rows
+
+
+def test_softcapping_backends(saved: Any) -> None:
+    """Gemma 2 soft-caps attention logits: auto picks torch (CPU and CUDA), the other backends
+    are refused with the reason, and the runner's attention takes the pure-torch path."""
+    from radixgen.errors import InvalidRequestError
+    from radixgen.runtime.model_executor.model_runner import resolve_attention_backend
+
+    _, folder = saved("gemma2")
+    cfg = ModelArchConfig.from_folder(folder)
+    assert resolve_attention_backend("auto", "cuda", cfg, torch.bfloat16) == "torch"
+    assert resolve_attention_backend("auto", "cpu", cfg) == "torch"
+    for name in ("triton", "flashinfer"):
+        with pytest.raises(InvalidRequestError, match="soft-capping"):
+            resolve_attention_backend(name, "cuda", cfg, torch.bfloat16)
+    plain = ModelArchConfig.from_folder(saved("qwen3")[1])
+    assert resolve_attention_backend("triton", "cuda", plain) == "triton"
+    assert arch_runner(folder, native=True).attn_backend.native is None
+
+
+@pytest.mark.parametrize(
+    ("variant", "edit", "message"),
+    [
+        ("gemma2", {"hidden_activation": "gelu"}, "hidden_act 'gelu' is not supported for gemma2"),
+        ("mixtral", {"num_experts_per_tok": 9}, "num_experts_per_tok 9 must be in 1..4"),
+        (
+            "gemma2",
+            {"attn_logit_softcapping": -1.0},
+            "attn_logit_softcapping must be a positive number",
+        ),
+        (
+            "phi3_longrope",
+            {"rope_parameters": {**LONGROPE, "long_factor": [1.0, 2.0]}},
+            "needs long_factor with 8 values",
+        ),
+        ("qwen3", {"rope_parameters": LONGROPE}, "'longrope' is not supported for qwen3"),
+    ],
+)
+def test_bad_arch_configs_are_refused(
+    saved: Any, variant: str, edit: dict[str, Any], message: str
+) -> None:
+    import json
+
+    from radixgen.errors import InvalidRequestError
+
+    raw = json.loads((saved(variant)[1] / "config.json").read_text())
+    with pytest.raises(InvalidRequestError, match=message):
+        ModelArchConfig.from_dict({**raw, **edit})
