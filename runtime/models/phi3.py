@@ -5,6 +5,11 @@ Runs in the scheduler process. Longrope keeps two cos/sin tables, short factors 
 factors (both scaled by the attention factor), stacked in one buffer: a request whose sequence
 (cached prefix + this step's tokens) is longer than original_max_position_embeddings reads the
 long half, as transformers switches its frequencies by the current sequence length.
+
+NOTE: keys already cached keep the factors they were computed with (as in vLLM and SGLang):
+a request crossing the original context mid-generation, a prompt whose first prefill chunk ends
+below it, or a cached prefix shared across it, differs from transformers' `generate`, which
+then drops its cache and recomputes every key with the long factors.
 """
 
 from __future__ import annotations

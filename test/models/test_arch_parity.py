@@ -170,11 +170,11 @@ def test_bf16_runs_close_to_hf(saved: Any) -> None:
         assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])
-def test_moe_rows_are_batch_invariant_in_bf16(saved: Any, variant: str) -> None:
-    """A request's bf16 logits are bitwise the same alone or batched with others, although
-    its tokens then share expert groups with other tokens (each expert: one prepacked GEMM
-    pair over its group, rows computed alike for every group size)."""
+@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe", "qwen3", "phi3_longrope", "gemma2"])
+def test_rows_are_batch_invariant_in_bf16(saved: Any, variant: str) -> None:
+    """A request's bf16 logits are bitwise the same alone or batched with others: for MoE
+    models although its tokens then share expert groups with other tokens (each expert: one
+    prepacked GEMM pair over its group), for Gemma 2 through the pure-torch attention."""
     from radixgen.kernels.cpu import select_linear_gemm
 
     _, folder = saved(variant)
