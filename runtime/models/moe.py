@@ -33,14 +33,15 @@ def grouped_experts(
     tokens = order // k
     # NOTE: one host read per layer (the group sizes); it keeps MoE layers out of CUDA graphs
     counts = torch.bincount(flat, minlength=len(modules)).tolist()
-    rows = x[tokens]
+    # NOTE: index_select, not x[tokens]: CPU advanced indexing costs ~80 us a call here
+    rows = x.index_select(0, tokens)
     out = torch.empty((n * k, x.shape[1]), dtype=torch.float32, device=x.device)
     start = 0
     for expert, count in zip(modules, counts, strict=True):
         if count:
             out[start : start + count] = expert.forward(rows[start : start + count]).float()
             start += count
-    out *= weights.reshape(-1)[order].unsqueeze(1)
+    out *= weights.reshape(-1).index_select(0, order).unsqueeze(1)
     total = torch.zeros((n, x.shape[1]), dtype=torch.float32, device=x.device)
     return total.index_add_(0, tokens, out)
 
