@@ -67,8 +67,9 @@ def moe_config(raw: dict[str, Any], model_type: str, num_layers: int) -> MoeConf
     return MoeConfig(experts, top_k, inter, renorm, shared, sparse)
 
 
-def softcap(raw: dict[str, Any], key: str) -> float | None:
-    value = raw.get(key)
+def softcap(raw: dict[str, Any], key: str, model_type: str) -> float | None:
+    """Gemma 2's soft-cap `key`, or None (other architectures have none)."""
+    value = raw.get(key) if model_type == "gemma2" else None
     if value is None:
         return None
     value = float(value)

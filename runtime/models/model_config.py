@@ -167,8 +167,9 @@ class ModelArchConfig:
             rope_freq_factors=factors,
             hidden_act=act,
             qk_norm=model_type == "qwen3",
-            attn_logit_softcapping=softcap(raw, "attn_logit_softcapping"),
-            final_logit_softcapping=softcap(raw, "final_logit_softcapping"),
+            # NOTE: only Gemma 2's modules apply the caps: elsewhere the keys are not read
+            attn_logit_softcapping=softcap(raw, "attn_logit_softcapping", model_type),
+            final_logit_softcapping=softcap(raw, "final_logit_softcapping", model_type),
             query_pre_attn_scalar=(
                 float(raw.get("query_pre_attn_scalar") or head_dim)
                 if model_type == "gemma2"
