@@ -17,6 +17,7 @@ import numpy as np
 # GGUF per-layer tensor -> HF module name, where an architecture differs from the Llama table
 LAYER_OVERRIDES: dict[str, dict[str, str]] = {
     "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    "qwen3moe": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
     "gemma2": {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",
@@ -47,7 +48,7 @@ def arch_config(
 
     layers = int(get("block_count"))
     extra: dict[str, Any] = {}
-    if arch in ("llama", "qwen2moe") and is_moe(meta, arch):
+    if arch in ("llama", "qwen2moe", "qwen3moe") and is_moe(meta, arch):
         experts, used = int(get("expert_count")), int(get("expert_used_count", 2))
         sparse = [f"blk.{i}.ffn_gate_inp.weight" in tensor_names for i in range(layers)]
         if arch == "llama":
@@ -61,7 +62,8 @@ def arch_config(
                 "num_experts_per_tok": used,
                 "moe_intermediate_size": int(get("expert_feed_forward_length")),
                 "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", 0)),
-                "norm_topk_prob": bool(get("expert_weights_norm", False)),
+                # NOTE: llama.cpp renormalises Qwen3-MoE's top-k weights, not Qwen2-MoE's
+                "norm_topk_prob": bool(get("expert_weights_norm", arch == "qwen3moe")),
                 "mlp_only_layers": [i for i, s in enumerate(sparse) if not s],
                 "qkv_bias": "blk.0.attn_q.bias" in tensor_names,
             }

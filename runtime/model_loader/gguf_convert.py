@@ -41,6 +41,7 @@ _ARCHS: dict[str, tuple[str, str, bool]] = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
     "phi3": ("Phi3ForCausalLM", "phi3", False),
     "gemma2": ("Gemma2ForCausalLM", "gemma2", False),
 }  # (a llama GGUF with experts is Mixtral: see gguf_archs.arch_config)

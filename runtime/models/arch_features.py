@@ -42,14 +42,15 @@ def hidden_act(raw: dict[str, Any], model_type: str) -> str:
 
 
 def moe_config(raw: dict[str, Any], model_type: str, num_layers: int) -> MoeConfig | None:
-    """The MoE layout of Mixtral (all layers sparse) or Qwen2-MoE (decoder_sparse_step and
-    mlp_only_layers pick the sparse ones), else None."""
+    """The MoE layout of Mixtral (all layers sparse) or Qwen2-MoE / Qwen3-MoE
+    (decoder_sparse_step and mlp_only_layers pick the sparse ones), else None."""
     if model_type == "mixtral":
         experts = int(raw.get("num_local_experts", 8))
         inter, shared, renorm = int(raw["intermediate_size"]), 0, True
         sparse = (True,) * num_layers
-    elif model_type == "qwen2_moe":
-        experts = int(raw.get("num_experts", 60))
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        # NOTE: transformers 5 saves Qwen3-MoE's count as num_local_experts
+        experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
         inter = int(raw.get("moe_intermediate_size", raw["intermediate_size"]))
         shared = int(raw.get("shared_expert_intermediate_size", 0))
         renorm = bool(raw.get("norm_topk_prob", False))

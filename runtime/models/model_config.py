@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
 }
@@ -166,7 +167,7 @@ class ModelArchConfig:
             layer_sliding_windows=windows,
             rope_freq_factors=factors,
             hidden_act=act,
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             # NOTE: only Gemma 2's modules apply the caps: elsewhere the keys are not read
             attn_logit_softcapping=softcap(raw, "attn_logit_softcapping", model_type),
             final_logit_softcapping=softcap(raw, "final_logit_softcapping", model_type),
@@ -215,7 +216,7 @@ def _rope(raw: dict[str, Any], model_type: str) -> tuple[float, dict[str, Any] |
 def _layer_windows(raw: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
     """Which layers use sliding-window attention, following transformers' rules per architecture."""
     window = raw.get("sliding_window")
-    qwen_like = model_type in ("qwen2", "qwen3", "qwen2_moe")
+    qwen_like = model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
     if model_type == "llama" or window is None:
         return (None,) * num_layers
     if qwen_like and not raw.get("use_sliding_window", False):

@@ -18,6 +18,7 @@ from torch import nn
 
 from radixgen.runtime.models.llama import MLP, DecoderLayer, Linear, LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.models.qwen3 import Qwen3Attention
 
 
 def grouped_experts(
@@ -142,3 +143,14 @@ class MixtralForCausalLM(_MoeForCausalLM):
 class Qwen2MoeForCausalLM(_MoeForCausalLM):
     """Qwen2MoeForCausalLM: sparse layers per decoder_sparse_step / mlp_only_layers, a shared
     expert with a sigmoid gate, top-k renormalised only with norm_topk_prob."""
+
+
+class Qwen3MoeDecoderLayer(MoeDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3MoeForCausalLM(_MoeForCausalLM):
+    """Qwen3MoeForCausalLM: Qwen3's q/k-normed attention, Qwen2-MoE's routing, no shared
+    expert."""
+
+    layer_cls = Qwen3MoeDecoderLayer

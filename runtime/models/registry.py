@@ -19,6 +19,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "mixtral": ("moe", "MixtralForCausalLM"),
     "qwen2_moe": ("moe", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("moe", "Qwen3MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
 }

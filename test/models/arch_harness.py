@@ -11,7 +11,14 @@ from typing import Any
 
 import torch
 from model_harness import VOCAB, Session
-from transformers import Gemma2Config, MixtralConfig, Phi3Config, Qwen2MoeConfig, Qwen3Config
+from transformers import (
+    Gemma2Config,
+    MixtralConfig,
+    Phi3Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 
@@ -72,6 +79,18 @@ ARCH_VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
             shared_expert_intermediate_size=40,
             norm_topk_prob=True,
             mlp_only_layers=[1],
+            num_hidden_layers=3,
+        ),
+    ),
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        dict(
+            head_dim=16,
+            num_experts=5,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            norm_topk_prob=True,
+            decoder_sparse_step=2,
             num_hidden_layers=3,
         ),
     ),

@@ -31,6 +31,7 @@ _RENAMES = {
         "post_feedforward_layernorm": "post_ffw_norm",
     },
     "qwen3": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+    "qwen3moe": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
 }
 _MOE_PARTS = {
@@ -90,14 +91,15 @@ def write_arch_gguf(path: Path, arch: str, cfg: Any, state: dict[str, np.ndarray
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
-    if arch in ("llama", "qwen2moe"):
+    if arch in ("llama", "qwen2moe", "qwen3moe"):
         n_exp = getattr(cfg, "num_local_experts", None) or cfg.num_experts
         w.add_expert_count(n_exp)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch == "qwen2moe":
+    if arch in ("qwen2moe", "qwen3moe"):
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
         w.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     for name, arr in state.items():
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         m = _EXPERT.match(name)

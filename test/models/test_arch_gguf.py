@@ -1,5 +1,6 @@
-"""GGUF files of Qwen3, Gemma 2, Phi-3 (longrope), Mixtral (llama arch + experts) and Qwen2-MoE
-convert back to the exact HF checkpoint and run to HF's logits and greedy tokens (float32)."""
+"""GGUF files of Qwen3, Gemma 2, Phi-3 (longrope), Mixtral (llama arch + experts), Qwen2-MoE and
+Qwen3-MoE convert back to the exact HF checkpoint and run to HF's logits and greedy tokens
+(float32)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ CASES = {
     "mixtral": ("llama", "MixtralForCausalLM", {}),
     "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM", {}),
     "qwen2_moe_norm_dense_layer": ("qwen2moe", "Qwen2MoeForCausalLM", {}),
+    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM", {}),
 }
 
 

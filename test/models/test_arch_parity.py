@@ -1,4 +1,5 @@
-"""Qwen3, Mixtral, Qwen2-MoE, Phi-3 and Gemma 2 through our ModelRunner against transformers.
+"""Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3 and Gemma 2 through our ModelRunner against
+transformers.
 
 Float32, tiny random models saved as safetensors: every logit row of a batched schedule
 (prefill, extend on a cached prefix, decode, mixed steps) matches HF's full forward, and
@@ -149,6 +150,9 @@ def test_configs_parse(saved: Any) -> None:
     assert cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "longrope"
     assert cfg.rope_scaling["original_max_position_embeddings"] == PHI3_ORIG_CTX
     assert cfg.rope_scaling["attention_factor"] > 1.0
+    cfg = ModelArchConfig.from_folder(saved("qwen3_moe")[1])
+    assert cfg.moe is not None and cfg.moe.sparse_layers == (False, True, False)
+    assert cfg.moe.num_experts == 5 and cfg.moe.renormalize and cfg.qk_norm
     cfg = ModelArchConfig.from_folder(saved("qwen3")[1])
     assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 16
 
