@@ -21,8 +21,8 @@ class AttentionLayerInfo:
     scaling: float
     # keys within the last `sliding_window` positions only (p - W < k <= p); None = full
     sliding_window: int | None = None
-    # scores become cap * tanh(scores / cap) before the softmax (Gemma 2); only the pure-torch
-    # path of the torch backend implements it (the model runner routes such models there)
+    # scores become cap * tanh(scores / cap) before the softmax (Gemma 2): the torch backend's
+    # pure-torch path and the triton backend implement it (the model runner routes the rest)
     logit_softcap: float | None = None
 
 

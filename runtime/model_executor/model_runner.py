@@ -78,19 +78,21 @@ def resolve_attention_backend(
     On CPU only torch runs natively; triton there needs Triton's interpreter (TRITON_INTERPRET=1,
     for the kernels' tests: it is thousands of times slower). `auto` on CUDA: flashinfer where it
     imports and serves the model (bf16 or fp16, a head dim it has, no sliding-window layers),
-    else triton. Models that soft-cap attention logits (Gemma 2) run on torch only: `auto` picks
-    it and the others are refused.
+    else triton. Models that soft-cap attention logits (Gemma 2) run on torch or triton: `auto`
+    picks triton on CUDA, and flashinfer is refused.
     """
     softcap = cfg is not None and cfg.attn_logit_softcapping is not None
-    if softcap and name not in ("auto", "torch"):
+    if softcap and name == "flashinfer":
         raise InvalidRequestError(
-            f"--attention-backend {name} has no attention logit soft-capping, which "
-            f"{cfg.architecture if cfg else 'this model'} needs (use torch or auto)",
+            "--attention-backend flashinfer has no attention logit soft-capping, which "
+            f"{cfg.architecture if cfg else 'this model'} needs (use triton, torch or auto)",
             "attention_backend",
         )
     if name == "auto":
-        if device == "cpu" or softcap:
+        if device == "cpu":
             return "torch"
+        if softcap:
+            return "triton"
         from importlib.util import find_spec
 
         serves = flashinfer_serves(cfg, dtype)

@@ -2,8 +2,9 @@
 GeGLU (tanh-approximated GELU), query_pre_attn_scalar, soft-capped attention and final logits,
 sliding-window attention on alternating layers.
 
-Runs in the scheduler process. Attention logit soft-capping runs in the torch backend's pure
-torch path (the model runner routes Gemma 2 there); rotary + KV store and the GEMMs stay native.
+Runs in the scheduler process. Attention logit soft-capping runs in the triton backend, or on
+CPU in the torch backend's pure-torch path (the model runner routes Gemma 2 there); rotary + KV
+store and the GEMMs stay native.
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        # NOTE: the normaliser is rounded to the model dtype first, as transformers does
+        # NOTE: the normaliser is rounded to the model dtype first, as transformers does (a
+        # host float: no CPU tensor meets a CUDA one, in or out of a graph capture)
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)
+        x = x * float(torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype))
         residual = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, positions, self.rotary, batch)

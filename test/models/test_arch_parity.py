@@ -207,20 +207,21 @@ def our_logits(runner: Any, prompts: list[list[int]], steps: int = 4) -> list[li
 
 
 def test_softcapping_backends(saved: Any) -> None:
-    """Gemma 2 soft-caps attention logits: auto picks torch (CPU and CUDA), the other backends
-    are refused with the reason, and the runner's attention takes the pure-torch path."""
+    """Gemma 2 soft-caps attention logits: auto picks torch on CPU and triton on CUDA,
+    flashinfer is refused with the reason, and on CPU the runner's attention takes the
+    pure-torch path (the native kernel has no soft-capping)."""
     from radixgen.errors import InvalidRequestError
     from radixgen.runtime.model_executor.model_runner import resolve_attention_backend
 
     _, folder = saved("gemma2")
     cfg = ModelArchConfig.from_folder(folder)
-    assert resolve_attention_backend("auto", "cuda", cfg, torch.bfloat16) == "torch"
+    assert resolve_attention_backend("auto", "cuda", cfg, torch.bfloat16) == "triton"
     assert resolve_attention_backend("auto", "cpu", cfg) == "torch"
-    for name in ("triton", "flashinfer"):
-        with pytest.raises(InvalidRequestError, match="soft-capping"):
-            resolve_attention_backend(name, "cuda", cfg, torch.bfloat16)
+    assert resolve_attention_backend("triton", "cuda", cfg, torch.bfloat16) == "triton"
+    with pytest.raises(InvalidRequestError, match="flashinfer has no attention logit soft"):
+        resolve_attention_backend("flashinfer", "cuda", cfg, torch.bfloat16)
     plain = ModelArchConfig.from_folder(saved("qwen3")[1])
-    assert resolve_attention_backend("triton", "cuda", plain) == "triton"
+    assert resolve_attention_backend("flashinfer", "cuda", plain) == "flashinfer"
     assert arch_runner(folder, native=True).attn_backend.native is None
 
 
