@@ -17,6 +17,7 @@ import torch
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.models.llama import LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.models.registry import model_class
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels
@@ -63,8 +64,9 @@ def load_model(
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
     native, gemm: the model runner's kernel choice (native: the fused layer ops, CPU or
-    Triton), handed to `LlamaForCausalLM.prepack`."""
-    model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
+    Triton), handed to `LlamaForCausalLM.prepack`. The class follows the architecture
+    (registry.py)."""
+    model = model_class(cfg).create(cfg, dtype, device, max_positions)
     model.load_weights(iter_weights(folder))
     model.prepack(native, gemm)
     return model
