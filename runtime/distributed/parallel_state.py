@@ -26,6 +26,22 @@ class CollectiveError(BaseException):
     """
 
 
+START_TIMEOUT_S = 600.0  # the launcher's own start-up limit
+
+
+def _make_store(init_method: str, rank: int, size: int, timeout: timedelta) -> Any:
+    """The rendezvous store: a file (one machine) or TCP, hosted by rank 0 (several)."""
+    import torch.distributed as dist
+
+    if init_method.startswith("file://"):
+        store = dist.FileStore(init_method[len("file://") :], size)  # type: ignore[attr-defined]
+        store.set_timeout(timeout)
+        return store
+    assert init_method.startswith("tcp://"), init_method
+    host, _, port = init_method[len("tcp://") :].rpartition(":")
+    return dist.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timeout)  # type: ignore[attr-defined]
+
+
 class TensorParallelGroup:
     """This process's rank in the tensor-parallel world (gloo) and the collectives it uses."""
 
@@ -34,18 +50,38 @@ class TensorParallelGroup:
 
         self.rank, self.size, self.timeout_s = rank, size, timeout_s
         self._dist = dist
+        timeout = timedelta(seconds=timeout_s)
         try:
+            self._store = _make_store(init_method, rank, size, timeout)
             dist.init_process_group(
-                "gloo",
-                init_method=init_method,
-                rank=rank,
-                world_size=size,
-                timeout=timedelta(seconds=timeout_s),
+                "gloo", store=self._store, rank=rank, world_size=size, timeout=timeout
             )
         except Exception as e:  # DistStoreError after the timeout when a rank never came
             raise CollectiveError(f"rank {rank}/{size}: joining {init_method} failed: {e}") from e
         # NOTE: cumulative seconds inside collectives, for the benchmark's communication share
         self.comm_seconds = 0.0
+
+    # --- start-up: through the store, with the launcher's patience ----------------------------
+    # NOTE: ranks reach these points after different amounts of work (rank 0 also starts the
+    # grammar backend, ranks load at different speeds), so they wait up to START_TIMEOUT_S (the
+    # launcher stops everything sooner if a rank dies) instead of --dist-timeout.
+
+    def _gather_at_start(self, key: str, value: str) -> list[str]:
+        self._store.set(f"{key}/{self.rank}", value)
+        keys = [f"{key}/{r}" for r in range(self.size)]
+        try:
+            self._store.wait(keys, timedelta(seconds=START_TIMEOUT_S))
+        except Exception as e:
+            raise CollectiveError(f"rank {self.rank}/{self.size}: start-up {key}: {e}") from e
+        return [self._store.get(k).decode() for k in keys]
+
+    def startup_min(self, key: str, value: int) -> int:
+        """The smallest of every rank's `value` (e.g. the KV slots each rank's memory allows)."""
+        return min(int(v) for v in self._gather_at_start(key, str(value)))
+
+    def startup_barrier(self) -> None:
+        """Every rank is about to enter its step loop: from here on --dist-timeout applies."""
+        self._gather_at_start("loop", "1")
 
     @property
     def is_first(self) -> bool:
@@ -67,11 +103,6 @@ class TensorParallelGroup:
         """Sum over ranks, in place."""
         self._run("all_reduce", self._dist.all_reduce, t)
         return t
-
-    def min_int(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.long)
-        self._run("all_reduce(min)", self._dist.all_reduce, t, self._dist.ReduceOp.MIN)
-        return int(t.item())
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's tensor (all of one shape), in rank order, on every rank."""

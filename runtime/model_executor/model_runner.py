@@ -196,7 +196,7 @@ class ModelRunner:
         cache = args.cache
         self.max_total_tokens = self._kv_capacity(local_kv_heads)
         if tp is not None and self.lm_head is not None:  # NOTE: TP ranks: equal pools, the least
-            self.max_total_tokens = tp.min_int(self.max_total_tokens)
+            self.max_total_tokens = tp.startup_min("kv_slots", self.max_total_tokens)
         self.kv_pool = TokenToKVPool(
             self.max_total_tokens,
             cache.page_size,

@@ -172,6 +172,7 @@ def _run_follower_rank(
     ready_pipe.send({"status": "ready", "info": None})
     ready_pipe.close()
     logger.info("rank %d ready in %.1f s", tp.rank, time.perf_counter() - t0)
+    tp.startup_barrier()
     run_follower(runner, tp)
 
 
@@ -217,6 +218,8 @@ def _serve(
     ready_pipe.close()
     logger.info("scheduler ready in %.1f s (%d threads)", ready.startup_seconds, threads)
 
+    if tp is not None:
+        tp.startup_barrier()
     channel, dp_sync = runner.step_channel, runner.dp_sync
     # NOTE: under DP attention every iteration meets the other ranks' (a count gather), so an
     # idle rank polls briefly: a long sleep here would stall a busy rank's next step
