@@ -243,8 +243,9 @@ def test_constrained_decoding_on_each_replica(dhttp):
 
 
 def test_each_conversation_stays_on_the_replica_that_cached_it(dhttp):
-    """Two chats, three turns each, asked in turn: every later turn goes where its conversation's
-    earlier turns ran (its history is cached there), not to the other replica."""
+    """Two chats, three turns each, asked in turn, their first turns on different replicas:
+    every later turn, routed by the policy, goes where its conversation's earlier turns ran (its
+    history is cached there), not to the other replica."""
     convs = [
         [{"role": "system", "content": "You are a historian of Roman engineering."},
          {"role": "user", "content": AQUEDUCTS + "Why did it work?"}],
@@ -255,10 +256,10 @@ def test_each_conversation_stays_on_the_replica_that_cached_it(dhttp):
     for turn in range(3):
         for i, conv in enumerate(convs):
             before = [s["prompt_tokens"] for s in replica_states(dhttp)]
-            r = dhttp.post(
-                "/v1/chat/completions",
-                json={"messages": conv, "max_tokens": 4, "temperature": 0},
-            )
+            body = {"messages": conv, "max_tokens": 4, "temperature": 0}
+            if turn == 0:  # the first turns go apart (what the policy would do on a fresh
+                body["data_parallel_rank"] = i  # server; here earlier tests' load decides)
+            r = dhttp.post("/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
             after = [s["prompt_tokens"] for s in replica_states(dhttp)]
             homes[i] |= {k for k, (a, b) in enumerate(zip(after, before, strict=True)) if a > b}
@@ -269,5 +270,4 @@ def test_each_conversation_stays_on_the_replica_that_cached_it(dhttp):
                 {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
             )
             conv.append({"role": "user", "content": f"And point {turn + 2}?"})
-    assert all(len(h) == 1 for h in homes), homes
-    assert homes[0] != homes[1]  # the first turns (nothing in common) went to different replicas
+    assert homes == [{0}, {1}], homes
