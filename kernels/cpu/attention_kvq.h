@@ -70,17 +70,21 @@ static void block_kvq_scalar(const float* qf, const void* k, const void* v, int 
  * dot products per head summed by reduce16 (ragged_attention.c), then scaled by the 16 keys'
  * scales in one multiply. */
 #define DEFINE_BLOCK_KVQ(NAME, T, LOAD16)                                                      \
-static void NAME(const float* qf, const T* k, const T* v, const float* ks, const float* vs,   \
-                 int64_t Hkv, int h, const int64_t* idx, int64_t n, int64_t tok_stride, int G, \
-                 int D, float* acc, float* m_out, float* l_out, float* scores) {              \
-    const int C = D / 16;                                                                     \
+static inline __attribute__((always_inline)) void NAME##_body(                                \
+    const int G, const int C, const float* qf, const T* k, const T* v, const float* ks,       \
+    const float* vs, int64_t Hkv, int h, const int64_t* idx, int64_t n, int64_t tok_stride,   \
+    float* acc, float* m_out, float* l_out, float* scores) {                                  \
+    const int D = C * 16;                                                                     \
     const int pf_bytes = h == 0 ? (int)(tok_stride * sizeof(T)) : D * (int)sizeof(T);         \
     __m512 qv[MAX_GROUP * (MAX_DIM / 16)];                                                    \
-    for (int i = 0; i < G * C; ++i) qv[i] = _mm512_loadu_ps(qf + i * 16);                     \
+    _Pragma("GCC unroll 64") for (int i = 0; i < G * C; ++i) qv[i] = _mm512_loadu_ps(qf + i * 16); \
     __m512 mx[MAX_GROUP];                                                                     \
     for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-INFINITY);                            \
     __m512 part[MAX_GROUP][16];                                                               \
     float sk[16];                                                                             \
+    /* NOTE: zero-filled once, outside the loops (see value_pass in ragged_attention.c) */    \
+    __m512 kv[MAX_DIM / 16] = {0};                                                            \
+    __m512 pv[MAX_GROUP] = {0};                                                               \
     for (int64_t j0 = 0; j0 < n; j0 += 16) {                                                  \
         int nj = n - j0 < 16 ? (int)(n - j0) : 16;                                            \
         for (int jj = 0; jj < 16; ++jj) {                                                     \
@@ -96,11 +100,11 @@ static void NAME(const float* qf, const T* k, const T* v, const float* ks, const
                 const char* pf = (const char*)(k + idx[j + 16] * tok_stride);                 \
                 for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);        \
             }                                                                                 \
-            __m512 kv[MAX_DIM / 16];                                                          \
-            for (int c = 0; c < C; ++c) kv[c] = LOAD16(kr + c * 16);                          \
-            for (int g = 0; g < G; ++g) {                                                     \
+            _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) kv[c] = LOAD16(kr + c * 16); \
+            _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) {                            \
                 __m512 s = _mm512_mul_ps(qv[g * C], kv[0]);                                   \
-                for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[g * C + c], kv[c], s);     \
+                _Pragma("GCC unroll 16") for (int c = 1; c < C; ++c)                          \
+                    s = _mm512_fmadd_ps(qv[g * C + c], kv[c], s);                             \
                 part[g][jj] = s;                                                              \
             }                                                                                 \
         }                                                                                     \
@@ -127,7 +131,7 @@ static void NAME(const float* qf, const T* k, const T* v, const float* ks, const
         l_out[g] = _mm512_reduce_add_ps(sum);                                                 \
     }                                                                                         \
     __m512 av[MAX_GROUP * (MAX_DIM / 16)];                                                    \
-    for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();                              \
+    _Pragma("GCC unroll 64") for (int i = 0; i < G * C; ++i) av[i] = _mm512_setzero_ps();     \
     for (int64_t j = 0; j < n; ++j) {                                                         \
         const T* vr = v + idx[j] * tok_stride;                                                \
         if (j + 16 < n) {                                                                     \
@@ -135,15 +139,33 @@ static void NAME(const float* qf, const T* k, const T* v, const float* ks, const
             for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);            \
         }                                                                                     \
         float sv = kvq_scale(vs, idx[j], Hkv, h);                                             \
-        __m512 pv[MAX_GROUP];                                                                 \
-        for (int g = 0; g < G; ++g) pv[g] = _mm512_set1_ps(scores[g * n + j] * sv);           \
-        for (int c = 0; c < C; ++c) {                                                         \
+        _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g)                                  \
+            pv[g] = _mm512_set1_ps(scores[g * n + j] * sv);                                   \
+        _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) {                                \
             __m512 vv = LOAD16(vr + c * 16);                                                  \
-            for (int g = 0; g < G; ++g) av[g * C + c] = _mm512_fmadd_ps(pv[g], vv, av[g * C + c]); \
+            _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g)                              \
+                av[g * C + c] = _mm512_fmadd_ps(pv[g], vv, av[g * C + c]);                    \
         }                                                                                     \
     }                                                                                         \
     for (int i = 0; i < G * C; ++i) _mm512_storeu_ps(acc + i * 16, av[i]);                    \
+}                                                                                             \
+static void NAME(const float* qf, const T* k, const T* v, const float* ks, const float* vs,   \
+                 int64_t Hkv, int h, const int64_t* idx, int64_t n, int64_t tok_stride, int G, \
+                 int D, float* acc, float* m_out, float* l_out, float* scores) {              \
+    if (G > MAX_GROUP) __builtin_unreachable(); /* checked by ragged_attention */              \
+    switch (G * 16 + D / 16) {                                                                \
+        KVQ_CASE(NAME, 1, 4) KVQ_CASE(NAME, 2, 4) KVQ_CASE(NAME, 3, 4) KVQ_CASE(NAME, 4, 4)    \
+        KVQ_CASE(NAME, 6, 4) KVQ_CASE(NAME, 1, 8) KVQ_CASE(NAME, 2, 8) KVQ_CASE(NAME, 3, 8)    \
+        default:                                                                              \
+            NAME##_body(G, D / 16, qf, k, v, ks, vs, Hkv, h, idx, n, tok_stride, acc, m_out,  \
+                        l_out, scores);                                                       \
+    }                                                                                         \
 }
+#define KVQ_CASE(NAME, G_, C_)                                                                \
+    case G_ * 16 + C_:                                                                        \
+        NAME##_body(G_, C_, qf, k, v, ks, vs, Hkv, h, idx, n, tok_stride, acc, m_out, l_out,  \
+                    scores);                                                                  \
+        break;
 DEFINE_BLOCK_KVQ(block_kvq_bf16, uint16_t, load16_bf16)
 DEFINE_BLOCK_KVQ(block_kvq_i8, int8_t, load16_i8)
 DEFINE_BLOCK_KVQ(block_kvq_fp8, uint8_t, load16_fp8)

@@ -167,3 +167,23 @@ def test_each_row_has_its_own_scale(kv):
     rel = 0.5001 / 127 if kv == "int8" else 2**-4  # half a step: of absmax / 127, of e4m3
     assert ((back - x).abs() <= x.abs().amax(-1, keepdim=True) * rel + 1e-12).all()
     assert torch.equal(back[1], torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize(("h", "hkv", "d"), [(16, 2, 128), (6, 2, 32), (4, 4, 48), (8, 1, 40)])
+def test_other_head_shapes_match_the_oracle(kv, h, hkv, d):
+    """Shapes outside the kernel's compiled-in ones: the generic AVX-512 body (D % 16 == 0) and
+    the portable loop (D = 40)."""
+    torch.manual_seed(2)
+    pool = _pool(kv, torch.bfloat16, 1, hkv=hkv, d=d)
+    r2t, batch, k_new, v_new = _fill(pool, [(300, 1), (20, 5)], hkv, d)
+    n = int(batch.out_cache_loc.numel())
+    q = torch.randn(n, h * d).bfloat16()
+    layer = AttentionLayerInfo(0, h, hkv, d, d**-0.5)
+    outs = []
+    for kernels in (native, None):
+        backend = TorchAttentionBackend(pool, r2t, kernels)
+        backend.init_forward_metadata(batch)
+        k, v = k_new.reshape(n, -1).bfloat16(), v_new.reshape(n, -1).bfloat16()
+        outs.append(backend.forward(q, k, v, layer, batch).float())
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=1e-3)
