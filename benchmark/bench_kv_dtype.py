@@ -5,7 +5,8 @@ varied prompts against the bf16-KV engine (prompts that agree on all 16) and the
 difference over the positions before the first disagreement; (b) capacity: tokens a fixed KV
 budget holds, from the running pool's bytes per token (scales counted); (c) single-stream decode
 tok/s at a long context (a ~2k-token prompt, cached, then `--decode-tokens` decode steps), where
-the KV reads matter.
+the KV reads matter: the three engines stay up together and are measured in alternation,
+`--rounds` times each (the median is reported).
 
     python benchmark/bench_kv_dtype.py [--quick] [--budget-gib 1] [--context 2048]
 
@@ -15,7 +16,9 @@ Prints one JSON line per result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import time
 from typing import Any
 
@@ -97,43 +100,53 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048, help="long-prompt tokens for decode")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=3, help="decode measurements per dtype")
     args = ap.parse_args()
     prompts = PROMPTS[:4] if args.quick else PROMPTS
     context = 512 if args.quick else args.context
     steps = 16 if args.quick else args.decode_tokens
     budget = args.budget_gib * (1 << 30)
-    results: dict[str, dict[str, Any]] = {}
-    base: list[tuple[list[int], list[float]]] = []
+    engines: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        for kv in DTYPES:  # all three at once: decode is measured in alternation, rounds apart
+            engines[kv] = stack.enter_context(
+                radixgen.Engine(
+                    kv_cache_dtype=kv,
+                    grammar_backend="none",
+                    max_total_tokens=context + 4096,
+                    num_threads=args.num_threads,
+                    log_level="warning",
+                )
+            )
+        tok = engines["bf16"].tokenizer
+        chat = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        outs = {kv: greedy(eng, chat) for kv, eng in engines.items()}
+        per_token = {
+            kv: int(eng.get_server_info()["internal_states"][0]["kv_bytes_per_token"])
+            for kv, eng in engines.items()
+        }
+        prompt = long_prompt(tok, context)
+        rates: dict[str, list[float]] = {kv: [] for kv in DTYPES}
+        for _ in range(args.rounds):
+            for kv, eng in engines.items():
+                rates[kv].append(decode_rate(eng, prompt, steps))
+    tokens = {kv: int(budget // per_token[kv]) for kv in DTYPES}
+    decode = {kv: statistics.median(r) for kv, r in rates.items()}
     for kv in DTYPES:
-        with radixgen.Engine(
-            kv_cache_dtype=kv, grammar_backend="none", max_total_tokens=context + 4096,
-            num_threads=args.num_threads,
-        ) as eng:  # fmt: skip
-            chat = [
-                eng.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts
-            ]
-            outs = greedy(eng, chat)
-            state = eng.get_server_info()["internal_states"][0]
-            per_token = int(state["kv_bytes_per_token"])
-            rate = decode_rate(eng, long_prompt(eng.tokenizer, context), steps)
-        if kv == "bf16":
-            base = outs
-        same, lp_diff = agreement(base, outs)
-        results[kv] = {"tokens_at_budget": int(budget // per_token), "decode": rate}
+        same, lp_diff = agreement(outs["bf16"], outs[kv])
         emit(
             {
                 "kv_cache_dtype": kv,
                 "agree_first_16": f"{same}/{len(prompts)}",
                 "mean_abs_logprob_diff": round(lp_diff, 5),
-                "kv_bytes_per_token": per_token,
+                "kv_bytes_per_token": per_token[kv],
                 "budget_gib": args.budget_gib,
-                "max_total_tokens_at_budget": results[kv]["tokens_at_budget"],
-                "tokens_vs_bf16": round(
-                    results[kv]["tokens_at_budget"] / results["bf16"]["tokens_at_budget"], 3
-                ),
+                "max_total_tokens_at_budget": tokens[kv],
+                "tokens_vs_bf16": round(tokens[kv] / tokens["bf16"], 3),
                 "context_tokens": context,
-                "decode_tok_s": round(rate, 1),
-                "decode_vs_bf16": round(rate / results["bf16"]["decode"], 3),
+                "decode_tok_s": round(decode[kv], 1),
+                "decode_vs_bf16": round(decode[kv] / decode["bf16"], 3),
+                "decode_rounds": [round(r, 1) for r in rates[kv]],
             }
         )
 

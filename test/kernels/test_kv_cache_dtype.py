@@ -187,3 +187,15 @@ def test_other_head_shapes_match_the_oracle(kv, h, hkv, d):
         k, v = k_new.reshape(n, -1).bfloat16(), v_new.reshape(n, -1).bfloat16()
         outs.append(backend.forward(q, k, v, layer, batch).float())
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3", "bf16"])
+def test_gpu_backends_refuse_converted_kv(backend, kv):
+    """They read K/V in the model dtype only: refused by name before their package is loaded."""
+    from radixgen.errors import InvalidRequestError
+    from radixgen.kernels.attention import create_attention_backend
+
+    pool = _pool(kv, torch.float32, 1)
+    with pytest.raises(InvalidRequestError, match=f"the {backend} attention backend reads"):
+        create_attention_backend(backend, pool, ReqToTokenPool(2, 16))
