@@ -42,10 +42,13 @@ class FusedLayerOps(Protocol):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        q_dtype: torch.dtype | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Half-split rotary of q and k of fused qkv rows [N, (H + 2 Hkv) D] at `positions`
-        (float32 cos/sin tables [max positions, D]); returns q [N, H, D] in the pools' dtype
-        and writes k and v into the [slots, Hkv, D] pools at `out_cache_loc`."""
+        (float32 cos/sin tables [max positions, D]); returns q [N, H, D] in `q_dtype` (default:
+        the pools' dtype) and writes k and v into the [slots, Hkv, D] pools at `out_cache_loc`
+        (quantized when the pools hold int8 / fp8, with their [slots, Hkv] `kv_scales`)."""
         ...
 
     def silu_mul(self, gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:

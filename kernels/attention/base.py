@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from radixgen.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     import torch
 
@@ -27,13 +29,43 @@ class AttentionLayerInfo:
 
 
 class KVPool(Protocol):
-    """The per-layer K/V tensors of the pool, [slots, kv heads, head dim] each."""
+    """The per-layer K/V tensors of the pool, [slots, kv heads, head dim] each.
+
+    A quantized pool (--kv-cache-dtype int8 / fp8_e4m3) stores int8 or float8 K/V; int8 ones
+    also have float32 [slots, kv heads] scales (`kv_scales` below finds them).
+    """
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def set_kv(
         self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None: ...
+
+
+def kv_scales(pool: KVPool, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The pool's per-token, per-head K and V scales of a layer, or None (unscaled storage)."""
+    get = getattr(pool, "get_kv_scales", None)
+    return None if get is None else get(layer_id)
+
+
+def is_quantized_kv(t: torch.Tensor) -> bool:
+    """Whether a K/V buffer holds quantized values (int8 or float8), not model-dtype ones."""
+    return t.element_size() == 1
+
+
+def refuse_converted_kv(pool: KVPool, backend: str) -> None:
+    """The GPU backends read K/V in the model dtype only: a pool stored in another dtype
+    (int8, fp8, bf16 under a float32 model) is refused rather than served untested."""
+    k_buf, _ = pool.get_kv_buffer(0)
+    model_dtype = getattr(pool, "dtype", k_buf.dtype)
+    if k_buf.dtype != model_dtype:
+        stored = str(k_buf.dtype).replace("torch.", "")
+        raise InvalidRequestError(
+            f"--kv-cache-dtype: the {backend} attention backend reads the KV cache in the model "
+            f"dtype only, not {stored} (quantized KV runs on the CPU torch backend); use "
+            "--kv-cache-dtype auto here",
+            "kv_cache_dtype",
+        )
 
 
 class ReqToTokenPool(Protocol):
@@ -147,6 +179,8 @@ def create_attention_backend(
         from .torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend(kv_pool, req_to_token_pool, native)
+    if name in ("triton", "flashinfer"):
+        refuse_converted_kv(kv_pool, name)
     if name == "triton":
         from .triton_backend import TritonAttentionBackend
 

@@ -7,6 +7,9 @@ oracle): decode rows are gathered into a padded tensor and attended in one maske
 extend rows (a chunk on top of a cached prefix) run one request at a time through SDPA with a
 bottom-right causal mask.
 
+A quantized pool (int8 with per-token, per-head scales, or fp8_e4m3) is read in place by the
+native kernel; the torch path dequantizes the rows it gathers (never the whole pool).
+
 A layer whose info carries `sliding_window` W (Mistral, some Qwen2 layers) lets a query at
 position p see only keys at p - W < k <= p: decode rows then read only their last W slots, extend
 rows get a banded mask. The per-window decode layout is built once per step and shared by layers.
@@ -21,7 +24,16 @@ import torch
 import torch.nn.functional as F
 
 from ..device_io import upload
-from .base import AttentionBackend, AttentionBatch, AttentionLayerInfo, KVPool, ReqToTokenPool
+from ..kv_quant import dequantize_kv
+from .base import (
+    AttentionBackend,
+    AttentionBatch,
+    AttentionLayerInfo,
+    KVPool,
+    ReqToTokenPool,
+    is_quantized_kv,
+    kv_scales,
+)
 
 if TYPE_CHECKING:
     from ..cpu import NativeKernels
@@ -148,41 +160,61 @@ class TorchAttentionBackend(AttentionBackend):
         n = q.shape[0]
         h, d = layer.num_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
+        scales = kv_scales(self.kv_pool, layer.layer_id)
         self.store_new_kv(k, v, layer, batch)
         q = q.view(n, h, d)
         window = layer.sliding_window
         if meta.ragged is not None and self.native is not None:
             assert layer.logit_softcap is None, "the native kernel has no logit soft-capping"
             out = torch.empty((n, h, d), dtype=q.dtype)
-            self.native.ragged_attention(q, k_buf, v_buf, *meta.ragged, out, layer.scaling, window)
+            self.native.ragged_attention(
+                q, k_buf, v_buf, *meta.ragged, out, layer.scaling, window, scales
+            )
             return out.view(n, h * d)
+        pool = KVRows(k_buf, v_buf, scales)
         if meta.decode_token_idx is not None:
             meta = self._decode_meta(meta, window)
         if meta.decode_token_idx is not None and len(meta.extend_rows) == 0:
-            return self._decode(q, k_buf, v_buf, layer, meta).view(n, h * d)
+            return self._decode(q, pool, layer, meta).view(n, h * d)
         out = torch.empty_like(q)
         if meta.decode_token_idx is not None:
-            out[meta.decode_token_idx] = self._decode(
-                q[meta.decode_token_idx], k_buf, v_buf, layer, meta
-            )
+            out[meta.decode_token_idx] = self._decode(q[meta.decode_token_idx], pool, layer, meta)
         for start, ext, prefix, slots in meta.extend_rows:
+            keys, values = pool.gather(slots, q.dtype)
             out[start : start + ext] = _extend_one(
-                q[start : start + ext], k_buf[slots], v_buf[slots], prefix, layer, window
+                q[start : start + ext], keys, values, prefix, layer, window
             )
         return out.view(n, h * d)
 
     def _decode(
         self,
         q: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
+        pool: KVRows,
         layer: AttentionLayerInfo,
         meta: TorchAttentionMetadata,
     ) -> torch.Tensor:
         assert meta.decode_padded_idx is not None and meta.decode_mask is not None
         return decode_attention_reference(
-            q, k_buf, v_buf, meta.decode_padded_idx, meta.decode_mask, layer
+            q, pool.k, pool.v, meta.decode_padded_idx, meta.decode_mask, layer, pool.scales
         )
+
+
+@dataclass(frozen=True)
+class KVRows:
+    """One layer's K/V buffers (and int8 scales), read a gathered set of rows at a time."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def gather(self, idx: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at pool slots `idx` (any shape), dequantized to `dtype` when stored
+        quantized (or in another dtype)."""
+        keys, values = self.k[idx], self.v[idx]
+        if self.scales is None and not is_quantized_kv(keys):
+            return keys.to(dtype), values.to(dtype)
+        ks, vs = (None, None) if self.scales is None else (s[idx] for s in self.scales)
+        return dequantize_kv(keys, ks, dtype), dequantize_kv(values, vs, dtype)
 
 
 def decode_attention_reference(
@@ -192,12 +224,13 @@ def decode_attention_reference(
     padded_idx: torch.Tensor,
     mask: torch.Tensor,
     layer: AttentionLayerInfo,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, D]; padded_idx/mask: [B, L] -> [B, H, D]. Scores and softmax in float32."""
+    """q: [B, H, D]; padded_idx/mask: [B, L] -> [B, H, D]. Scores and softmax in float32.
+    scales: the int8 pool's K and V scales (None: unscaled storage)."""
     b = q.shape[0]
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-    keys = k_buf[padded_idx].float()  # [B, L, Hkv, D]
-    values = v_buf[padded_idx].float()
+    keys, values = KVRows(k_buf, v_buf, scales).gather(padded_idx, torch.float32)
     qg = q.float().view(b, hkv, h // hkv, d)
     scores = torch.einsum("bkgd,blkd->bkgl", qg, keys) * layer.scaling
     if layer.logit_softcap is not None:

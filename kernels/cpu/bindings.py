@@ -24,12 +24,32 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "ragged_attention": (
         _I32,
-        (_P, _I64, _P, _P, _P, _P, _P, _P, _I32, _P, _I32, _I32, _I32, _F32, _I32, _I64),
+        (
+            _P,
+            _I64,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _I32,
+            _P,
+            _I32,
+            _I32,
+            _I32,
+            _F32,
+            _I32,
+            _I64,
+            _I32,
+            _P,
+            _P,
+        ),
     ),
     "add_rmsnorm": (None, (_P, _P, _P, _P, _I64, _I64, _F32, _I32, _I32)),
     "rope_store_kv": (
         None,
-        (_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _I32),
+        (_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _I32, _I32, _I32, _I32, _I32, _I32, _P, _P),
     ),
     "silu_mul": (None, (_P, _P, _I64, _I64, _I32, _I32)),
     "greedy_refine_bf16": (None, (_P, _I64, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P)),
@@ -41,6 +61,18 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
 }
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
+# the KV pool formats of `kv_dtype` arguments (kv_quant.h)
+KV_CODES = {**DTYPE_CODES, torch.int8: 2, torch.float8_e4m3fn: 3}
+KVScales = tuple[torch.Tensor, torch.Tensor] | None
+
+
+def _scale_ptrs(scales: KVScales, rows: int, heads: int) -> tuple[int, int]:
+    """Pointers of float32 [rows, heads] K and V scales (0, 0 without)."""
+    if scales is None:
+        return 0, 0
+    for t in scales:
+        assert t.dtype == torch.float32 and t.is_contiguous() and t.shape == (rows, heads)
+    return scales[0].data_ptr(), scales[1].data_ptr()
 
 
 def bind(lib: ctypes.CDLL, name: str) -> Callable[..., Any]:
@@ -195,24 +227,33 @@ class NativeKernels:
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        q_dtype: torch.dtype | None = None,
+        kv_scales: KVScales = None,
     ) -> torch.Tensor:
         """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`.
 
-        q and the pools have the pools' dtype; float32 qkv (an unrounded projection) under bf16
-        pools is rotated in float32 and rounded once."""
+        q has `q_dtype` (default: the pools' dtype); float32 qkv (an unrounded projection) under
+        a bf16 model is rotated in float32 and rounded once. Pools of another format (int8 with
+        `kv_scales`, fp8 e4m3 with or without them, bf16 under float32) get each row as q_dtype would hold it,
+        quantized on store."""
         n = qkv.shape[0]
+        q_dtype = q_dtype or k_pool.dtype
         assert (
             qkv.stride(1) == 1
             and positions.dtype == torch.long
             and out_cache_loc.dtype == torch.long
         )
         assert cos.dtype == torch.float32 and cos.is_contiguous() and k_pool.is_contiguous()
-        assert qkv.dtype in (k_pool.dtype, torch.float32) and v_pool.dtype == k_pool.dtype
-        q = torch.empty((n, num_heads, head_dim), dtype=k_pool.dtype)
+        assert qkv.dtype in (q_dtype, torch.float32) and v_pool.dtype == k_pool.dtype
+        assert k_pool.dtype != torch.int8 or kv_scales is not None
+        assert k_pool.dtype == q_dtype or head_dim <= 1024  # the kernel's row buffer
+        ks, vs = _scale_ptrs(kv_scales, k_pool.shape[0], num_kv_heads)
+        q = torch.empty((n, num_heads, head_dim), dtype=q_dtype)
         self._rope(
             qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out_cache_loc.data_ptr(), n,
-            num_heads, num_kv_heads, head_dim, DTYPE_CODES[k_pool.dtype], DTYPE_CODES[qkv.dtype],
+            num_heads, num_kv_heads, head_dim, DTYPE_CODES[q_dtype], DTYPE_CODES[qkv.dtype],
+            KV_CODES[k_pool.dtype], ks, vs,
         )  # fmt: skip
         return q
 
@@ -241,18 +282,23 @@ class NativeKernels:
         out: torch.Tensor,
         scale: float,
         window: int | None = None,
+        kv_scales: KVScales = None,
     ) -> None:
         """Causal attention of a ragged batch (see ragged_attention.c for the layout).
 
         q: [N, H, D] (rows may be strided), k/v_buf: [S, Hkv, D], out: [N, H, D] contiguous;
         request r's query rows are q_indptr[r]:q_indptr[r+1], the first at position q_pos0[r],
-        and its keys' slots are kv_indices[kv_indptr[r]:kv_indptr[r+1]] by position.
+        and its keys' slots are kv_indices[kv_indptr[r]:kv_indptr[r+1]] by position. The pool
+        may hold another format than q (int8 with float32 [S, Hkv] `kv_scales`, fp8 e4m3 with
+        or without them, bf16): it is read in place, each row decoded as it is used.
         """
         _, h, d = q.shape
         assert q.stride(2) == 1 and q.stride(1) == d and out.is_contiguous()
-        assert k_buf.is_contiguous() and v_buf.is_contiguous() and q.dtype == k_buf.dtype
+        assert k_buf.is_contiguous() and v_buf.is_contiguous() and k_buf.dtype == v_buf.dtype
+        assert k_buf.dtype != torch.int8 or kv_scales is not None
         for t in (kv_indices, kv_indptr, q_indptr, q_pos0):
             assert t.dtype == torch.long and t.is_contiguous()
+        ks, vs = _scale_ptrs(kv_scales, k_buf.shape[0], k_buf.shape[1])
         rc = self._ragged(
             q.data_ptr(),
             q.stride(0),
@@ -270,6 +316,9 @@ class NativeKernels:
             float(scale),
             DTYPE_CODES[q.dtype],
             window or 0,
+            KV_CODES[k_buf.dtype],
+            ks,
+            vs,
         )
         if rc != 0:
             raise RuntimeError(

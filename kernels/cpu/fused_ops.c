@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "cpu_common.h"
+#include "kv_quant.h"
 #include "radixgen_kernels.h"
 
 static inline float load(const void* p, int64_t i, int dtype) {
@@ -90,31 +91,37 @@ void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, 
 
 /* qkv: [N, (H + 2 Hkv) * D] rows (row stride qkv_stride) in in_dtype. Rotates q (half-split /
  * NeoX layout) into q_out [N, H, D]; rotates k and copies v into the pools at slot loc[n]
- * ([S, Hkv, D]); outputs in dtype. cos/sin: float32 tables [max_pos, D]. bf16 in and out: the
+ * ([S, Hkv, D]); q in dtype. cos/sin: float32 tables [max_pos, D]. bf16 in and out: the
  * tables are rounded first, and each product and the sum are rounded, as
  * `x * cos + rotate_half(x) * sin` in bf16; float32 in (an unrounded projection): the rotation
- * is float32 and each output is rounded once. */
+ * is float32 and each output is rounded once. kv_dtype: the pools' format (kv_quant.h); another
+ * one than dtype stores each k / v head row as it would be in dtype, then converted (int8: with
+ * its scale at k_scale / v_scale[loc[n] * Hkv + head]; fp8: scaled too when they are given). */
 void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, const float* cos_t,
                    const float* sin_t, void* q_out, void* k_pool, void* v_pool,
                    const int64_t* loc, int64_t N, int H, int Hkv, int D, int dtype,
-                   int in_dtype) {
+                   int in_dtype, int kv_dtype, float* k_scale, float* v_scale) {
     const int bf16_math = dtype && in_dtype; /* round as torch does in bf16 */
+    const int convert = kv_dtype != dtype;   /* a KV format other than the model dtype */
     int half = D / 2;
 #pragma omp parallel for if (N * (H + 2 * Hkv) * D >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         const float* c = cos_t + pos[n] * D;
         const float* s = sin_t + pos[n] * D;
         int64_t base = n * qkv_stride;
+        float row[1024]; /* one head's values before conversion (D <= 1024) */
         for (int head = 0; head < H + Hkv; ++head) {
             int64_t src = base + (int64_t)head * D;
             void* dst;
             int64_t doff;
+            float* tmp = NULL; /* set: write floats here, converted into the pool below */
             if (head < H) {
                 dst = q_out;
                 doff = (n * H + head) * (int64_t)D;
             } else {
                 dst = k_pool;
                 doff = (loc[n] * Hkv + (head - H)) * (int64_t)D;
+                if (convert) tmp = row;
             }
             int d = 0;
 #ifdef __AVX512F__
@@ -134,10 +141,15 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                     if (bf16_math) {
                         __m512 a = round16_bf16(_mm512_mul_ps(xv, round16_bf16(cv)));
                         __m512 b = round16_bf16(_mm512_mul_ps(rot, round16_bf16(sv)));
-                        store16_bf16((uint16_t*)dst + doff + d, _mm512_add_ps(a, b));
+                        if (tmp)
+                            _mm512_storeu_ps(tmp + d, round16_bf16(_mm512_add_ps(a, b)));
+                        else
+                            store16_bf16((uint16_t*)dst + doff + d, _mm512_add_ps(a, b));
                     } else {
                         __m512 o = _mm512_fmadd_ps(xv, cv, _mm512_mul_ps(rot, sv));
-                        if (dtype)
+                        if (tmp)
+                            _mm512_storeu_ps(tmp + d, dtype ? round16_bf16(o) : o);
+                        else if (dtype)
                             store16_bf16((uint16_t*)dst + doff + d, o);
                         else
                             _mm512_storeu_ps((float*)dst + doff + d, o);
@@ -156,12 +168,26 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                 } else {
                     out = xv * cv + rot * sv;
                 }
-                store(dst, doff + d, out, dtype);
+                if (tmp)
+                    tmp[d] = dtype ? rbf(out) : out;
+                else
+                    store(dst, doff + d, out, dtype);
             }
+            if (tmp)
+                kv_store_row(tmp, D, kv_dtype, k_pool, doff, k_scale, loc[n] * Hkv + (head - H));
         }
         int64_t vsrc = base + (int64_t)(H + Hkv) * D;
         int64_t vdst = loc[n] * Hkv * (int64_t)D;
-        if (in_dtype == dtype) {
+        if (convert) {
+            for (int hh = 0; hh < Hkv; ++hh) {
+                for (int d = 0; d < D; ++d) {
+                    float x = load(qkv, vsrc + (int64_t)hh * D + d, in_dtype);
+                    row[d] = dtype ? rbf(x) : x;
+                }
+                kv_store_row(row, D, kv_dtype, v_pool, vdst + (int64_t)hh * D, v_scale,
+                             loc[n] * Hkv + hh);
+            }
+        } else if (in_dtype == dtype) {
             size_t bytes = (size_t)Hkv * D * (dtype ? 2 : 4);
             memcpy((char*)v_pool + vdst * (dtype ? 2 : 4), (const char*)qkv + vsrc * (dtype ? 2 : 4), bytes);
         } else {

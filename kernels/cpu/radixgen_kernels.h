@@ -3,7 +3,8 @@
  * Each .c file includes this header, so the compiler checks every definition against its
  * prototype here; test/kernels/test_native_abi.py checks the ctypes table in bindings.py against
  * these prototypes. Change a signature here, in its .c file and in bindings.py together.
- * dtype codes: 0 = float32, 1 = bfloat16. Layouts and roundings are documented at each
+ * dtype codes: 0 = float32, 1 = bfloat16; KV pool formats add 2 = int8 (with float32
+ * per-token, per-head scales) and 3 = fp8 e4m3 (kv_quant.h). Layouts and roundings are documented at each
  * definition.
  */
 #ifndef RADIXGEN_KERNELS_H
@@ -15,17 +16,18 @@
 int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const void* v,
                      const int64_t* indices, const int64_t* kv_indptr, const int64_t* q_indptr,
                      const int64_t* q_pos0, int R, void* out, int H, int Hkv, int D, float scale,
-                     int dtype, int64_t window);
+                     int dtype, int64_t window, int kv_dtype, const float* k_scale,
+                     const float* v_scale);
 
 /* fused_ops.c: residual += x; out = RMSNorm(residual) * weight. */
 void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, int64_t N,
                  int64_t H, float eps, int dtype, int x_dtype);
 
-/* fused_ops.c: rotary on q and k, k and v stored into the pools at their slots. */
+/* fused_ops.c: rotary on q and k, k and v stored (quantized) into the pools at their slots. */
 void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, const float* cos_t,
                    const float* sin_t, void* q_out, void* k_pool, void* v_pool,
                    const int64_t* loc, int64_t N, int H, int Hkv, int D, int dtype,
-                   int in_dtype);
+                   int in_dtype, int kv_dtype, float* k_scale, float* v_scale);
 
 /* fused_ops.c: out = silu(gate) * up over [gate | up] rows. */
 void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype, int in_dtype);

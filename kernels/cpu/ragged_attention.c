@@ -4,7 +4,8 @@
  * of its own request's visible keys, read in place (no gather copy). Work is split over
  * (row, kv head, fixed-size key block) tasks; partial results merge by log-sum-exp in block
  * order, so a row's output is bitwise the same however the batch was formed.
- * Accumulation is float32 whatever the storage dtype (float32 or bfloat16).
+ * Accumulation is float32 whatever the storage dtype: float32 or bfloat16 like q, or another
+ * KV cache format (int8 with per-token, per-head scales, fp8 e4m3; attention_kvq.h).
  */
 #include <math.h>
 #include <stdint.h>
@@ -319,6 +320,8 @@ static void block_bf16_dp(const uint16_t* q, int64_t q_head_stride, const uint16
 #endif
 #endif
 
+#include "attention_kvq.h"
+
 /* Keys are processed in blocks of this many tokens, counted from the first visible key, whatever
  * the batch: a query row's result then depends only on its own keys (never on batch size, chunk
  * boundaries or what was cached), which seeded sampling relies on; blocks also keep every core
@@ -381,13 +384,22 @@ static void run_block(const void* q, int64_t qoff, const void* k, const void* v,
  * q_pos0[r]; its keys' pool slots are indices[kv_indptr[r] + k] for positions k. The query at
  * position p sees keys (p - window, p] (window <= 0: all of [0, p]). Decode is a request with one
  * query row at position seq_len - 1. q: [N, H, D] with row stride q_row_stride; k/v: [S, Hkv, D];
- * out: [N, H, D] contiguous; dtype 0 = float32, 1 = bfloat16. Returns 0 on success. */
+ * out: [N, H, D] contiguous; dtype 0 = float32, 1 = bfloat16 (q and out). kv_dtype: the pool's
+ * format (kv_quant.h: the same code as dtype for plain pools, 2 = int8, 3 = fp8 e4m3);
+ * k_scale / v_scale: float32 [S, Hkv] per-token, per-head scales, or NULL (scale 1; int8 needs
+ * them). Returns 0 on success. */
 int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const void* v,
                      const int64_t* indices, const int64_t* kv_indptr, const int64_t* q_indptr,
                      const int64_t* q_pos0, int R, void* out, int H, int Hkv, int D, float scale,
-                     int dtype, int64_t window) {
+                     int dtype, int64_t window, int kv_dtype, const float* k_scale,
+                     const float* v_scale) {
     int G = H / Hkv;
     if (G > MAX_GROUP || D > MAX_DIM || H % Hkv != 0) return -1;
+    if (kv_dtype < KV_F32 || kv_dtype > KV_FP8_E4M3 || (kv_dtype == KV_INT8 && !k_scale) ||
+        (kv_dtype == KV_INT8 && !v_scale))
+        return -3;
+    const int mixed = kv_dtype != dtype;
+    const int q_bytes = dtype ? 2 : 4;
     int64_t N = q_indptr[R];
     /* plan: one task per (row, key block); rows with several blocks get partial slots */
     int64_t ntasks = 0, nslots = 0;
@@ -441,16 +453,26 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
             int h = (int)(j % Hkv);
             int64_t qoff = tk->row * q_row_stride + (int64_t)h * G * D;
             if (tk->slot < 0) {
-                run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G, scale,
-                          dtype, acc, m, l, scores);
+                if (mixed)
+                    run_block_kvq((const char*)q + qoff * q_bytes, dtype, k, v, kv_dtype, k_scale,
+                                  v_scale, Hkv, h, D, indices + tk->first, tk->n, G, scale, acc,
+                                  m, l, scores);
+                else
+                    run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G,
+                              scale, dtype, acc, m, l, scores);
                 for (int g = 0; g < G; ++g) {
                     float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
                     write_out(out, dtype, (tk->row * H + (int64_t)h * G + g) * D, acc + g * D, inv, D);
                 }
             } else {
                 float* base = partial + tk->slot * per_slot + (int64_t)h * G * (D + 2);
-                run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G, scale,
-                          dtype, base, base + G * D, base + G * D + G, scores);
+                if (mixed)
+                    run_block_kvq((const char*)q + qoff * q_bytes, dtype, k, v, kv_dtype, k_scale,
+                                  v_scale, Hkv, h, D, indices + tk->first, tk->n, G, scale, base,
+                                  base + G * D, base + G * D + G, scores);
+                else
+                    run_block(q, qoff, k, v, h, D, indices + tk->first, tk->n, tok_stride, G,
+                              scale, dtype, base, base + G * D, base + G * D + G, scores);
             }
         }
         free(scores);

@@ -37,8 +37,14 @@ class TritonFusedOps:
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        q_dtype: torch.dtype | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`."""
+        """Rotated q [N, H, D]; rotated k and v written into the pools at `out_cache_loc`.
+
+        NOTE: the pools are in the model dtype here: quantized KV is refused on the GPU
+        backends (attention/base.py `refuse_converted_kv`) before any step runs."""
+        assert kv_scales is None and q_dtype in (None, k_pool.dtype), "quantized KV on the GPU"
         return rope_store_kv(
             qkv, positions, cos, sin, k_pool, v_pool, out_cache_loc,
             num_heads, num_kv_heads, head_dim,

@@ -71,6 +71,13 @@ class CacheConfig:
         "Share of the device memory (RAM on CPU) given to the KV pool when --max-total-tokens is unset.",
     )
     page_size: int = _f(1, "Tokens per KV page; the radix cache matches whole pages.")
+    kv_cache_dtype: str = _f(
+        "auto",
+        "KV cache storage: auto = the model dtype; bf16; fp8_e4m3 (float8, per-tensor scale 1.0); "
+        "int8 (per-token, per-head scales). fp8_e4m3 and int8 hold about twice the tokens of "
+        "bf16 in the same memory (CPU torch backend only).",
+        ("auto", "bf16", "fp8_e4m3", "int8"),
+    )
     disable_radix_cache: bool = _f(
         False, "Turn off RadixAttention prefix sharing (a ChunkCache instead)."
     )

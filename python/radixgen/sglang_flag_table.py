@@ -59,7 +59,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule",
-    "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs",
+    "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
 )  # fmt: skip
 
@@ -78,6 +78,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 VALUE_COMPAT: dict[str, ValueCompat] = {
+    "kv-cache-dtype": ValueCompat(
+        "fp8_e5m2 mxfp8 bfloat16 nvfp4 fp4_mx_block16",
+        aliases=(("bfloat16", "bf16"),),
+        refusal="this KV cache format is not implemented here",
+    ),
     "dtype": ValueCompat(aliases=(("half", "float16"), ("float", "float32"))),
     "device": ValueCompat(
         "xpu hpu npu mps musa",
@@ -171,8 +176,9 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         R,
-        "the KV cache is kept in the model dtype (--dtype); fp8 / fp4 KV is not implemented",
-        "kv-cache-dtype=auto prefill-kv-cache-dequant-dtype=auto",
+        "quantized KV (--kv-cache-dtype) is read by the attention kernels directly: there is no "
+        "separate dequantized prefill copy",
+        "prefill-kv-cache-dequant-dtype=auto",
     ),
     FlagTopic(
         R,

@@ -131,7 +131,7 @@ class DataParallelController(SchedulerLink):
 
 
 # internal_state() keys that are ratios or settings: recomputed or taken once, never summed
-_RATIOS = {"kv_usage", "cache_hit_rate", "new_token_ratio"}
+_RATIOS = {"kv_usage", "cache_hit_rate", "new_token_ratio", "kv_bytes_per_token"}
 
 
 def aggregate_internal_states(states: list[dict[str, Any]]) -> dict[str, Any]:

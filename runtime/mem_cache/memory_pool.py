@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from radixgen.kernels.device_io import upload
+from radixgen.kernels.kv_quant import KVCacheFormat, quantize_kv, resolve_kv_cache_format
 
 
 class ReqToTokenPool:
@@ -65,7 +66,13 @@ class ReqToTokenPool:
 
 
 class TokenToKVPool:
-    """K and V tensors for every layer, [num_slots, kv_heads, head_dim] each, plus the allocator."""
+    """K and V tensors for every layer, [num_slots, kv_heads, head_dim] each, plus the allocator.
+
+    `dtype` is the model's; `kv_format` says how K/V are stored (default: in the model dtype).
+    A scaled format (int8) keeps float32 [num_slots, kv_heads] scales per layer beside K and V,
+    indexed by the same slot, so the prefix cache and the allocator, which move slot indices
+    only, are the same for every format.
+    """
 
     def __init__(
         self,
@@ -76,6 +83,7 @@ class TokenToKVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        kv_format: KVCacheFormat | None = None,
     ) -> None:
         self.page_size = page_size
         self.num_pages = max_total_tokens // page_size
@@ -83,13 +91,20 @@ class TokenToKVPool:
         total_slots = self.size + page_size  # + the reserved padding page
         self.dtype = dtype
         self.device = device
+        self.kv_format = kv_format or resolve_kv_cache_format("auto", dtype)
+        storage = self.kv_format.storage
         shape = (num_layers, total_slots, num_kv_heads, head_dim)
         # NOTE: only the padding page must be zero (padded attention rows read it); fresh slots
         # are always written before they are read, so the rest stays uninitialised (fast start).
-        self.k_buffer = torch.empty(shape, dtype=dtype, device=device)
-        self.v_buffer = torch.empty(shape, dtype=dtype, device=device)
+        self.k_buffer = torch.empty(shape, dtype=storage, device=device)
+        self.v_buffer = torch.empty(shape, dtype=storage, device=device)
         self.k_buffer[:, :page_size].zero_()
         self.v_buffer[:, :page_size].zero_()
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        if self.kv_format.scaled:
+            self.k_scale = torch.zeros(shape[:3], dtype=torch.float32, device=device)
+            self.v_scale = torch.zeros(shape[:3], dtype=torch.float32, device=device)
         self.clear()
 
     # --- allocator --------------------------------------------------------------------------
@@ -175,10 +190,33 @@ class TokenToKVPool:
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
+    def get_kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer's float32 [slots, kv heads] K and V scales (None: an unscaled format)."""
+        if self.k_scale is None or self.v_scale is None:
+            return None
+        return self.k_scale[layer_id], self.v_scale[layer_id]
+
     def set_kv(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[layer_id].index_copy_(0, slots, k.to(self.dtype))
-        self.v_buffer[layer_id].index_copy_(0, slots, v.to(self.dtype))
+        """k, v: [N, kv heads, head dim] in any float dtype, stored (quantized) at `slots`."""
+        scales = self.get_kv_scales(layer_id)
+        for buf, x, i in ((self.k_buffer, k, 0), (self.v_buffer, v, 1)):
+            data, scale = quantize_kv(x, self.kv_format, self.dtype)
+            if data.dtype == torch.float8_e4m3fn:  # NOTE: torch has no fp8 index_copy_
+                buf[layer_id].view(torch.uint8).index_copy_(0, slots, data.view(torch.uint8))
+            else:
+                buf[layer_id].index_copy_(0, slots, data)
+            if scales is not None and scale is not None:
+                scales[i].index_copy_(0, slots, scale)
 
     def bytes_per_token(self) -> int:
-        layers, _, heads, dim = self.k_buffer.shape
-        return 2 * layers * heads * dim * self.k_buffer.element_size()
+        """What one token costs in this pool: K, V and their scales, every layer."""
+        total = 2 * self.k_buffer[:, 0].numel() * self.k_buffer.element_size()
+        if self.k_scale is not None:
+            total += 2 * self.k_scale[:, 0].numel() * self.k_scale.element_size()
+        return total
+
+
+def kv_capacity_tokens(budget_bytes: float, bytes_per_token: int, page_size: int) -> int:
+    """How many tokens a KV budget holds (at least 64 pages, at most 2**20 tokens)."""
+    tokens = int(budget_bytes // bytes_per_token)
+    return max(page_size * 64, min(tokens, 1 << 20))

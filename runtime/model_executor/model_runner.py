@@ -19,8 +19,13 @@ from radixgen.kernels.cpu import (
 )
 from radixgen.kernels.device_io import to_device, upload
 from radixgen.kernels.grammar_mask import apply_token_bitmask
+from radixgen.kernels.kv_quant import resolve_kv_cache_format
 from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
-from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.mem_cache.memory_pool import (
+    ReqToTokenPool,
+    TokenToKVPool,
+    kv_capacity_tokens,
+)
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
@@ -194,6 +199,7 @@ class ModelRunner:
         self.vocab_size = self.cfg.vocab_size
 
         cache = args.cache
+        self.kv_format = resolve_kv_cache_format(cache.kv_cache_dtype, self.dtype)
         self.max_total_tokens = self._kv_capacity(local_kv_heads)
         if tp is not None and self.lm_head is not None:  # NOTE: TP ranks: equal pools, the least
             self.max_total_tokens = tp.startup_min("kv_slots", self.max_total_tokens)
@@ -205,6 +211,7 @@ class ModelRunner:
             self.cfg.head_dim,
             self.dtype,
             self.device,
+            self.kv_format,
         )
         self.req_to_token_pool = ReqToTokenPool(
             args.scheduler.max_running_requests + 8, context_length + 8, self.torch_device
@@ -222,11 +229,12 @@ class ModelRunner:
         self.graph_runner = self._build_graph_runner()
         self.load_seconds = time.perf_counter() - t0
         logger.info(
-            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels, %s attention%s",
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens (%s), %s kernels, %s attention%s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
             self.kv_pool.size,
+            self.kv_format.name,
             "native" if self.native is not None else "torch",
             self.attention_backend,
             ", native GEMM" if gemm is not None else "",
@@ -246,7 +254,8 @@ class ModelRunner:
         cache = self.args.cache
         if cache.max_total_tokens is not None:
             return cache.max_total_tokens
-        per_token = 2 * self.cfg.num_layers * kv_heads * self.cfg.head_dim * self.dtype.itemsize
+        # NOTE: the stored format's bytes, scales included: int8 / fp8 hold ~2x bf16's tokens
+        per_token = self.kv_format.bytes_per_token(self.cfg.num_layers, kv_heads, self.cfg.head_dim)
         if self.torch_device.type == "cuda":
             # SGLang's reading of the fraction: of the device memory free once weights are in
             free, _ = torch.cuda.mem_get_info(self.torch_device)
@@ -255,8 +264,7 @@ class ModelRunner:
             import psutil
 
             budget = psutil.virtual_memory().available * cache.mem_fraction_static
-        tokens = int(budget // per_token)
-        return max(cache.page_size * 64, min(tokens, 1 << 20))
+        return kv_capacity_tokens(budget, per_token, cache.page_size)
 
     # --- CUDA graphs (cuda_graph_runner.py) ---------------------------------------------------
 

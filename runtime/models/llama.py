@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.errors import InvalidRequestError
-from radixgen.kernels.attention.base import AttentionLayerInfo
+from radixgen.kernels.attention.base import AttentionLayerInfo, kv_scales
 from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
 from radixgen.runtime.models.model_config import ModelArchConfig
 
@@ -147,7 +147,7 @@ class Attention(nn.Module):
             k_buf, v_buf = backend.kv_pool.get_kv_buffer(self.info.layer_id)
             q = self.native.rope_store_kv(
                 qkv, positions, rotary.cos, rotary.sin, k_buf, v_buf, batch.out_cache_loc,
-                self.h, self.hkv, self.d,
+                self.h, self.hkv, self.d, x.dtype, kv_scales(backend.kv_pool, self.info.layer_id),
             )  # fmt: skip
             out = backend.forward(q.view(n, self.q_size), None, None, self.info, batch)
             return self.o_proj.forward(out, unrounded=True)

@@ -471,6 +471,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             "waiting_requests": len(self.waiting) + len(self.grammar_waiting),
             "grammar_waiting_requests": len(self.grammar_waiting),
             "max_total_num_tokens": self.kv_pool.size,
+            "kv_cache_dtype": self.kv_pool.kv_format.name,
+            "kv_bytes_per_token": self.kv_pool.bytes_per_token(),
             "kv_used_tokens": used,
             "kv_usage": used / self.kv_pool.size,
             "cache_evictable_tokens": self.cache.evictable_size(),

@@ -122,7 +122,7 @@ REALISTIC = [
     "--disable-overlap-schedule", "--enable-mixed-chunk", "--random-seed", "42",
 ]  # fmt: skip
 REALISTIC_NO_EFFECT = (
-    "--trust-remote-code", "--kv-cache-dtype auto",
+    "--trust-remote-code",
     "--enable-mixed-chunk",
 )  # fmt: skip
 
@@ -139,6 +139,7 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
     assert args.model.attention_backend == "torch"  # SGLang's torch_native
     assert args.scheduler.disable_overlap_schedule
     assert args.cuda_graph.disable_cuda_graph and args.cuda_graph.cuda_graph_max_bs == 16
+    assert args.cache.kv_cache_dtype == "auto"  # implemented: no note
     assert len(notes) == len(REALISTIC_NO_EFFECT)
     for shown in REALISTIC_NO_EFFECT:
         assert sum(n.startswith(shown + " has no effect here") for n in notes) == 1, shown
@@ -169,6 +170,9 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--disable-cuda-graph"], "disable_cuda_graph", True),
         (["--cuda-graph-max-bs", "64"], "cuda_graph_max_bs", 64),
         (["--cuda-graph-bs", "1", "2", "4"], "cuda_graph_bs", (1, 2, 4)),
+        (["--kv-cache-dtype", "int8"], "kv_cache_dtype", "int8"),
+        (["--kv-cache-dtype", "fp8_e4m3"], "kv_cache_dtype", "fp8_e4m3"),
+        (["--kv-cache-dtype", "bfloat16"], "kv_cache_dtype", "bf16"),
     ],
 )
 def test_implemented_flags_set_our_fields(argv, field, value):
