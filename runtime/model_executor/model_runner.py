@@ -22,6 +22,7 @@ from radixgen.kernels.grammar_mask import apply_token_bitmask
 from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+from radixgen.runtime.model_loader.quant_loader import resolve_quantization
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
@@ -155,9 +156,12 @@ class ModelRunner:
         )
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
+        self.quantization = resolve_quantization(
+            args.model.quantization, model_folder, self.device, self.dtype, self.native
+        )
         self.model = load_model(
             model_folder, self.cfg, self.dtype, self.device, context_length + 1,
-            self.layer_ops, gemm,
+            self.layer_ops, gemm, self.quantization, self.native,
         )  # fmt: skip
         self.vocab_size = self.cfg.vocab_size
 
@@ -185,7 +189,8 @@ class ModelRunner:
         self.graph_runner = self._build_graph_runner()
         self.load_seconds = time.perf_counter() - t0
         logger.info(
-            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels, %s attention%s",
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens, %s kernels, %s attention%s"
+            ", quantization %s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
@@ -193,6 +198,7 @@ class ModelRunner:
             "native" if self.native is not None else "torch",
             self.attention_backend,
             ", native GEMM" if gemm is not None else "",
+            self.quantization,
         )
 
     def _kv_capacity(self) -> int:

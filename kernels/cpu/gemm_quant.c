@@ -1,0 +1,400 @@
+/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0, int8 weight-only), CPUs with
+ * AVX512-BF16 (without it every entry point reports "unavailable" and the model is dequantized).
+ *
+ * y[M, N] = x[M, K] W[N, K]^T (+ bias), x bf16, y bf16 or float32. W is stored per group of 32
+ * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
+ * stores Q4_1 (Q4_0 is m = -8 d, Q8_0 and int8 have m = 0). Two formats:
+ *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16.
+ * - The integers are exact in bf16, so VDPBF16PS multiplies x by q exactly; the scale is
+ *   applied once per group:  acc += d * sum_k(x q) + m * sum_k(x)  (float32). The weights are
+ *   never rounded to bf16: this is the float32 dequantize-then-matmul to float32 rounding.
+ * - Packed layout: panels of 48 output columns (as gemm_bf16.c), each a run of 32-k groups;
+ *   a group holds d[48] (and m[48]) as float16, then the integers laid out as VDPBF16PS
+ *   operands (16 columns x one k-pair per vector): U4 puts the operands of k-pairs 2t and 2t+1
+ *   in the low and high nibbles of one 32-byte chunk; I8 stores one byte per weight.
+ * - Every output is one float32 accumulator walking the groups in order, each group's partial
+ *   sum walking its k-pairs in order, whatever M is: rows come out bitwise the same alone or in
+ *   any batch. Small row blocks unpack the integers in registers (decode); larger ones unpack a
+ *   panel once into a bf16 buffer reused by every row tile (the same operands, so the same sums).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "cpu_common.h"
+#include "radixgen_kernels.h"
+
+#define QPANEL 48 /* output columns per panel */
+#define QGROUP 32 /* k per scale group */
+#define QTILE_M 4 /* rows per register tile (buffered path) */
+#define QBLOCK_M 64 /* rows per work item */
+#define QFMT_U4 0
+#define QFMT_I8 1
+#define BUF_GROUP (2 * QPANEL * 4 + 16 * 3 * 64) /* d, m float32 + 48 bf16 operands (bytes) */
+
+/* float16 bits -> float32 (exact), portable: the lookup path runs without F16C too. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31u, f = h & 1023u, u;
+    if (e == 0) {
+        float v = (float)f * (1.0f / 16777216.0f); /* zero or subnormal: f * 2^-24 */
+        return s ? -v : v;
+    }
+    u = e == 31 ? (s | 0x7f800000u | (f << 13)) : (s | ((e + 112u) << 23) | (f << 13));
+    float out;
+    memcpy(&out, &u, 4);
+    return out;
+}
+
+static int64_t group_bytes(int fmt) {
+    return fmt == QFMT_U4 ? 2 * QPANEL * 2 + QPANEL * QGROUP / 2 : QPANEL * 2 + QPANEL * QGROUP;
+}
+
+int64_t qgemm_packed_bytes(int64_t n, int64_t k, int fmt) {
+    if (k % QGROUP || (fmt != QFMT_U4 && fmt != QFMT_I8)) return -1;
+    return ((n + QPANEL - 1) / QPANEL) * (k / QGROUP) * group_bytes(fmt);
+}
+
+/* q: [n, k] bytes (u4 values or int8), d, m: [n, k / 32] float16 bits (m unused for I8). */
+void qgemm_pack(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t n, int64_t k,
+                int fmt, uint8_t* out) {
+    int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gb = group_bytes(fmt);
+    int64_t scale_bytes = fmt == QFMT_U4 ? 4 * QPANEL : 2 * QPANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+        for (int64_t g = 0; g < groups; ++g) {
+            uint8_t* dst = out + (p * groups + g) * gb;
+            memset(dst, 0, (size_t)gb);
+            uint16_t* ds = (uint16_t*)dst;
+            uint8_t* qd = dst + scale_bytes;
+            for (int c = 0; c < QPANEL; ++c) {
+                int64_t row = p * QPANEL + c;
+                if (row >= n) break;
+                ds[c] = d[row * groups + g];
+                if (fmt == QFMT_U4) ds[QPANEL + c] = m[row * groups + g];
+                const uint8_t* src = q + row * k + g * QGROUP;
+                int j = c / 16, i0 = (c % 16) * 2;
+                for (int kk = 0; kk < QGROUP; ++kk) {
+                    int kp = kk / 2, i = i0 + (kk & 1);
+                    if (fmt == QFMT_U4)
+                        qd[((kp / 2) * 3 + j) * 32 + i] |= (uint8_t)((src[kk] & 15) << (4 * (kp & 1)));
+                    else
+                        qd[(kp * 3 + j) * 32 + i] = src[kk];
+                }
+            }
+        }
+    }
+}
+
+/* Dequantized rows of a packed weight (an embedding lookup), rounded to bf16 once. */
+void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const int64_t* rows,
+                     int64_t r, uint16_t* out) {
+    int64_t groups = k / QGROUP, gb = group_bytes(fmt);
+    int64_t scale_bytes = fmt == QFMT_U4 ? 4 * QPANEL : 2 * QPANEL;
+#pragma omp parallel for schedule(static) if (r > 16)
+    for (int64_t t = 0; t < r; ++t) {
+        int64_t row = rows[t];
+        uint16_t* o = out + t * k;
+        if (row < 0 || row >= n) {
+            memset(o, 0, (size_t)k * 2);
+            continue;
+        }
+        int64_t p = row / QPANEL;
+        int c = (int)(row % QPANEL), j = c / 16, i0 = (c % 16) * 2;
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t* src = packed + (p * groups + g) * gb;
+            const uint16_t* ds = (const uint16_t*)src;
+            const uint8_t* qd = src + scale_bytes;
+            float dv = half_to_float(ds[c]), mv = fmt == QFMT_U4 ? half_to_float(ds[QPANEL + c]) : 0.0f;
+            for (int kk = 0; kk < QGROUP; ++kk) {
+                int kp = kk / 2, i = i0 + (kk & 1);
+                float qv;
+                if (fmt == QFMT_U4)
+                    qv = (float)((qd[((kp / 2) * 3 + j) * 32 + i] >> (4 * (kp & 1))) & 15);
+                else
+                    qv = (float)(int8_t)qd[(kp * 3 + j) * 32 + i];
+                o[g * QGROUP + kk] = f2bf(dv * qv + mv);
+            }
+        }
+    }
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+
+int qgemm_available(void) { return 1; }
+
+/* bf16 bits of (e & 15) for e in 0..31: a nibble (or a byte's low nibble) -> an exact bf16. */
+static inline __m512i nibble_table(void) {
+    uint16_t t[32];
+    for (int e = 0; e < 32; ++e) t[e] = f2bf((float)(e & 15));
+    return _mm512_loadu_si512(t);
+}
+
+/* I8 operand: 32 int8 (words in operand order) -> 32 bf16 (exact). */
+static inline __m512bh i8_operand(const uint8_t* src) {
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
+    __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + 16))));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* Unpack one packed group (48 columns) into the buffer layout: d, m float32, operands bf16. */
+static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf, __m512i table) {
+    float* d = (float*)buf;
+    __m512i* ops = (__m512i*)(buf + 2 * QPANEL * 4);
+    for (int j = 0; j < 3; ++j) {
+        _mm512_storeu_ps(d + j * 16, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j)));
+        __m512 mv = fmt == QFMT_U4
+                        ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j))
+                        : _mm512_setzero_ps();
+        _mm512_storeu_ps(d + QPANEL + j * 16, mv);
+    }
+    if (fmt == QFMT_U4) {
+        const uint8_t* qd = src + 4 * QPANEL;
+        for (int t = 0; t < 8; ++t)
+            for (int j = 0; j < 3; ++j) {
+                __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)qd + t * 3 + j));
+                _mm512_storeu_si512(ops + (2 * t) * 3 + j, _mm512_permutexvar_epi16(w, table));
+                _mm512_storeu_si512(ops + (2 * t + 1) * 3 + j,
+                                    _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table));
+            }
+    } else {
+        const uint8_t* qd = src + 2 * QPANEL;
+        for (int i = 0; i < 48; ++i) _mm512_storeu_si512(ops + i, (__m512i)i8_operand(qd + i * 32));
+    }
+}
+
+/* In-register path: `mr` (1 or 2) rows x one panel over all groups, the integers unpacked in
+ * registers. xs: per row, per group, sum of x over the group (float32; read only for U4). */
+static inline __attribute__((always_inline)) void qtile(
+    const int mr, const int fmt, const uint16_t* x, int64_t ldx, const float* xs, int64_t groups,
+    const uint8_t* panel, const float* bias, void* y, int64_t ldy, int ncols, int out_f32,
+    __m512i table) {
+    __m512 acc[2][3];
+    const int64_t gb = group_bytes(fmt);
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 3; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = panel + g * gb;
+        const uint16_t* xg = x + g * QGROUP;
+        __m512 part[2][3];
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; ++m)
+            for (int j = 0; j < 3; ++j) part[m][j] = _mm512_setzero_ps();
+        {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; ++t) { /* k-pairs 2t and 2t+1 */
+                __m512bh w0[3], w1[3];
+                for (int j = 0; j < 3; ++j) {
+                    if (fmt == QFMT_U4) {
+                        const __m256i* qd = (const __m256i*)(src + 4 * QPANEL);
+                        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(qd + t * 3 + j));
+                        w0[j] = (__m512bh)_mm512_permutexvar_epi16(w, table);
+                        w1[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table);
+                    } else {
+                        const uint8_t* qd = src + 2 * QPANEL;
+                        w0[j] = i8_operand(qd + ((2 * t) * 3 + j) * 32);
+                        w1[j] = i8_operand(qd + ((2 * t + 1) * 3 + j) * 32);
+                    }
+                }
+#pragma GCC unroll 8
+                for (int m = 0; m < mr; ++m) {
+                    int32_t pair;
+                    memcpy(&pair, xg + m * ldx + 4 * t, 4);
+                    __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int j = 0; j < 3; ++j) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w0[j]);
+                    memcpy(&pair, xg + m * ldx + 4 * t + 2, 4);
+                    a = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int j = 0; j < 3; ++j) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w1[j]);
+                }
+            }
+        }
+        for (int j = 0; j < 3; ++j) {
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
+            __m512 mv = _mm512_setzero_ps();
+            if (fmt == QFMT_U4)
+                mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j));
+#pragma GCC unroll 8
+            for (int m = 0; m < mr; ++m) {
+                acc[m][j] = _mm512_fmadd_ps(part[m][j], dv, acc[m][j]);
+                if (fmt == QFMT_U4)
+                    acc[m][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups + g]), acc[m][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 3 && j * 16 < ncols; ++j) {
+            int left = ncols - j * 16;
+            __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __m512 v = acc[m][j];
+            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, bias + j * 16));
+            if (out_f32)
+                _mm512_mask_storeu_ps((float*)y + m * ldy + j * 16, keep, v);
+            else
+                _mm256_mask_storeu_epi16((uint16_t*)y + m * ldy + j * 16, keep,
+                                         (__m256i)_mm512_cvtneps_pbh(v));
+        }
+}
+
+
+/* Buffered path: one unpacked group (L1) for `mr` rows, the accumulators in memory (acc: rows of
+ * 48 floats). The same operations in the same order as `qtile`. */
+static inline __attribute__((always_inline)) void qgroup_tile(
+    const int mr, const int fmt, const uint16_t* xg, int64_t ldx, const float* xs,
+    int64_t groups, const uint8_t* buf, float* acc) {
+    __m512 part[QTILE_M][3];
+    const __m512i* ops = (const __m512i*)(buf + 2 * QPANEL * 4);
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 3; ++j) part[m][j] = _mm512_setzero_ps();
+    for (int kp = 0; kp < 16; ++kp) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(ops + kp * 3);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(ops + kp * 3 + 1);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(ops + kp * 3 + 2);
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; ++m) {
+            int32_t pair;
+            memcpy(&pair, xg + m * ldx + 2 * kp, 4);
+            const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+            part[m][0] = _mm512_dpbf16_ps(part[m][0], a, w0);
+            part[m][1] = _mm512_dpbf16_ps(part[m][1], a, w1);
+            part[m][2] = _mm512_dpbf16_ps(part[m][2], a, w2);
+        }
+    }
+    for (int j = 0; j < 3; ++j) {
+        const __m512 dv = _mm512_loadu_ps((const float*)buf + j * 16);
+        const __m512 mv = _mm512_loadu_ps((const float*)buf + QPANEL + j * 16);
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; ++m) {
+            __m512 v = _mm512_fmadd_ps(part[m][j], dv, _mm512_loadu_ps(acc + m * QPANEL + j * 16));
+            if (fmt == QFMT_U4) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups]), v);
+            _mm512_storeu_ps(acc + m * QPANEL + j * 16, v);
+        }
+    }
+}
+
+/* Bias, rounding and the store of accumulated rows (acc: rows of 48 floats). */
+static void store_rows(const float* acc, int64_t rows, const float* bias, void* y, int64_t ldy,
+                       int ncols, int out_f32) {
+    for (int64_t m = 0; m < rows; ++m)
+        for (int j = 0; j < 3 && j * 16 < ncols; ++j) {
+            int left = ncols - j * 16;
+            __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __m512 v = _mm512_loadu_ps(acc + m * QPANEL + j * 16);
+            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, bias + j * 16));
+            if (out_f32)
+                _mm512_mask_storeu_ps((float*)y + m * ldy + j * 16, keep, v);
+            else
+                _mm256_mask_storeu_epi16((uint16_t*)y + m * ldy + j * 16, keep,
+                                         (__m256i)_mm512_cvtneps_pbh(v));
+        }
+}
+
+#define QGROUP_CASES(FMT)                                                        \
+    switch (rows) {                                                              \
+        case 4: qgroup_tile(4, FMT, xg, ldx, xsr, groups, buf, ar); break;       \
+        case 3: qgroup_tile(3, FMT, xg, ldx, xsr, groups, buf, ar); break;       \
+        case 2: qgroup_tile(2, FMT, xg, ldx, xsr, groups, buf, ar); break;       \
+        default: qgroup_tile(1, FMT, xg, ldx, xsr, groups, buf, ar); break;      \
+    }
+
+#define QTILE_CASES(FMT)                                                                    \
+    if (rows == 2) qtile(2, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32, T); \
+    else qtile(1, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32, T);
+
+/* This thread's unpacking buffer, kept between calls (a fresh one per call costs page faults). */
+static _Thread_local uint8_t* tl_buf = NULL;
+static _Thread_local int64_t tl_cap = 0;
+
+static uint8_t* thread_buffer(int64_t bytes) {
+    if (bytes > tl_cap) {
+        free(tl_buf);
+        tl_buf = (uint8_t*)aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        tl_cap = tl_buf ? bytes : 0;
+    }
+    return tl_buf;
+}
+
+/* Sum of x over each group of 32, per row: a fixed order, whatever M is. */
+static void group_sums(const uint16_t* x, int64_t m, int64_t ldx, int64_t groups, float* xs) {
+#pragma omp parallel for schedule(static) if (m > 4)
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t* p = x + r * ldx + g * QGROUP;
+            xs[r * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(load16_bf16(p), load16_bf16(p + 16)));
+        }
+}
+
+/* x: [m, k] bf16 (row stride ldx); packed: from qgemm_pack; bias: float32 [n] or NULL;
+ * y: [m, n] (row stride ldy) bf16 or (out_f32) float32. 0 = ok, -1 unavailable, -2 bad k/fmt,
+ * -3 out of memory. */
+int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
+          int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {
+    if (qgemm_packed_bytes(n, k, fmt) < 0) return -2;
+    int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
+    int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
+    float* xs = NULL;
+    if (fmt == QFMT_U4) {
+        xs = (float*)malloc((size_t)(m * groups) * sizeof(float));
+        if (!xs) return -3;
+        group_sums(x, m, ldx, groups, xs);
+    }
+    const int buffered = m > 2; /* in-register unpacking pays off for 1-2 rows only */
+    int failed = 0;
+#pragma omp parallel
+    {
+        uint8_t* buf = buffered ? thread_buffer(BUF_GROUP + QBLOCK_M * QPANEL * 4) : NULL;
+        const __m512i T = nibble_table();
+        if (buffered && !buf) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; ++it) {
+            if (buffered && !buf) continue;
+            int64_t blk = it / panels, p = it % panels;
+            const uint8_t* panel = packed + p * groups * gbytes;
+            int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
+            const float* pb = bias ? bias + p * QPANEL : NULL;
+            int64_t end = (blk + 1) * QBLOCK_M < m ? (blk + 1) * QBLOCK_M : m;
+            if (buffered) {
+                float* acc = (float*)(buf + BUF_GROUP);
+                memset(acc, 0, (size_t)((end - blk * QBLOCK_M) * QPANEL) * sizeof(float));
+                for (int64_t g = 0; g < groups; ++g) {
+                    unpack_group(panel + g * gbytes, fmt, buf, T);
+                    for (int64_t r = blk * QBLOCK_M; r < end; r += QTILE_M) {
+                        const uint16_t* xg = x + r * ldx + g * QGROUP;
+                        const float* xsr = xs ? xs + r * groups + g : NULL;
+                        float* ar = acc + (r - blk * QBLOCK_M) * QPANEL;
+                        int rows = end - r < QTILE_M ? (int)(end - r) : QTILE_M;
+                        if (fmt == QFMT_U4) { QGROUP_CASES(QFMT_U4) } else { QGROUP_CASES(QFMT_I8) }
+                    }
+                }
+                int64_t yoff = blk * QBLOCK_M * ldy + p * QPANEL;
+                void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+                store_rows(acc, end - blk * QBLOCK_M, pb, yr, ldy, ncols, out_f32);
+                continue;
+            }
+            { /* m <= 2: one register tile */
+                const uint16_t* xr = x;
+                const float* xsr = xs;
+                void* yr = out_f32 ? (void*)((float*)y + p * QPANEL) : (void*)((uint16_t*)y + p * QPANEL);
+                int rows = (int)m;
+                if (fmt == QFMT_U4) { QTILE_CASES(QFMT_U4) } else { QTILE_CASES(QFMT_I8) }
+            }
+        }
+    }
+    free(xs);
+    return failed ? -3 : 0;
+}
+
+#else /* no AVX512-BF16: report unavailable */
+
+int qgemm_available(void) { return 0; }
+
+int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
+          int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {
+    (void)x; (void)m; (void)ldx; (void)packed; (void)n; (void)k; (void)fmt; (void)bias; (void)y;
+    (void)ldy; (void)out_f32;
+    return -1;
+}
+#endif
