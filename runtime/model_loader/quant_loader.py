@@ -119,7 +119,8 @@ def read_gguf(
     return planes, dense
 
 
-QUANT_CACHE = "radixgen_quant_v1.safetensors"  # bump with gemm_quant.c's packed layout
+# NOTE: safetensors inside, but not named *.safetensors: the folder's checkpoint is every such file
+QUANT_CACHE = "radixgen_quant_v1.packed"  # bump with gemm_quant.c's packed layout
 
 
 def _pack(native: NativeKernels, p: QuantPlanes) -> QuantLinearWeight:
