@@ -83,6 +83,23 @@ def resolve_quantization(
     return requested
 
 
+def release_freed_memory() -> None:
+    """Collect, then return the C heap's free pages to the OS (glibc `malloc_trim`): freed dense
+    weights and load-time temporaries otherwise stay in the process's RSS."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:  # not glibc: nothing to trim
+        pass
+
+
 def _unpermute_order(rows: int, n_heads: int) -> np.ndarray:
     """Row order undoing llama.cpp's rope permutation (as gguf_convert._unpermute)."""
     return np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(-1)
