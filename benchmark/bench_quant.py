@@ -53,7 +53,9 @@ def scheduler_rss_mb() -> float:
 def weight_bytes(folder: Path) -> dict[str, int]:
     """Weight bytes each configuration reads per decode step (the whole model once)."""
     bf16 = sum(f.stat().st_size for f in folder.glob("*.safetensors")) // 2  # float32 file
-    packed = folder / "radixgen_quant_v1.packed"  # written by the first gguf load
+    from radixgen.runtime.model_loader.quant_loader import QUANT_CACHE
+
+    packed = folder / QUANT_CACHE  # written by the first gguf load
     params = bf16 // 2
     return {
         "bf16": bf16,

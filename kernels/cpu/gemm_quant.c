@@ -5,17 +5,20 @@
  * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
  * stores Q4_1 (Q4_0 is m = -8 d, Q8_0 and int8 have m = 0). Two formats:
  *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16.
- * - The integers are exact in bf16, so VDPBF16PS multiplies x by q exactly; the scale is
- *   applied once per group:  acc += d * sum_k(x q) + m * sum_k(x)  (float32). The weights are
- *   never rounded to bf16: this is the float32 dequantize-then-matmul to float32 rounding.
+ * - The integers become exact bf16 operands (U4: 1 + q/16 by two integer ops, I8: converted),
+ *   so VDPBF16PS multiplies x by them exactly; each group's partial sum is scaled once:
+ *   acc += d * sum_k(x q) + m * sum_k(x)  (U4 as 16 d * sum x (1 + q/16) + (m - 16 d) sum x),
+ *   in float32. The weights are never rounded to bf16: this is the float32 dequantize-then-
+ *   matmul to float32 rounding.
  * - Packed layout: panels of 48 output columns (as gemm_bf16.c), each a run of 32-k groups;
  *   a group holds d[48] (and m[48]) as float16, then the integers laid out as VDPBF16PS
- *   operands (16 columns x one k-pair per vector): U4 puts the operands of k-pairs 2t and 2t+1
- *   in the low and high nibbles of one 32-byte chunk; I8 stores one byte per weight.
+ *   operands (16 columns x one k-pair per vector): U4 packs 4 operands (k-pairs 4t .. 4t+3) in
+ *   the 4 nibbles of each 16-bit word of a 64-byte chunk; I8 stores one byte per weight.
  * - Every output is one float32 accumulator walking the groups in order, each group's partial
  *   sum walking its k-pairs in order, whatever M is: rows come out bitwise the same alone or in
- *   any batch. Small row blocks unpack the integers in registers (decode); larger ones unpack a
- *   panel once into a bf16 buffer reused by every row tile (the same operands, so the same sums).
+ *   any batch. 1-2 rows unpack the integers in registers (decode); more rows unpack one group
+ *   at a time into an L1 buffer reused by every 4-row tile, the accumulators kept in memory
+ *   (the same operands and operations, so the same sums).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -76,8 +79,9 @@ void qgemm_pack(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t 
                 int j = c / 16, i0 = (c % 16) * 2;
                 for (int kk = 0; kk < QGROUP; ++kk) {
                     int kp = kk / 2, i = i0 + (kk & 1);
-                    if (fmt == QFMT_U4)
-                        qd[((kp / 2) * 3 + j) * 32 + i] |= (uint8_t)((src[kk] & 15) << (4 * (kp & 1)));
+                    if (fmt == QFMT_U4) /* chunk (kp / 4, j): word i, nibble kp % 4 */
+                        qd[((kp / 4) * 3 + j) * 64 + 2 * i + (kp % 4) / 2] |=
+                            (uint8_t)((src[kk] & 15) << (4 * (kp & 1)));
                     else
                         qd[(kp * 3 + j) * 32 + i] = src[kk];
                 }
@@ -110,7 +114,8 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
                 int kp = kk / 2, i = i0 + (kk & 1);
                 float qv;
                 if (fmt == QFMT_U4)
-                    qv = (float)((qd[((kp / 2) * 3 + j) * 32 + i] >> (4 * (kp & 1))) & 15);
+                    qv = (float)((qd[((kp / 4) * 3 + j) * 64 + 2 * i + (kp % 4) / 2] >>
+                                  (4 * (kp & 1))) & 15);
                 else
                     qv = (float)(int8_t)qd[(kp * 3 + j) * 32 + i];
                 o[g * QGROUP + kk] = f2bf(dv * qv + mv);
@@ -123,11 +128,25 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
 
 int qgemm_available(void) { return 1; }
 
-/* bf16 bits of (e & 15) for e in 0..31: a nibble (or a byte's low nibble) -> an exact bf16. */
-static inline __m512i nibble_table(void) {
-    uint16_t t[32];
-    for (int e = 0; e < 32; ++e) t[e] = f2bf((float)(e & 15));
-    return _mm512_loadu_si512(t);
+/* U4 operands: one 64-byte chunk holds 4 operands (k-pairs 4t .. 4t+3), nibble s of word i
+ * being word i of operand s. Each nibble v becomes the bf16 1 + v/16 (0x3F80 | v << 3, exact):
+ * two integer ops per operand, no shuffles. The group's scale is then 16 d and its min
+ * m - 16 d:  sum x (1 + q/16) * 16 d + (m - 16 d) sum x  =  sum x (d q + m). */
+static inline void u4_operands(const uint8_t* chunk, __m512bh out[4]) {
+    const __m512i w = _mm512_loadu_si512(chunk);
+    const __m512i mask = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
+    out[0] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 3), mask, one, 0xEA);
+    out[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 1), mask, one, 0xEA);
+    out[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 5), mask, one, 0xEA);
+    out[3] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 9), mask, one, 0xEA);
+}
+
+/* A U4 group's scale and min for the 1 + q/16 operands (see u4_operands), 16 columns. */
+static inline void u4_scales(const uint8_t* src, int j, __m512* d16, __m512* mv) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j));
+    *d16 = _mm512_mul_ps(d, _mm512_set1_ps(16.0f));
+    *mv = _mm512_fnmadd_ps(d, _mm512_set1_ps(16.0f), m);
 }
 
 /* I8 operand: 32 int8 (words in operand order) -> 32 bf16 (exact). */
@@ -139,24 +158,25 @@ static inline __m512bh i8_operand(const uint8_t* src) {
 }
 
 /* Unpack one packed group (48 columns) into the buffer layout: d, m float32, operands bf16. */
-static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf, __m512i table) {
+static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf) {
     float* d = (float*)buf;
     __m512i* ops = (__m512i*)(buf + 2 * QPANEL * 4);
     for (int j = 0; j < 3; ++j) {
-        _mm512_storeu_ps(d + j * 16, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j)));
-        __m512 mv = fmt == QFMT_U4
-                        ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j))
-                        : _mm512_setzero_ps();
+        __m512 dv, mv = _mm512_setzero_ps();
+        if (fmt == QFMT_U4)
+            u4_scales(src, j, &dv, &mv);
+        else
+            dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
+        _mm512_storeu_ps(d + j * 16, dv);
         _mm512_storeu_ps(d + QPANEL + j * 16, mv);
     }
     if (fmt == QFMT_U4) {
         const uint8_t* qd = src + 4 * QPANEL;
-        for (int t = 0; t < 8; ++t)
+        for (int t = 0; t < 4; ++t)
             for (int j = 0; j < 3; ++j) {
-                __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)qd + t * 3 + j));
-                _mm512_storeu_si512(ops + (2 * t) * 3 + j, _mm512_permutexvar_epi16(w, table));
-                _mm512_storeu_si512(ops + (2 * t + 1) * 3 + j,
-                                    _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table));
+                __m512bh o[4];
+                u4_operands(qd + (t * 3 + j) * 64, o);
+                for (int s = 0; s < 4; ++s) _mm512_storeu_si512(ops + (4 * t + s) * 3 + j, (__m512i)o[s]);
             }
     } else {
         const uint8_t* qd = src + 2 * QPANEL;
@@ -168,8 +188,7 @@ static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf, __m512i tabl
  * registers. xs: per row, per group, sum of x over the group (float32; read only for U4). */
 static inline __attribute__((always_inline)) void qtile(
     const int mr, const int fmt, const uint16_t* x, int64_t ldx, const float* xs, int64_t groups,
-    const uint8_t* panel, const float* bias, void* y, int64_t ldy, int ncols, int out_f32,
-    __m512i table) {
+    const uint8_t* panel, const float* bias, void* y, int64_t ldy, int ncols, int out_f32) {
     __m512 acc[2][3];
     const int64_t gb = group_bytes(fmt);
 #pragma GCC unroll 4
@@ -183,38 +202,34 @@ static inline __attribute__((always_inline)) void qtile(
         for (int m = 0; m < mr; ++m)
             for (int j = 0; j < 3; ++j) part[m][j] = _mm512_setzero_ps();
         {
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; ++t) { /* k-pairs 2t and 2t+1 */
-                __m512bh w0[3], w1[3];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; ++t) { /* k-pairs 4t .. 4t+3 */
+                __m512bh w[3][4];
                 for (int j = 0; j < 3; ++j) {
                     if (fmt == QFMT_U4) {
-                        const __m256i* qd = (const __m256i*)(src + 4 * QPANEL);
-                        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(qd + t * 3 + j));
-                        w0[j] = (__m512bh)_mm512_permutexvar_epi16(w, table);
-                        w1[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table);
+                        u4_operands(src + 4 * QPANEL + (t * 3 + j) * 64, w[j]);
                     } else {
                         const uint8_t* qd = src + 2 * QPANEL;
-                        w0[j] = i8_operand(qd + ((2 * t) * 3 + j) * 32);
-                        w1[j] = i8_operand(qd + ((2 * t + 1) * 3 + j) * 32);
+                        for (int s = 0; s < 4; ++s) w[j][s] = i8_operand(qd + ((4 * t + s) * 3 + j) * 32);
                     }
                 }
-#pragma GCC unroll 8
-                for (int m = 0; m < mr; ++m) {
-                    int32_t pair;
-                    memcpy(&pair, xg + m * ldx + 4 * t, 4);
-                    __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-                    for (int j = 0; j < 3; ++j) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w0[j]);
-                    memcpy(&pair, xg + m * ldx + 4 * t + 2, 4);
-                    a = (__m512bh)_mm512_set1_epi32(pair);
-                    for (int j = 0; j < 3; ++j) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w1[j]);
-                }
+#pragma GCC unroll 2
+                for (int m = 0; m < mr; ++m)
+                    for (int s = 0; s < 4; ++s) {
+                        int32_t pair;
+                        memcpy(&pair, xg + m * ldx + 8 * t + 2 * s, 4);
+                        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+                        for (int j = 0; j < 3; ++j)
+                            part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w[j][s]);
+                    }
             }
         }
         for (int j = 0; j < 3; ++j) {
-            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
-            __m512 mv = _mm512_setzero_ps();
+            __m512 dv, mv = _mm512_setzero_ps();
             if (fmt == QFMT_U4)
-                mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j));
+                u4_scales(src, j, &dv, &mv);
+            else
+                dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
 #pragma GCC unroll 8
             for (int m = 0; m < mr; ++m) {
                 acc[m][j] = _mm512_fmadd_ps(part[m][j], dv, acc[m][j]);
@@ -301,8 +316,8 @@ static void store_rows(const float* acc, int64_t rows, const float* bias, void* 
     }
 
 #define QTILE_CASES(FMT)                                                                    \
-    if (rows == 2) qtile(2, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32, T); \
-    else qtile(1, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32, T);
+    if (rows == 2) qtile(2, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32); \
+    else qtile(1, FMT, xr, ldx, xsr, groups, panel, pb, yr, ldy, ncols, out_f32);
 
 /* This thread's unpacking buffer, kept between calls (a fresh one per call costs page faults). */
 static _Thread_local uint8_t* tl_buf = NULL;
@@ -346,7 +361,6 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
 #pragma omp parallel
     {
         uint8_t* buf = buffered ? thread_buffer(BUF_GROUP + QBLOCK_M * QPANEL * 4) : NULL;
-        const __m512i T = nibble_table();
         if (buffered && !buf) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; ++it) {
@@ -360,7 +374,7 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                 float* acc = (float*)(buf + BUF_GROUP);
                 memset(acc, 0, (size_t)((end - blk * QBLOCK_M) * QPANEL) * sizeof(float));
                 for (int64_t g = 0; g < groups; ++g) {
-                    unpack_group(panel + g * gbytes, fmt, buf, T);
+                    unpack_group(panel + g * gbytes, fmt, buf);
                     for (int64_t r = blk * QBLOCK_M; r < end; r += QTILE_M) {
                         const uint16_t* xg = x + r * ldx + g * QGROUP;
                         const float* xsr = xs ? xs + r * groups + g : NULL;

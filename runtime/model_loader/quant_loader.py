@@ -137,7 +137,7 @@ def read_gguf(
 
 
 # NOTE: safetensors inside, but not named *.safetensors: the folder's checkpoint is every such file
-QUANT_CACHE = "radixgen_quant_v1.packed"  # bump with gemm_quant.c's packed layout
+QUANT_CACHE = "radixgen_quant_v2.packed"  # bump with gemm_quant.c's packed layout
 
 
 def _pack(native: NativeKernels, p: QuantPlanes) -> QuantLinearWeight:
