@@ -45,7 +45,7 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
 }
 
-QUANT_FORMATS = {"u4": 0, "i8": 1}  # gemm_quant.c's `fmt` codes
+QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2}  # gemm_quant.c's `fmt` codes
 QUANT_GROUP = 32  # k per scale group
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
@@ -76,7 +76,8 @@ class PackedLinearWeight:
 @dataclass(frozen=True)
 class QuantLinearWeight:
     """A weight kept quantized for `qgemm` (gemm_quant.c): w = d * q + m per group of 32 along
-    k; fmt "u4" (q 0..15, scale and min) or "i8" (q -128..127, scale only)."""
+    k; fmt "u4" (q 0..15, float16 scale and min), "u4f" (the same with float32 ones) or "i8"
+    (q -128..127, float16 scale only)."""
 
     data: torch.Tensor  # uint8, the packed layout
     out_features: int
@@ -159,17 +160,18 @@ class NativeKernels:
         fmt: str,
         bias: torch.Tensor | None = None,
     ) -> QuantLinearWeight:
-        """Pack integers q [n, k] (uint8 0..15 for u4, int8 for i8) with float16 scales d (and
-        mins m, u4 only) [n, k / 32], once at load time."""
+        """Pack integers q [n, k] (uint8 0..15 for u4 / u4f, int8 for i8) with scales d (and
+        mins m, not for i8) [n, k / 32], float16 (float32 for u4f), once at load time."""
         n, k = q.shape
         code = QUANT_FORMATS[fmt]
-        assert q.dtype == (torch.uint8 if fmt == "u4" else torch.int8)
-        assert d.dtype == torch.float16 and d.shape == (n, k // QUANT_GROUP)
-        assert (m is not None) == (fmt == "u4") and (m is None or m.shape == d.shape)
+        scale_dtype = torch.float32 if fmt == "u4f" else torch.float16
+        assert q.dtype == (torch.int8 if fmt == "i8" else torch.uint8)
+        assert d.dtype == scale_dtype and d.shape == (n, k // QUANT_GROUP)
+        assert (m is not None) == (fmt != "i8") and (m is None or m.shape == d.shape)
         size = self._q_bytes(n, k, code)
         assert size >= 0, f"in_features {k} is not a multiple of {QUANT_GROUP}"
         q, d = q.contiguous(), d.contiguous()
-        m = None if m is None else m.to(torch.float16).contiguous()
+        m = None if m is None else m.to(scale_dtype).contiguous()
         data = torch.empty(size, dtype=torch.uint8)
         self._q_pack(
             q.data_ptr(), d.data_ptr(), 0 if m is None else m.data_ptr(), n, k, code,

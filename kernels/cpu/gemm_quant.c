@@ -1,10 +1,11 @@
-/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0, int8 weight-only), CPUs with
+/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K, int8 weight-only), CPUs with
  * AVX512-BF16 (without it every entry point reports "unavailable" and the model is dequantized).
  *
  * y[M, N] = x[M, K] W[N, K]^T (+ bias), x bf16, y bf16 or float32. W is stored per group of 32
  * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
  * stores Q4_1 (Q4_0 is m = -8 d, Q8_0 and int8 have m = 0). Two formats:
- *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16.
+ *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16;
+ *   QFMT_U4F (2): U4 with float32 d and m (Q4_K: d = d_super * sc, m = -dmin * min per 32).
  * - The integers become exact bf16 operands (U4: 1 + q/16 by two integer ops, I8: converted),
  *   so VDPBF16PS multiplies x by them exactly; each group's partial sum is scaled once:
  *   acc += d * sum_k(x q) + m * sum_k(x)  (U4 as 16 d * sum x (1 + q/16) + (m - 16 d) sum x),
@@ -34,6 +35,8 @@
 #define QBLOCK_M 64 /* rows per work item */
 #define QFMT_U4 0
 #define QFMT_I8 1
+#define QFMT_U4F 2
+#define IS_U4(fmt) ((fmt) != QFMT_I8) /* U4 or U4F: nibbles with a scale and a min */
 #define BUF_GROUP (2 * QPANEL * 4 + 16 * 3 * 64) /* d, m float32 + 48 bf16 operands (bytes) */
 
 /* float16 bits -> float32 (exact), portable: the lookup path runs without F16C too. */
@@ -49,20 +52,26 @@ static inline float half_to_float(uint16_t h) {
     return out;
 }
 
+/* Bytes of the scales (and mins) at the start of a packed group. */
+static int64_t scale_bytes_of(int fmt) {
+    return fmt == QFMT_U4 ? 4 * QPANEL : fmt == QFMT_U4F ? 8 * QPANEL : 2 * QPANEL;
+}
+
 static int64_t group_bytes(int fmt) {
-    return fmt == QFMT_U4 ? 2 * QPANEL * 2 + QPANEL * QGROUP / 2 : QPANEL * 2 + QPANEL * QGROUP;
+    return scale_bytes_of(fmt) + (IS_U4(fmt) ? QPANEL * QGROUP / 2 : QPANEL * QGROUP);
 }
 
 int64_t qgemm_packed_bytes(int64_t n, int64_t k, int fmt) {
-    if (k % QGROUP || (fmt != QFMT_U4 && fmt != QFMT_I8)) return -1;
+    if (k % QGROUP || fmt < QFMT_U4 || fmt > QFMT_U4F) return -1;
     return ((n + QPANEL - 1) / QPANEL) * (k / QGROUP) * group_bytes(fmt);
 }
 
-/* q: [n, k] bytes (u4 values or int8), d, m: [n, k / 32] float16 bits (m unused for I8). */
-void qgemm_pack(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t n, int64_t k,
-                int fmt, uint8_t* out) {
+/* q: [n, k] bytes (u4 values or int8), d, m: [n, k / 32] float16 bits (float32 for U4F; m
+ * unused for I8). */
+void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64_t k, int fmt,
+                uint8_t* out) {
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gb = group_bytes(fmt);
-    int64_t scale_bytes = fmt == QFMT_U4 ? 4 * QPANEL : 2 * QPANEL;
+    int64_t scale_bytes = scale_bytes_of(fmt);
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
         for (int64_t g = 0; g < groups; ++g) {
@@ -73,13 +82,18 @@ void qgemm_pack(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t 
             for (int c = 0; c < QPANEL; ++c) {
                 int64_t row = p * QPANEL + c;
                 if (row >= n) break;
-                ds[c] = d[row * groups + g];
-                if (fmt == QFMT_U4) ds[QPANEL + c] = m[row * groups + g];
+                if (fmt == QFMT_U4F) {
+                    ((float*)dst)[c] = ((const float*)d)[row * groups + g];
+                    ((float*)dst)[QPANEL + c] = ((const float*)m)[row * groups + g];
+                } else {
+                    ds[c] = ((const uint16_t*)d)[row * groups + g];
+                    if (fmt == QFMT_U4) ds[QPANEL + c] = ((const uint16_t*)m)[row * groups + g];
+                }
                 const uint8_t* src = q + row * k + g * QGROUP;
                 int j = c / 16, i0 = (c % 16) * 2;
                 for (int kk = 0; kk < QGROUP; ++kk) {
                     int kp = kk / 2, i = i0 + (kk & 1);
-                    if (fmt == QFMT_U4) /* chunk (kp / 4, j): word i, nibble kp % 4 */
+                    if (IS_U4(fmt)) /* chunk (kp / 4, j): word i, nibble kp % 4 */
                         qd[((kp / 4) * 3 + j) * 64 + 2 * i + (kp % 4) / 2] |=
                             (uint8_t)((src[kk] & 15) << (4 * (kp & 1)));
                     else
@@ -94,7 +108,7 @@ void qgemm_pack(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t 
 void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const int64_t* rows,
                      int64_t r, uint16_t* out) {
     int64_t groups = k / QGROUP, gb = group_bytes(fmt);
-    int64_t scale_bytes = fmt == QFMT_U4 ? 4 * QPANEL : 2 * QPANEL;
+    int64_t scale_bytes = scale_bytes_of(fmt);
 #pragma omp parallel for schedule(static) if (r > 16)
     for (int64_t t = 0; t < r; ++t) {
         int64_t row = rows[t];
@@ -109,11 +123,18 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
             const uint8_t* src = packed + (p * groups + g) * gb;
             const uint16_t* ds = (const uint16_t*)src;
             const uint8_t* qd = src + scale_bytes;
-            float dv = half_to_float(ds[c]), mv = fmt == QFMT_U4 ? half_to_float(ds[QPANEL + c]) : 0.0f;
+            float dv, mv = 0.0f;
+            if (fmt == QFMT_U4F) {
+                dv = ((const float*)src)[c];
+                mv = ((const float*)src)[QPANEL + c];
+            } else {
+                dv = half_to_float(ds[c]);
+                if (fmt == QFMT_U4) mv = half_to_float(ds[QPANEL + c]);
+            }
             for (int kk = 0; kk < QGROUP; ++kk) {
                 int kp = kk / 2, i = i0 + (kk & 1);
                 float qv;
-                if (fmt == QFMT_U4)
+                if (IS_U4(fmt))
                     qv = (float)((qd[((kp / 4) * 3 + j) * 64 + 2 * i + (kp % 4) / 2] >>
                                   (4 * (kp & 1))) & 15);
                 else
@@ -142,9 +163,15 @@ static inline void u4_operands(const uint8_t* chunk, __m512bh out[4]) {
 }
 
 /* A U4 group's scale and min for the 1 + q/16 operands (see u4_operands), 16 columns. */
-static inline void u4_scales(const uint8_t* src, int j, __m512* d16, __m512* mv) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j));
+static inline void u4_scales(const uint8_t* src, int fmt, int j, __m512* d16, __m512* mv) {
+    __m512 d, m;
+    if (fmt == QFMT_U4F) {
+        d = _mm512_loadu_ps((const float*)src + j * 16);
+        m = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
+    } else {
+        d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
+        m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + 96) + j));
+    }
     *d16 = _mm512_mul_ps(d, _mm512_set1_ps(16.0f));
     *mv = _mm512_fnmadd_ps(d, _mm512_set1_ps(16.0f), m);
 }
@@ -163,15 +190,15 @@ static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf) {
     __m512i* ops = (__m512i*)(buf + 2 * QPANEL * 4);
     for (int j = 0; j < 3; ++j) {
         __m512 dv, mv = _mm512_setzero_ps();
-        if (fmt == QFMT_U4)
-            u4_scales(src, j, &dv, &mv);
+        if (IS_U4(fmt))
+            u4_scales(src, fmt, j, &dv, &mv);
         else
             dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
         _mm512_storeu_ps(d + j * 16, dv);
         _mm512_storeu_ps(d + QPANEL + j * 16, mv);
     }
-    if (fmt == QFMT_U4) {
-        const uint8_t* qd = src + 4 * QPANEL;
+    if (IS_U4(fmt)) {
+        const uint8_t* qd = src + scale_bytes_of(fmt);
         for (int t = 0; t < 4; ++t)
             for (int j = 0; j < 3; ++j) {
                 __m512bh o[4];
@@ -206,8 +233,8 @@ static inline __attribute__((always_inline)) void qtile(
             for (int t = 0; t < 4; ++t) { /* k-pairs 4t .. 4t+3 */
                 __m512bh w[3][4];
                 for (int j = 0; j < 3; ++j) {
-                    if (fmt == QFMT_U4) {
-                        u4_operands(src + 4 * QPANEL + (t * 3 + j) * 64, w[j]);
+                    if (IS_U4(fmt)) {
+                        u4_operands(src + scale_bytes_of(fmt) + (t * 3 + j) * 64, w[j]);
                     } else {
                         const uint8_t* qd = src + 2 * QPANEL;
                         for (int s = 0; s < 4; ++s) w[j][s] = i8_operand(qd + ((4 * t + s) * 3 + j) * 32);
@@ -226,14 +253,14 @@ static inline __attribute__((always_inline)) void qtile(
         }
         for (int j = 0; j < 3; ++j) {
             __m512 dv, mv = _mm512_setzero_ps();
-            if (fmt == QFMT_U4)
-                u4_scales(src, j, &dv, &mv);
+            if (IS_U4(fmt))
+                u4_scales(src, fmt, j, &dv, &mv);
             else
                 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
 #pragma GCC unroll 8
             for (int m = 0; m < mr; ++m) {
                 acc[m][j] = _mm512_fmadd_ps(part[m][j], dv, acc[m][j]);
-                if (fmt == QFMT_U4)
+                if (IS_U4(fmt))
                     acc[m][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups + g]), acc[m][j]);
             }
         }
@@ -284,7 +311,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(
 #pragma GCC unroll 8
         for (int m = 0; m < mr; ++m) {
             __m512 v = _mm512_fmadd_ps(part[m][j], dv, _mm512_loadu_ps(acc + m * QPANEL + j * 16));
-            if (fmt == QFMT_U4) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups]), v);
+            if (IS_U4(fmt)) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups]), v);
             _mm512_storeu_ps(acc + m * QPANEL + j * 16, v);
         }
     }
@@ -351,7 +378,7 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
     int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
     float* xs = NULL;
-    if (fmt == QFMT_U4) {
+    if (IS_U4(fmt)) {
         xs = (float*)malloc((size_t)(m * groups) * sizeof(float));
         if (!xs) return -3;
         group_sums(x, m, ldx, groups, xs);
@@ -380,7 +407,8 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                         const float* xsr = xs ? xs + r * groups + g : NULL;
                         float* ar = acc + (r - blk * QBLOCK_M) * QPANEL;
                         int rows = end - r < QTILE_M ? (int)(end - r) : QTILE_M;
-                        if (fmt == QFMT_U4) { QGROUP_CASES(QFMT_U4) } else { QGROUP_CASES(QFMT_I8) }
+                        /* the buffer's layout is one for U4 and U4F */
+                        if (IS_U4(fmt)) { QGROUP_CASES(QFMT_U4) } else { QGROUP_CASES(QFMT_I8) }
                     }
                 }
                 int64_t yoff = blk * QBLOCK_M * ldy + p * QPANEL;
@@ -393,7 +421,13 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                 const float* xsr = xs;
                 void* yr = out_f32 ? (void*)((float*)y + p * QPANEL) : (void*)((uint16_t*)y + p * QPANEL);
                 int rows = (int)m;
-                if (fmt == QFMT_U4) { QTILE_CASES(QFMT_U4) } else { QTILE_CASES(QFMT_I8) }
+                if (fmt == QFMT_U4) {
+                    QTILE_CASES(QFMT_U4)
+                } else if (fmt == QFMT_U4F) {
+                    QTILE_CASES(QFMT_U4F)
+                } else {
+                    QTILE_CASES(QFMT_I8)
+                }
             }
         }
     }

@@ -1,8 +1,10 @@
-"""GGUF quantized blocks split into the planes the quantized GEMM packs: integers q, float16
-scales d and mins m per group of 32 along k (w = d * q + m), exactly what the file stores.
+"""GGUF quantized blocks split into the planes the quantized GEMM packs: integers q, scales d
+and mins m per group of 32 along k (w = d * q + m), exactly what the file stores.
 
-Runs in the scheduler process while loading (and in tests). Q4_1 is u4 with scale and min,
-Q4_0 u4 with min -8 d (exact in float16: a power-of-two multiple), Q8_0 int8 with scale.
+Runs in the scheduler process while loading (and in tests). Q4_1 is u4 with float16 scale and
+min, Q4_0 u4 with min -8 d (exact in float16: a power-of-two multiple), Q8_0 int8 with scale,
+Q4_K u4 with float32 scale d * sc and min -dmin * m per 32 (exact: 6-bit integers times
+float16 values).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 # GGML type ids (gguf.GGMLQuantizationType) of the block types kept quantized
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+Q4_0, Q4_1, Q8_0, Q4_K = 2, 3, 8, 12
+KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K"}
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+_Q4_K_BYTES, _SUPER = 144, 256
 GROUP = 32
 
 
@@ -24,8 +27,8 @@ class QuantPlanes:
 
     fmt: str
     q: np.ndarray  # [n, k]
-    d: np.ndarray  # float16 [n, k / 32]
-    m: np.ndarray | None  # float16 [n, k / 32] (u4 only)
+    d: np.ndarray  # float16 [n, k / 32] (float32 for u4f)
+    m: np.ndarray | None  # like d (u4 / u4f only)
 
     def take_rows(self, order: np.ndarray) -> QuantPlanes:
         """The same weight with its output rows permuted (blocks run along k, rows move whole)."""
@@ -59,6 +62,8 @@ def split_blocks(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
         raise ValueError(f"GGML type {qtype} is not kept quantized")
     if k % GROUP:
         raise ValueError(f"row length {k} is not a multiple of {GROUP}")
+    if qtype == Q4_K:
+        return _split_q4_k(raw, n, k)
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // GROUP, _BLOCK_BYTES[qtype])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]
     if qtype == Q8_0:
@@ -75,6 +80,27 @@ def split_blocks(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
         if not np.array_equal(m.astype(np.float32), d.astype(np.float32) * -8.0):
             raise ValueError("a Q4_0 scale is too large for its min (-8 d) in float16")
     return QuantPlanes("u4", q, d, m)
+
+
+def _split_q4_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:
+    """Q4_K super-blocks (256 weights: float16 d, dmin, twelve bytes of 6-bit scales and mins,
+    128 bytes of nibbles) -> u4f planes, one scale and min per 32."""
+    if k % _SUPER:
+        raise ValueError(f"row length {k} is not a multiple of {_SUPER}")
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // _SUPER, _Q4_K_BYTES)
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+    sc = b[..., 4:16].astype(np.uint8)
+    scale = np.empty((*b.shape[:2], 8), np.uint8)
+    mins = np.empty_like(scale)
+    scale[..., :4], mins[..., :4] = sc[..., 0:4] & 63, sc[..., 4:8] & 63
+    scale[..., 4:] = (sc[..., 8:12] & 15) | ((sc[..., 0:4] >> 6) << 4)
+    mins[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    qs = b[..., 16:].reshape(n, k // _SUPER, 4, 32)  # 4 chunks of 64 weights: lo, hi nibbles
+    q = np.stack((qs & 15, qs >> 4), axis=3).reshape(n, k).astype(np.uint8)
+    ds = (d[..., None] * scale.astype(np.float32)).reshape(n, k // GROUP)
+    ms = (-(dmin[..., None] * mins.astype(np.float32))).reshape(n, k // GROUP)
+    return QuantPlanes("u4f", q, ds.astype(np.float32), ms.astype(np.float32))
 
 
 def quantize_int8_per_channel(w: np.ndarray) -> QuantPlanes:

@@ -21,19 +21,22 @@ from radixgen.runtime.model_loader.gguf_blocks import (
 )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from gguf_blocks import ref_dequantize  # independent block decoders
+from gguf_blocks import random_k_blocks, ref_dequantize  # independent block decoders
 
 native = load_native_kernels()
 pytestmark = pytest.mark.skipif(
     native is None or not native.has_quant_gemm, reason="CPU without AVX512-BF16"
 )
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]  # the gguf package quantizes these; Q4_K blocks are drawn
 
 
 def _planes(qtype: Q, n: int, k: int, seed: int) -> tuple[QuantPlanes, np.ndarray]:
     """Random weights quantized by the gguf package: (our planes, the reference decode)."""
     rng = np.random.default_rng(seed)
+    if qtype == Q.Q4_K:
+        raw = random_k_blocks(qtype, n, k, rng)
+        return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
     w = (rng.standard_normal((n, k)) * 0.05 + rng.standard_normal((n, 1)) * 0.02).astype(np.float32)
     raw = gguf.quants.quantize(w, qtype)
     return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
@@ -57,11 +60,29 @@ def _assert_float32_close(y: torch.Tensor, x: torch.Tensor, w: np.ndarray, bias=
     assert bool((err <= scale * 2e-6 + 1e-6).all()), float((err / (scale + 1e-6)).max())
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [*TYPES, Q.Q4_K], ids=lambda q: q.name)
 def test_planes_decode_to_the_reference(qtype: Q) -> None:
-    planes, ref = _planes(qtype, 37, 96, seed=1)
+    planes, ref = _planes(qtype, 37, 512 if qtype == Q.Q4_K else 96, seed=1)
     assert np.array_equal(planes.dequantize(), ref)
-    assert set(KEPT_TYPES) == {int(t) for t in TYPES}
+    assert set(KEPT_TYPES) == {int(t) for t in (*TYPES, Q.Q4_K)}
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 48, 256), (2, 100, 512), (5, 61, 1536), (70, 200, 512)]
+)
+def test_q4_k_matches_the_oracle_and_is_batch_invariant(m, n, k) -> None:
+    planes, ref = _planes(Q.Q4_K, n, k, seed=m + n)
+    assert planes.fmt == "u4f" and planes.d.dtype == np.float32
+    packed = _pack(planes)
+    x = torch.randn(m, k).bfloat16()
+    y = native.linear_quant(x, packed, torch.float32)
+    _assert_float32_close(y, x, ref)
+    alone = torch.cat([native.linear_quant(x[i : i + 1], packed, torch.float32) for i in range(m)])
+    assert torch.equal(alone, y)
+    assert torch.equal(
+        native.quant_rows(packed, torch.tensor([0, n - 1])),
+        torch.from_numpy(ref[[0, n - 1]]).bfloat16(),
+    )
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)

@@ -134,13 +134,15 @@ def test_invalid_combinations_are_refused(tmp_path: Path) -> None:
     assert _runner(plain).quantization == "unquant"  # auto: a dense folder stays dense
 
 
-def test_k_quants_are_dequantized_at_load_beside_kept_tensors(tmp_path: Path) -> None:
-    """Q4_K / Q6_K blocks are not kept yet: those tensors load dense; the file still runs."""
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_k_quants(tmp_path: Path, qtype: Q) -> None:
+    """Q4_K is kept quantized (float32 scale and min per 32); Q6_K is not kept yet: those tensors
+    load dense, and the file still runs."""
     config = LlamaConfig(**{**_TINY, "hidden_size": 256, "intermediate_size": 256})
     model = build_hf_model(config, seed=8)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    path = tmp_path / "tiny-q4k.gguf"
-    expected = write_tiny_gguf(path, "llama", model.config, state, Q.Q4_K)
+    path = tmp_path / f"tiny-{qtype.name}.gguf"
+    expected = write_tiny_gguf(path, "llama", model.config, state, qtype)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name in expected:
@@ -148,6 +150,7 @@ def test_k_quants_are_dequantized_at_load_beside_kept_tensors(tmp_path: Path) ->
     runner = _runner(convert_gguf_cached(path, tmp_path / "cache"))
     assert runner.quantization == "gguf"
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    assert not any(isinstance(m.packed, QuantLinearWeight) for m in linears)
+    kept = [isinstance(m.packed, QuantLinearWeight) for m in linears]
+    assert all(kept) if qtype == Q.Q4_K else not any(kept)
     ids = random_ids(24, seed=5)
     assert max_rel_err(_logits(runner, ids), hf_logits(model, ids)) < BF16_ACT_ERR
