@@ -1,11 +1,14 @@
-/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K, int8 weight-only), CPUs with
- * AVX512-BF16 (without it every entry point reports "unavailable" and the model is dequantized).
+/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, int8 weight-only), on
+ * CPUs with AVX512-BF16 (without it every entry point reports "unavailable" and the model is
+ * dequantized).
  *
  * y[M, N] = x[M, K] W[N, K]^T (+ bias), x bf16, y bf16 or float32. W is stored per group of 32
  * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
  * stores Q4_1 (Q4_0 is m = -8 d, Q8_0 and int8 have m = 0). Two formats:
  *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16;
- *   QFMT_U4F (2): U4 with float32 d and m (Q4_K: d = d_super * sc, m = -dmin * min per 32).
+ *   QFMT_U4F (2): U4 with float32 d and m (Q4_K: d = d_super * sc, m = -dmin * min per 32);
+ *   QFMT_I8H (3): int8 with a float32 scale per 16 (Q6_K: d * sc, q - 32): each half-group's
+ *   partial sum is scaled on its own.
  * - The integers become exact bf16 operands (U4: 1 + q/16 by two integer ops, I8: converted),
  *   so VDPBF16PS multiplies x by them exactly; each group's partial sum is scaled once:
  *   acc += d * sum_k(x q) + m * sum_k(x)  (U4 as 16 d * sum x (1 + q/16) + (m - 16 d) sum x),
@@ -36,7 +39,9 @@
 #define QFMT_U4 0
 #define QFMT_I8 1
 #define QFMT_U4F 2
-#define IS_U4(fmt) ((fmt) != QFMT_I8) /* U4 or U4F: nibbles with a scale and a min */
+#define QFMT_I8H 3
+/* U4 or U4F: nibbles with a scale and a min; I8 and I8H: bytes with scales only */
+#define IS_U4(fmt) ((fmt) == QFMT_U4 || (fmt) == QFMT_U4F)
 #define BUF_GROUP (2 * QPANEL * 4 + 16 * 3 * 64) /* d, m float32 + 48 bf16 operands (bytes) */
 
 /* float16 bits -> float32 (exact), portable: the lookup path runs without F16C too. */
@@ -54,7 +59,7 @@ static inline float half_to_float(uint16_t h) {
 
 /* Bytes of the scales (and mins) at the start of a packed group. */
 static int64_t scale_bytes_of(int fmt) {
-    return fmt == QFMT_U4 ? 4 * QPANEL : fmt == QFMT_U4F ? 8 * QPANEL : 2 * QPANEL;
+    return fmt == QFMT_U4 ? 4 * QPANEL : fmt == QFMT_I8 ? 2 * QPANEL : 8 * QPANEL;
 }
 
 static int64_t group_bytes(int fmt) {
@@ -62,7 +67,7 @@ static int64_t group_bytes(int fmt) {
 }
 
 int64_t qgemm_packed_bytes(int64_t n, int64_t k, int fmt) {
-    if (k % QGROUP || fmt < QFMT_U4 || fmt > QFMT_U4F) return -1;
+    if (k % QGROUP || fmt < QFMT_U4 || fmt > QFMT_I8H) return -1;
     return ((n + QPANEL - 1) / QPANEL) * (k / QGROUP) * group_bytes(fmt);
 }
 
@@ -85,6 +90,9 @@ void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64
                 if (fmt == QFMT_U4F) {
                     ((float*)dst)[c] = ((const float*)d)[row * groups + g];
                     ((float*)dst)[QPANEL + c] = ((const float*)m)[row * groups + g];
+                } else if (fmt == QFMT_I8H) { /* the two halves' scales */
+                    ((float*)dst)[c] = ((const float*)d)[(row * groups + g) * 2];
+                    ((float*)dst)[QPANEL + c] = ((const float*)d)[(row * groups + g) * 2 + 1];
                 } else {
                     ds[c] = ((const uint16_t*)d)[row * groups + g];
                     if (fmt == QFMT_U4) ds[QPANEL + c] = ((const uint16_t*)m)[row * groups + g];
@@ -123,10 +131,13 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
             const uint8_t* src = packed + (p * groups + g) * gb;
             const uint16_t* ds = (const uint16_t*)src;
             const uint8_t* qd = src + scale_bytes;
-            float dv, mv = 0.0f;
+            float dv, mv = 0.0f, dv2 = 0.0f;
             if (fmt == QFMT_U4F) {
                 dv = ((const float*)src)[c];
                 mv = ((const float*)src)[QPANEL + c];
+            } else if (fmt == QFMT_I8H) {
+                dv = ((const float*)src)[c];
+                dv2 = ((const float*)src)[QPANEL + c];
             } else {
                 dv = half_to_float(ds[c]);
                 if (fmt == QFMT_U4) mv = half_to_float(ds[QPANEL + c]);
@@ -139,7 +150,7 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
                                   (4 * (kp & 1))) & 15);
                 else
                     qv = (float)(int8_t)qd[(kp * 3 + j) * 32 + i];
-                o[g * QGROUP + kk] = f2bf(dv * qv + mv);
+                o[g * QGROUP + kk] = f2bf((fmt == QFMT_I8H && kk >= 16 ? dv2 : dv) * qv + mv);
             }
         }
     }
@@ -190,10 +201,14 @@ static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf) {
     __m512i* ops = (__m512i*)(buf + 2 * QPANEL * 4);
     for (int j = 0; j < 3; ++j) {
         __m512 dv, mv = _mm512_setzero_ps();
-        if (IS_U4(fmt))
+        if (IS_U4(fmt)) {
             u4_scales(src, fmt, j, &dv, &mv);
-        else
+        } else if (fmt == QFMT_I8H) { /* the halves' scales in the d and m slots */
+            dv = _mm512_loadu_ps((const float*)src + j * 16);
+            mv = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
+        } else {
             dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
+        }
         _mm512_storeu_ps(d + j * 16, dv);
         _mm512_storeu_ps(d + QPANEL + j * 16, mv);
     }
@@ -206,7 +221,7 @@ static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf) {
                 for (int s = 0; s < 4; ++s) _mm512_storeu_si512(ops + (4 * t + s) * 3 + j, (__m512i)o[s]);
             }
     } else {
-        const uint8_t* qd = src + 2 * QPANEL;
+        const uint8_t* qd = src + scale_bytes_of(fmt);
         for (int i = 0; i < 48; ++i) _mm512_storeu_si512(ops + i, (__m512i)i8_operand(qd + i * 32));
     }
 }
@@ -236,7 +251,7 @@ static inline __attribute__((always_inline)) void qtile(
                     if (IS_U4(fmt)) {
                         u4_operands(src + scale_bytes_of(fmt) + (t * 3 + j) * 64, w[j]);
                     } else {
-                        const uint8_t* qd = src + 2 * QPANEL;
+                        const uint8_t* qd = src + scale_bytes_of(fmt);
                         for (int s = 0; s < 4; ++s) w[j][s] = i8_operand(qd + ((4 * t + s) * 3 + j) * 32);
                     }
                 }
@@ -249,12 +264,22 @@ static inline __attribute__((always_inline)) void qtile(
                         for (int j = 0; j < 3; ++j)
                             part[m][j] = _mm512_dpbf16_ps(part[m][j], a, w[j][s]);
                     }
+                if (fmt == QFMT_I8H && t == 1) /* first half of the group: its own scale */
+                    for (int j = 0; j < 3; ++j) {
+                        const __m512 d1 = _mm512_loadu_ps((const float*)src + j * 16);
+                        for (int m = 0; m < mr; ++m) {
+                            acc[m][j] = _mm512_fmadd_ps(part[m][j], d1, acc[m][j]);
+                            part[m][j] = _mm512_setzero_ps();
+                        }
+                    }
             }
         }
         for (int j = 0; j < 3; ++j) {
             __m512 dv, mv = _mm512_setzero_ps();
             if (IS_U4(fmt))
                 u4_scales(src, fmt, j, &dv, &mv);
+            else if (fmt == QFMT_I8H) /* the second half's scale */
+                dv = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
             else
                 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
 #pragma GCC unroll 8
@@ -304,9 +329,18 @@ static inline __attribute__((always_inline)) void qgroup_tile(
             part[m][1] = _mm512_dpbf16_ps(part[m][1], a, w1);
             part[m][2] = _mm512_dpbf16_ps(part[m][2], a, w2);
         }
+        if (fmt == QFMT_I8H && kp == 7) /* first half of the group: its own scale */
+            for (int j = 0; j < 3; ++j) {
+                const __m512 d1 = _mm512_loadu_ps((const float*)buf + j * 16);
+                for (int m = 0; m < mr; ++m) {
+                    float* a = acc + m * QPANEL + j * 16;
+                    _mm512_storeu_ps(a, _mm512_fmadd_ps(part[m][j], d1, _mm512_loadu_ps(a)));
+                    part[m][j] = _mm512_setzero_ps();
+                }
+            }
     }
     for (int j = 0; j < 3; ++j) {
-        const __m512 dv = _mm512_loadu_ps((const float*)buf + j * 16);
+        const __m512 dv = _mm512_loadu_ps((const float*)buf + (fmt == QFMT_I8H ? QPANEL : 0) + j * 16);
         const __m512 mv = _mm512_loadu_ps((const float*)buf + QPANEL + j * 16);
 #pragma GCC unroll 8
         for (int m = 0; m < mr; ++m) {
@@ -408,7 +442,13 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                         float* ar = acc + (r - blk * QBLOCK_M) * QPANEL;
                         int rows = end - r < QTILE_M ? (int)(end - r) : QTILE_M;
                         /* the buffer's layout is one for U4 and U4F */
-                        if (IS_U4(fmt)) { QGROUP_CASES(QFMT_U4) } else { QGROUP_CASES(QFMT_I8) }
+                        if (IS_U4(fmt)) {
+                            QGROUP_CASES(QFMT_U4)
+                        } else if (fmt == QFMT_I8H) {
+                            QGROUP_CASES(QFMT_I8H)
+                        } else {
+                            QGROUP_CASES(QFMT_I8)
+                        }
                     }
                 }
                 int64_t yoff = blk * QBLOCK_M * ldy + p * QPANEL;
@@ -425,6 +465,8 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                     QTILE_CASES(QFMT_U4)
                 } else if (fmt == QFMT_U4F) {
                     QTILE_CASES(QFMT_U4F)
+                } else if (fmt == QFMT_I8H) {
+                    QTILE_CASES(QFMT_I8H)
                 } else {
                     QTILE_CASES(QFMT_I8)
                 }

@@ -4,7 +4,7 @@ and mins m per group of 32 along k (w = d * q + m), exactly what the file stores
 Runs in the scheduler process while loading (and in tests). Q4_1 is u4 with float16 scale and
 min, Q4_0 u4 with min -8 d (exact in float16: a power-of-two multiple), Q8_0 int8 with scale,
 Q4_K u4 with float32 scale d * sc and min -dmin * m per 32 (exact: 6-bit integers times
-float16 values).
+float16 values), Q6_K int8 (q - 32) with a float32 scale d * sc per 16 ("i8h").
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 # GGML type ids (gguf.GGMLQuantizationType) of the block types kept quantized
-Q4_0, Q4_1, Q8_0, Q4_K = 2, 3, 8, 12
-KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K"}
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
+KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-_Q4_K_BYTES, _SUPER = 144, 256
+_Q4_K_BYTES, _Q6_K_BYTES, _SUPER = 144, 210, 256
 GROUP = 32
 
 
@@ -38,7 +38,8 @@ class QuantPlanes:
     def dequantize(self) -> np.ndarray:
         """float32 [n, k]: d * q + m per group (the oracle the kernels are tested against)."""
         n, k = self.q.shape
-        q = self.q.astype(np.float32).reshape(n, k // GROUP, GROUP)
+        group = k // self.d.shape[1]
+        q = self.q.astype(np.float32).reshape(n, k // group, group)
         w = q * self.d.astype(np.float32)[..., None]
         if self.m is not None:
             w = w + self.m.astype(np.float32)[..., None]
@@ -64,6 +65,8 @@ def split_blocks(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
         raise ValueError(f"row length {k} is not a multiple of {GROUP}")
     if qtype == Q4_K:
         return _split_q4_k(raw, n, k)
+    if qtype == Q6_K:
+        return _split_q6_k(raw, n, k)
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // GROUP, _BLOCK_BYTES[qtype])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]
     if qtype == Q8_0:
@@ -101,6 +104,26 @@ def _split_q4_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:
     ds = (d[..., None] * scale.astype(np.float32)).reshape(n, k // GROUP)
     ms = (-(dmin[..., None] * mins.astype(np.float32))).reshape(n, k // GROUP)
     return QuantPlanes("u4f", q, ds.astype(np.float32), ms.astype(np.float32))
+
+
+def _split_q6_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:
+    """Q6_K super-blocks (256 weights: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
+    scales, float16 d) -> i8h planes: q - 32 as int8, d * sc per 16."""
+    if k % _SUPER:
+        raise ValueError(f"row length {k} is not a multiple of {_SUPER}")
+    nb = k // _SUPER
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, nb, _Q6_K_BYTES)
+    ql = b[..., 0:128].reshape(n, nb, 2, 64)
+    qh = b[..., 128:192].reshape(n, nb, 2, 32)
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)
+    d = np.ascontiguousarray(b[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)
+    lo = np.stack(
+        (ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4), axis=3
+    )  # [n, nb, half, 4 quarters, 32]
+    hi = np.stack([(qh >> (2 * c)) & 3 for c in range(4)], axis=3)
+    q = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k)
+    ds = (d[..., None] * sc).reshape(n, k // 16)
+    return QuantPlanes("i8h", q, ds.astype(np.float32), None)
 
 
 def quantize_int8_per_channel(w: np.ndarray) -> QuantPlanes:

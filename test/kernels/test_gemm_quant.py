@@ -34,7 +34,7 @@ TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]  # the gguf package quantizes these; Q4_K block
 def _planes(qtype: Q, n: int, k: int, seed: int) -> tuple[QuantPlanes, np.ndarray]:
     """Random weights quantized by the gguf package: (our planes, the reference decode)."""
     rng = np.random.default_rng(seed)
-    if qtype == Q.Q4_K:
+    if qtype in (Q.Q4_K, Q.Q6_K):
         raw = random_k_blocks(qtype, n, k, rng)
         return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
     w = (rng.standard_normal((n, k)) * 0.05 + rng.standard_normal((n, 1)) * 0.02).astype(np.float32)
@@ -60,19 +60,23 @@ def _assert_float32_close(y: torch.Tensor, x: torch.Tensor, w: np.ndarray, bias=
     assert bool((err <= scale * 2e-6 + 1e-6).all()), float((err / (scale + 1e-6)).max())
 
 
-@pytest.mark.parametrize("qtype", [*TYPES, Q.Q4_K], ids=lambda q: q.name)
+K_TYPES = [Q.Q4_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", [*TYPES, *K_TYPES], ids=lambda q: q.name)
 def test_planes_decode_to_the_reference(qtype: Q) -> None:
-    planes, ref = _planes(qtype, 37, 512 if qtype == Q.Q4_K else 96, seed=1)
+    planes, ref = _planes(qtype, 37, 512 if qtype in K_TYPES else 96, seed=1)
     assert np.array_equal(planes.dequantize(), ref)
-    assert set(KEPT_TYPES) == {int(t) for t in (*TYPES, Q.Q4_K)}
+    assert set(KEPT_TYPES) == {int(t) for t in (*TYPES, *K_TYPES)}
 
 
 @pytest.mark.parametrize(
     ("m", "n", "k"), [(1, 48, 256), (2, 100, 512), (5, 61, 1536), (70, 200, 512)]
 )
-def test_q4_k_matches_the_oracle_and_is_batch_invariant(m, n, k) -> None:
-    planes, ref = _planes(Q.Q4_K, n, k, seed=m + n)
-    assert planes.fmt == "u4f" and planes.d.dtype == np.float32
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_k_quants_match_the_oracle_and_are_batch_invariant(qtype, m, n, k) -> None:
+    planes, ref = _planes(qtype, n, k, seed=m + n)
+    assert planes.fmt == ("u4f" if qtype == Q.Q4_K else "i8h") and planes.d.dtype == np.float32
     packed = _pack(planes)
     x = torch.randn(m, k).bfloat16()
     y = native.linear_quant(x, packed, torch.float32)

@@ -134,10 +134,10 @@ def test_invalid_combinations_are_refused(tmp_path: Path) -> None:
     assert _runner(plain).quantization == "unquant"  # auto: a dense folder stays dense
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-def test_k_quants(tmp_path: Path, qtype: Q) -> None:
-    """Q4_K is kept quantized (float32 scale and min per 32); Q6_K is not kept yet: those tensors
-    load dense, and the file still runs."""
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.F16], ids=lambda q: q.name)
+def test_k_quants_kept_and_other_types_dense(tmp_path: Path, qtype: Q) -> None:
+    """Q4_K (float32 scale and min per 32) and Q6_K (a float32 scale per 16) are kept quantized;
+    a type that is not (F16 here) loads dense, and the file still runs."""
     config = LlamaConfig(**{**_TINY, "hidden_size": 256, "intermediate_size": 256})
     model = build_hf_model(config, seed=8)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
@@ -147,10 +147,15 @@ def test_k_quants(tmp_path: Path, qtype: Q) -> None:
         for name, param in model.named_parameters():
             if name in expected:
                 param.copy_(torch.from_numpy(expected[name]))
-    runner = _runner(convert_gguf_cached(path, tmp_path / "cache"))
+    folder = convert_gguf_cached(path, tmp_path / "cache")
+    runner = _runner(folder)
     assert runner.quantization == "gguf"
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
     kept = [isinstance(m.packed, QuantLinearWeight) for m in linears]
-    assert all(kept) if qtype == Q.Q4_K else not any(kept)
+    assert all(kept) if qtype != Q.F16 else not any(kept)
     ids = random_ids(24, seed=5)
-    assert max_rel_err(_logits(runner, ids), hf_logits(model, ids)) < BF16_ACT_ERR
+    ours = _logits(runner, ids)
+    if qtype == Q.F16:  # nothing kept: the dequantized path itself
+        assert torch.equal(ours, _logits(_runner(folder, "unquant"), ids))
+    else:
+        assert max_rel_err(ours, hf_logits(model, ids)) < BF16_ACT_ERR
