@@ -45,7 +45,7 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
 }
 
-QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3}  # gemm_quant.c's `fmt` codes
+QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
 QUANT_GROUP = 32  # k per scale group
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
@@ -77,7 +77,8 @@ class PackedLinearWeight:
 class QuantLinearWeight:
     """A weight kept quantized for `qgemm` (gemm_quant.c): w = d * q + m per group of 32 along
     k; fmt "u4" (q 0..15, float16 scale and min), "u4f" (the same with float32 ones), "i8"
-    (q -128..127, float16 scale only) or "i8h" (int8, a float32 scale per 16)."""
+    (q -128..127, float16 scale only), "i8h" (int8, a float32 scale per 16) or "i8m" (int8
+    with float32 scale and min)."""
 
     data: torch.Tensor  # uint8, the packed layout
     out_features: int
@@ -160,16 +161,17 @@ class NativeKernels:
         fmt: str,
         bias: torch.Tensor | None = None,
     ) -> QuantLinearWeight:
-        """Pack integers q [n, k] (uint8 0..15 for u4 / u4f, int8 for i8 / i8h) with scales d
-        (and mins m, u4 / u4f only) [n, k / 32] ([n, k / 16] for i8h), float16 (float32 for
-        u4f and i8h), once at load time."""
+        """Pack integers q [n, k] (uint8 0..15 for u4 / u4f, int8 for the others) with scales d
+        (and mins m: u4, u4f, i8m) [n, k / 32] ([n, k / 16] for i8h), float16 (float32 for
+        u4f, i8h and i8m), once at load time."""
         n, k = q.shape
         code = QUANT_FORMATS[fmt]
-        scale_dtype = torch.float32 if fmt in ("u4f", "i8h") else torch.float16
+        scale_dtype = torch.float32 if fmt in ("u4f", "i8h", "i8m") else torch.float16
         group = QUANT_GROUP // 2 if fmt == "i8h" else QUANT_GROUP
-        assert q.dtype == (torch.int8 if fmt in ("i8", "i8h") else torch.uint8)
+        assert q.dtype == (torch.uint8 if fmt in ("u4", "u4f") else torch.int8)
         assert d.dtype == scale_dtype and d.shape == (n, k // group)
-        assert (m is not None) == (fmt in ("u4", "u4f")) and (m is None or m.shape == d.shape)
+        has_min = fmt in ("u4", "u4f", "i8m")
+        assert (m is not None) == has_min and (m is None or m.shape == d.shape)
         size = self._q_bytes(n, k, code)
         assert size >= 0, f"in_features {k} is not a multiple of {QUANT_GROUP}"
         q, d = q.contiguous(), d.contiguous()

@@ -1,6 +1,6 @@
-/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, int8 weight-only), on
- * CPUs with AVX512-BF16 (without it every entry point reports "unavailable" and the model is
- * dequantized).
+/* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K, int8
+ * weight-only), on CPUs with AVX512-BF16 (without it every entry point reports "unavailable"
+ * and the model is dequantized).
  *
  * y[M, N] = x[M, K] W[N, K]^T (+ bias), x bf16, y bf16 or float32. W is stored per group of 32
  * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
@@ -8,7 +8,8 @@
  *   QFMT_U4 (0): q in 0..15, d and m float16;  QFMT_I8 (1): q in -128..127, d float16;
  *   QFMT_U4F (2): U4 with float32 d and m (Q4_K: d = d_super * sc, m = -dmin * min per 32);
  *   QFMT_I8H (3): int8 with a float32 scale per 16 (Q6_K: d * sc, q - 32): each half-group's
- *   partial sum is scaled on its own.
+ *   partial sum is scaled on its own;  QFMT_I8M (4): bytes (Q5_K's 5-bit q) with float32 d and m
+ *   per 32.
  * - The integers become exact bf16 operands (U4: 1 + q/16 by two integer ops, I8: converted),
  *   so VDPBF16PS multiplies x by them exactly; each group's partial sum is scaled once:
  *   acc += d * sum_k(x q) + m * sum_k(x)  (U4 as 16 d * sum x (1 + q/16) + (m - 16 d) sum x),
@@ -40,8 +41,10 @@
 #define QFMT_I8 1
 #define QFMT_U4F 2
 #define QFMT_I8H 3
-/* U4 or U4F: nibbles with a scale and a min; I8 and I8H: bytes with scales only */
+#define QFMT_I8M 4
+/* U4 and U4F: nibbles with a scale and a min; the others: bytes */
 #define IS_U4(fmt) ((fmt) == QFMT_U4 || (fmt) == QFMT_U4F)
+#define HAS_MIN(fmt) (IS_U4(fmt) || (fmt) == QFMT_I8M)
 #define BUF_GROUP (2 * QPANEL * 4 + 16 * 3 * 64) /* d, m float32 + 48 bf16 operands (bytes) */
 
 /* float16 bits -> float32 (exact), portable: the lookup path runs without F16C too. */
@@ -67,7 +70,7 @@ static int64_t group_bytes(int fmt) {
 }
 
 int64_t qgemm_packed_bytes(int64_t n, int64_t k, int fmt) {
-    if (k % QGROUP || fmt < QFMT_U4 || fmt > QFMT_I8H) return -1;
+    if (k % QGROUP || fmt < QFMT_U4 || fmt > QFMT_I8M) return -1;
     return ((n + QPANEL - 1) / QPANEL) * (k / QGROUP) * group_bytes(fmt);
 }
 
@@ -87,7 +90,7 @@ void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64
             for (int c = 0; c < QPANEL; ++c) {
                 int64_t row = p * QPANEL + c;
                 if (row >= n) break;
-                if (fmt == QFMT_U4F) {
+                if (fmt == QFMT_U4F || fmt == QFMT_I8M) {
                     ((float*)dst)[c] = ((const float*)d)[row * groups + g];
                     ((float*)dst)[QPANEL + c] = ((const float*)m)[row * groups + g];
                 } else if (fmt == QFMT_I8H) { /* the two halves' scales */
@@ -132,7 +135,7 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
             const uint16_t* ds = (const uint16_t*)src;
             const uint8_t* qd = src + scale_bytes;
             float dv, mv = 0.0f, dv2 = 0.0f;
-            if (fmt == QFMT_U4F) {
+            if (fmt == QFMT_U4F || fmt == QFMT_I8M) {
                 dv = ((const float*)src)[c];
                 mv = ((const float*)src)[QPANEL + c];
             } else if (fmt == QFMT_I8H) {
@@ -203,7 +206,7 @@ static void unpack_group(const uint8_t* src, int fmt, uint8_t* buf) {
         __m512 dv, mv = _mm512_setzero_ps();
         if (IS_U4(fmt)) {
             u4_scales(src, fmt, j, &dv, &mv);
-        } else if (fmt == QFMT_I8H) { /* the halves' scales in the d and m slots */
+        } else if (fmt == QFMT_I8H || fmt == QFMT_I8M) { /* I8H: the halves' scales */
             dv = _mm512_loadu_ps((const float*)src + j * 16);
             mv = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
         } else {
@@ -280,12 +283,16 @@ static inline __attribute__((always_inline)) void qtile(
                 u4_scales(src, fmt, j, &dv, &mv);
             else if (fmt == QFMT_I8H) /* the second half's scale */
                 dv = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
+            else if (fmt == QFMT_I8M) {
+                dv = _mm512_loadu_ps((const float*)src + j * 16);
+                mv = _mm512_loadu_ps((const float*)src + QPANEL + j * 16);
+            }
             else
                 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)src + j));
 #pragma GCC unroll 8
             for (int m = 0; m < mr; ++m) {
                 acc[m][j] = _mm512_fmadd_ps(part[m][j], dv, acc[m][j]);
-                if (IS_U4(fmt))
+                if (HAS_MIN(fmt))
                     acc[m][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups + g]), acc[m][j]);
             }
         }
@@ -345,7 +352,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(
 #pragma GCC unroll 8
         for (int m = 0; m < mr; ++m) {
             __m512 v = _mm512_fmadd_ps(part[m][j], dv, _mm512_loadu_ps(acc + m * QPANEL + j * 16));
-            if (IS_U4(fmt)) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups]), v);
+            if (HAS_MIN(fmt)) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups]), v);
             _mm512_storeu_ps(acc + m * QPANEL + j * 16, v);
         }
     }
@@ -412,7 +419,7 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
     int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
     float* xs = NULL;
-    if (IS_U4(fmt)) {
+    if (HAS_MIN(fmt)) {
         xs = (float*)malloc((size_t)(m * groups) * sizeof(float));
         if (!xs) return -3;
         group_sums(x, m, ldx, groups, xs);
@@ -441,8 +448,8 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                         const float* xsr = xs ? xs + r * groups + g : NULL;
                         float* ar = acc + (r - blk * QBLOCK_M) * QPANEL;
                         int rows = end - r < QTILE_M ? (int)(end - r) : QTILE_M;
-                        /* the buffer's layout is one for U4 and U4F */
-                        if (IS_U4(fmt)) {
+                        /* one buffer layout for every format with a min */
+                        if (HAS_MIN(fmt)) {
                             QGROUP_CASES(QFMT_U4)
                         } else if (fmt == QFMT_I8H) {
                             QGROUP_CASES(QFMT_I8H)
@@ -467,6 +474,8 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                     QTILE_CASES(QFMT_U4F)
                 } else if (fmt == QFMT_I8H) {
                     QTILE_CASES(QFMT_I8H)
+                } else if (fmt == QFMT_I8M) {
+                    QTILE_CASES(QFMT_I8M)
                 } else {
                     QTILE_CASES(QFMT_I8)
                 }

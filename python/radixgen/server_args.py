@@ -61,7 +61,7 @@ class ModelConfig:
     quantization: str | None = _f(
         None,
         "Weights kept quantized for the native CPU kernels (AVX512-BF16, bfloat16): gguf = the "
-        "GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K tensors as stored (other types dequantized); w8a16 or int8 = a "
+        "GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors as stored (other types dequantized); w8a16 or int8 = a "
         "dense model quantized to int8 per output channel at load; unquant = every weight "
         "dequantized to --dtype at load. Default: gguf for a .gguf model where the kernels run, "
         "else unquant.",

@@ -4,7 +4,8 @@ and mins m per group of 32 along k (w = d * q + m), exactly what the file stores
 Runs in the scheduler process while loading (and in tests). Q4_1 is u4 with float16 scale and
 min, Q4_0 u4 with min -8 d (exact in float16: a power-of-two multiple), Q8_0 int8 with scale,
 Q4_K u4 with float32 scale d * sc and min -dmin * m per 32 (exact: 6-bit integers times
-float16 values), Q6_K int8 (q - 32) with a float32 scale d * sc per 16 ("i8h").
+float16 values), Q5_K the same with 5-bit q held in bytes ("i8m"), Q6_K int8 (q - 32) with a
+float32 scale d * sc per 16 ("i8h").
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 # GGML type ids (gguf.GGMLQuantizationType) of the block types kept quantized
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
-KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
+KEPT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-_Q4_K_BYTES, _Q6_K_BYTES, _SUPER = 144, 210, 256
+_Q4_K_BYTES, _Q5_K_BYTES, _Q6_K_BYTES, _SUPER = 144, 176, 210, 256
 GROUP = 32
 
 
@@ -63,8 +64,8 @@ def split_blocks(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
         raise ValueError(f"GGML type {qtype} is not kept quantized")
     if k % GROUP:
         raise ValueError(f"row length {k} is not a multiple of {GROUP}")
-    if qtype == Q4_K:
-        return _split_q4_k(raw, n, k)
+    if qtype in (Q4_K, Q5_K):
+        return _split_q45_k(raw, qtype, n, k)
     if qtype == Q6_K:
         return _split_q6_k(raw, n, k)
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // GROUP, _BLOCK_BYTES[qtype])
@@ -85,12 +86,14 @@ def split_blocks(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
     return QuantPlanes("u4", q, d, m)
 
 
-def _split_q4_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:
-    """Q4_K super-blocks (256 weights: float16 d, dmin, twelve bytes of 6-bit scales and mins,
-    128 bytes of nibbles) -> u4f planes, one scale and min per 32."""
+def _split_q45_k(raw: np.ndarray, qtype: int, n: int, k: int) -> QuantPlanes:
+    """Q4_K / Q5_K super-blocks (256 weights: float16 d, dmin, twelve bytes of 6-bit scales and
+    mins, [Q5_K: 32 bytes of high bits,] 128 bytes of nibbles) -> planes with one float32 scale
+    and min per 32: u4f (Q4_K) or i8m (Q5_K)."""
     if k % _SUPER:
         raise ValueError(f"row length {k} is not a multiple of {_SUPER}")
-    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // _SUPER, _Q4_K_BYTES)
+    size = _Q4_K_BYTES if qtype == Q4_K else _Q5_K_BYTES
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // _SUPER, size)
     d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
     dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
     sc = b[..., 4:16].astype(np.uint8)
@@ -99,11 +102,16 @@ def _split_q4_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:
     scale[..., :4], mins[..., :4] = sc[..., 0:4] & 63, sc[..., 4:8] & 63
     scale[..., 4:] = (sc[..., 8:12] & 15) | ((sc[..., 0:4] >> 6) << 4)
     mins[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    qs = b[..., 16:].reshape(n, k // _SUPER, 4, 32)  # 4 chunks of 64 weights: lo, hi nibbles
-    q = np.stack((qs & 15, qs >> 4), axis=3).reshape(n, k).astype(np.uint8)
+    qs = b[..., size - 128 :].reshape(n, k // _SUPER, 4, 32)  # 4 chunks of 64: lo, hi nibbles
+    q = np.stack((qs & 15, qs >> 4), axis=3)  # [n, nb, chunk, half, 32]
     ds = (d[..., None] * scale.astype(np.float32)).reshape(n, k // GROUP)
     ms = (-(dmin[..., None] * mins.astype(np.float32))).reshape(n, k // GROUP)
-    return QuantPlanes("u4f", q, ds.astype(np.float32), ms.astype(np.float32))
+    if qtype == Q4_K:
+        return QuantPlanes("u4f", q.reshape(n, k).astype(np.uint8), ds, ms)
+    qh = b[..., 16:48][:, :, None, None, :]  # bit 2 * chunk + half of byte l
+    shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :])[None, None, :, :, None]
+    q = q | (((qh >> shift) & 1) << 4)
+    return QuantPlanes("i8m", q.reshape(n, k).astype(np.int8), ds, ms)
 
 
 def _split_q6_k(raw: np.ndarray, n: int, k: int) -> QuantPlanes:

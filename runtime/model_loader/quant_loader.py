@@ -1,6 +1,6 @@
 """Load a model with its linear weights kept quantized (scheduler process): `--quantization`.
 
-- gguf: the GGUF's Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensors are read as raw blocks, split into integer planes
+- gguf: the GGUF's Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors are read as raw blocks, split into integer planes
   (gguf_blocks.py) and packed for the native quantized GEMM (kernels/cpu/gemm_quant.c); other
   tensors (norms, and block types not kept) are dequantized as today. Fused q/k/v and gate/up
   stay quantized when their parts share a format, else they are dequantized too.

@@ -37,6 +37,13 @@ def _planes(qtype: Q, n: int, k: int, seed: int) -> tuple[QuantPlanes, np.ndarra
     if qtype in (Q.Q4_K, Q.Q6_K):
         raw = random_k_blocks(qtype, n, k, rng)
         return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
+    if qtype == Q.Q5_K:  # random bytes are a valid block once d and dmin are finite
+        raw = rng.integers(0, 256, (n, k // 256, 176), dtype=np.uint8)
+        scales = (rng.standard_normal((n, k // 256, 2)) * 0.01).astype(np.float16)
+        raw[..., 0:4] = scales.view(np.uint8).reshape(n, k // 256, 4)
+        raw = raw.reshape(n, -1)
+        ref = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+        return split_blocks(raw, int(qtype), n, k), ref
     w = (rng.standard_normal((n, k)) * 0.05 + rng.standard_normal((n, 1)) * 0.02).astype(np.float32)
     raw = gguf.quants.quantize(w, qtype)
     return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
@@ -60,7 +67,8 @@ def _assert_float32_close(y: torch.Tensor, x: torch.Tensor, w: np.ndarray, bias=
     assert bool((err <= scale * 2e-6 + 1e-6).all()), float((err / (scale + 1e-6)).max())
 
 
-K_TYPES = [Q.Q4_K, Q.Q6_K]
+K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+K_FORMATS = {Q.Q4_K: "u4f", Q.Q5_K: "i8m", Q.Q6_K: "i8h"}
 
 
 @pytest.mark.parametrize("qtype", [*TYPES, *K_TYPES], ids=lambda q: q.name)
@@ -76,7 +84,7 @@ def test_planes_decode_to_the_reference(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_k_quants_match_the_oracle_and_are_batch_invariant(qtype, m, n, k) -> None:
     planes, ref = _planes(qtype, n, k, seed=m + n)
-    assert planes.fmt == ("u4f" if qtype == Q.Q4_K else "i8h") and planes.d.dtype == np.float32
+    assert planes.fmt == K_FORMATS[qtype] and planes.d.dtype == np.float32
     packed = _pack(planes)
     x = torch.randn(m, k).bfloat16()
     y = native.linear_quant(x, packed, torch.float32)
