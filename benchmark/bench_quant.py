@@ -157,7 +157,7 @@ def write_results(
 ) -> None:
     lines = [
         "",
-        "## Quantized weights (bench_quant.py)",
+        "## Quantized weights, full run (bench_quant.py)",
         "",
         f"`python {command}` ({time.strftime('%Y-%m-%d')}; read bandwidth "
         f"{limits['read_gb_per_s']:.1f} GB/s)",
