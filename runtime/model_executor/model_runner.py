@@ -325,6 +325,10 @@ class LogitsOutput:
         """Refined argmax of the given rows, [len(rows)] long on the logits' device; over the
         tokens a packed grammar bitmask allows (int32 [len(rows), W], row r for rows[r]) when
         one is given. Nothing waits for the device here."""
+        if self.exact and bitmask is None and self.raw.device.type == "cpu":
+            # float32 logits (a quantized head): the argmax straight from them, no copy
+            best = self.raw[:, : self.vocab_size].argmax(dim=-1)
+            return best if rows == list(range(best.shape[0])) else best[rows]
         if self.native is not None and self.raw.is_contiguous():
             return torch.tensor(
                 self.native.greedy_refine(
