@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider -m triton_interpret \
     test/kernels/test_triton_attention.py test/kernels/test_triton_fused_ops.py \
     test/kernels/test_triton_compile.py test/kernels/test_triton_graph_mode.py \
-    test/models/test_triton_backend.py test/models/test_triton_fused_model.py "$@"
+    test/models/test_triton_backend.py test/models/test_triton_fused_model.py \
+    test/models/test_arch_triton.py "$@"

@@ -21,6 +21,9 @@ class AttentionLayerInfo:
     scaling: float
     # keys within the last `sliding_window` positions only (p - W < k <= p); None = full
     sliding_window: int | None = None
+    # scores become cap * tanh(scores / cap) before the softmax (Gemma 2): the torch backend's
+    # pure-torch path and the triton backend implement it (the model runner routes the rest)
+    logit_softcap: float | None = None
 
 
 class KVPool(Protocol):

@@ -152,6 +152,7 @@ class TorchAttentionBackend(AttentionBackend):
         q = q.view(n, h, d)
         window = layer.sliding_window
         if meta.ragged is not None and self.native is not None:
+            assert layer.logit_softcap is None, "the native kernel has no logit soft-capping"
             out = torch.empty((n, h, d), dtype=q.dtype)
             self.native.ragged_attention(q, k_buf, v_buf, *meta.ragged, out, layer.scaling, window)
             return out.view(n, h * d)
@@ -199,6 +200,8 @@ def decode_attention_reference(
     values = v_buf[padded_idx].float()
     qg = q.float().view(b, hkv, h // hkv, d)
     scores = torch.einsum("bkgd,blkd->bkgl", qg, keys) * layer.scaling
+    if layer.logit_softcap is not None:
+        scores = torch.tanh(scores / layer.logit_softcap) * layer.logit_softcap
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
     out = torch.einsum("bkgl,blkd->bkgd", probs, values)
@@ -233,17 +236,47 @@ def _extend_one(
     kh = keys.transpose(0, 1).unsqueeze(0)
     vh = values.transpose(0, 1).unsqueeze(0)
     gqa = layer.num_heads != layer.num_kv_heads
+    if layer.logit_softcap is not None:  # SDPA cannot cap the scores: the same, written out
+        mask = _band_mask(prefix_len, total, window, q.device)
+        return _softcapped(q, keys, values, mask, layer)
     if prefix_len == 0 and window is None:
         out = F.scaled_dot_product_attention(
             qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=gqa
         )
     else:
-        q_pos = torch.arange(prefix_len, total, device=q.device).unsqueeze(1)
-        k_pos = torch.arange(total, device=q.device).unsqueeze(0)
-        mask = k_pos <= q_pos  # [E, total]
-        if window is not None:
-            mask &= k_pos > q_pos - window
+        mask = _band_mask(prefix_len, total, window, q.device)
         out = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
         )
     return out.squeeze(0).transpose(0, 1).reshape(ext, layer.num_heads, layer.head_dim)
+
+
+def _band_mask(
+    prefix_len: int, total: int, window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[E, total] True where the query at prefix_len + i may see key j (causal, windowed)."""
+    q_pos = torch.arange(prefix_len, total, device=device).unsqueeze(1)
+    k_pos = torch.arange(total, device=device).unsqueeze(0)
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+def _softcapped(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    layer: AttentionLayerInfo,
+) -> torch.Tensor:
+    """Masked attention with capped scores, float32: q [E, H, D], keys/values [T, Hkv, D]."""
+    assert layer.logit_softcap is not None
+    ext, h, d = q.shape
+    hkv = layer.num_kv_heads
+    qg = q.float().view(ext, hkv, h // hkv, d)
+    scores = torch.einsum("ekgd,tkd->kget", qg, keys.float()) * layer.scaling
+    scores = torch.tanh(scores / layer.logit_softcap) * layer.logit_softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.einsum("kget,tkd->ekgd", scores.softmax(dim=-1), values.float())
+    return out.reshape(ext, h, d).to(q.dtype)

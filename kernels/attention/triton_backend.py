@@ -123,6 +123,7 @@ class TritonAttentionBackend(AttentionBackend):
                 layer.scaling,
                 layer.sliding_window,
                 self._graph_mid_for(h, d) if meta.in_graph else None,
+                layer.logit_softcap,
             )
         else:
             assert meta.prefix_lens is not None and meta.extend_lens is not None
@@ -140,5 +141,6 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.max_extend_len,
                 layer.scaling,
                 layer.sliding_window,
+                layer.logit_softcap,
             )
         return out.view(n, h * d)

@@ -34,6 +34,13 @@ def dot(a, b, FP32: tl.constexpr):
 
 
 @triton.jit
+def soft_cap(s, cap):
+    """cap * tanh(s / cap) (Gemma 2's attention logits), from exp: tanh(x) = 1 - 2 / (e^2x + 1),
+    which saturates to +-1 (never NaN) where e^2x over- or underflows."""
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+
+
+@triton.jit
 def round_bf16(x):
     """float32 x rounded to the nearest bfloat16 (ties to even), still as float32.
 

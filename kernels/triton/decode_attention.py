@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, exact_dots
+from .common import dot, exact_dots, soft_cap
 
 NUM_SPLITS = 8  # a power of two (the reduction loads all splits as one block)
 BLOCK_N = 32
@@ -40,6 +40,7 @@ def _decode_partial_kernel(
     stride_r2t,
     scaling,
     window,
+    softcap,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -88,8 +89,10 @@ def _decode_partial_kernel(
             mask=kv_mask,
             other=0.0,
         )
-        s = dot(q, tl.trans(k), FP32_DOT)
-        s = tl.where(p_mask[None, :], s * scaling, float("-inf"))
+        s = dot(q, tl.trans(k), FP32_DOT) * scaling
+        if softcap > 0:
+            s = soft_cap(s, softcap)
+        s = tl.where(p_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
@@ -160,6 +163,7 @@ def decode_attention(
     scaling: float,
     window: int | None = None,
     mid: tuple[torch.Tensor, torch.Tensor] | None = None,
+    softcap: float | None = None,
 ) -> None:
     """One query token per request attends to its whole (or last `window`) context.
 
@@ -167,6 +171,7 @@ def decode_attention(
     sequence length includes the token being decoded, whose K/V is already in the pool).
     mid: preallocated split partials and LSE (`alloc_decode_mid`, for >= B rows), as CUDA graphs
     need (nothing allocated per call); else they are allocated here.
+    softcap: scaled scores become softcap * tanh(score / softcap) (Gemma 2), None for none.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -196,6 +201,7 @@ def decode_attention(
         req_to_token.stride(0),
         scaling,
         window or 0,
+        softcap or 0.0,
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,

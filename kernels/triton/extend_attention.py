@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, exact_dots
+from .common import dot, exact_dots, soft_cap
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -41,6 +41,7 @@ def _extend_kernel(
     stride_r2t,
     scaling,
     window,
+    softcap,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -91,11 +92,13 @@ def _extend_kernel(
                 mask=kv_mask,
                 other=0.0,
             )
-            s = dot(q, tl.trans(k), FP32_DOT)
+            s = dot(q, tl.trans(k), FP32_DOT) * scaling
+            if softcap > 0:
+                s = soft_cap(s, softcap)
             visible = k_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
             if window > 0:
                 visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-            s = tl.where(visible, s * scaling, float("-inf"))
+            s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m_i - m_safe)
@@ -130,6 +133,7 @@ def extend_attention(
     max_extend_len: int,
     scaling: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Request b's `extend_lens[b]` new tokens (flat rows from `extend_starts[b]`) attend to its
     `prefix_lens[b]` cached tokens and causally to each other.
@@ -162,6 +166,7 @@ def extend_attention(
         req_to_token.stride(0),
         scaling,
         window or 0,
+        softcap or 0.0,
         GROUP=num_heads // k_buf.shape[1],
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -25,7 +25,6 @@ from radixgen.errors import (
     EngineDeadError,
     InternalError,
     InvalidRequestError,
-    PromptTooLongError,
     QueueFullError,
 )
 from radixgen.finish_reason import FinishReason
@@ -46,6 +45,7 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
 )
 from radixgen.runtime.api.req_state import ReqState, build_output
+from radixgen.runtime.api.request_checks import RequestChecker
 from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
 from radixgen.runtime.dp_controller.data_parallel_controller import (
@@ -61,7 +61,6 @@ from radixgen.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-MAX_TOP_LOGPROBS = 100
 # Retry-After of a 429 (queue full): on this hardware a running batch frees slots within seconds
 QUEUE_RETRY_AFTER_S = 1
 API_CPU_THREADS = 2  # worker threads for the API process's CPU work (see start())
@@ -95,6 +94,15 @@ class TokenizerManager:
         self.grammar_limits = GrammarSpecLimits.from_config(args.grammar)
         self.ports = ports
         self.limits = RequestLimits(args.limits)
+        self.checker = RequestChecker(
+            self.tokenizer,
+            self.limits,
+            self.grammar_limits,
+            self.vocab_size,
+            self.context_length,
+            self.max_request_tokens,
+            args.parallel.dp_size,
+        )
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
@@ -294,85 +302,6 @@ class TokenizerManager:
             self.limits.check_prompt_chars(len(text), param)
         return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
 
-    def check_request(self, obj: GenerateReqInput) -> SamplingParams:
-        """The cheap checks of one request, before any tokenizing: prompt shape and size, sampling
-        params, stop-string and logprob limits. Returns the parsed params."""
-        if obj.text is not None and obj.input_ids is not None:
-            raise InvalidRequestError("give either text or input_ids, not both", "text")
-        if obj.text is not None:
-            if not isinstance(obj.text, str):
-                raise InvalidRequestError("text must be a string or a list of strings", "text")
-            if not obj.text:
-                # NOTE: checked on the text: tokenizers that add BOS would encode "" as [bos]
-                raise InvalidRequestError("the prompt is empty", "text")
-            self.limits.check_prompt_chars(len(obj.text), "text")
-        elif obj.input_ids is not None:
-            if not isinstance(obj.input_ids, list):
-                raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
-        else:
-            raise InvalidRequestError("a prompt is required: text or input_ids", "text")
-        sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
-        sp.verify_vocab(self.vocab_size)
-        self.limits.check_stop_strings(sp.stop)
-        self.limits.check_stop_regexes(sp.stop_regex)
-        dp_rank, dp_size = obj.data_parallel_rank, self.args.parallel.dp_size
-        if dp_rank is not None and not 0 <= dp_rank < dp_size:
-            raise InvalidRequestError(
-                f"data_parallel_rank must be in [0, {dp_size - 1}] (--dp-size {dp_size}), "
-                f"got {dp_rank}",
-                "data_parallel_rank",
-            )
-        top = obj.top_logprobs_num or 0
-        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
-                "top_logprobs_num",
-            )
-        return sp
-
-    def tokenize_one(self, obj: GenerateReqInput, sp: SamplingParams) -> list[int]:
-        """The prompt ids of a checked request, with the checks that need them (raises on bad
-        input). CPU work: `generate` runs it in a worker thread."""
-        if obj.text is not None:
-            assert isinstance(obj.text, str)  # check_request ran first
-            ids = self.tokenizer.encode(obj.text)
-        else:
-            ids = cast("list[int]", obj.input_ids)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"input_ids has token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})",
-                    "input_ids",
-                )
-        if not ids:
-            raise InvalidRequestError(
-                "the prompt is empty", "text" if obj.text is not None else "input_ids"
-            )
-        limit = self.max_request_tokens
-        if len(ids) >= limit:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens; the maximum is {limit - 1} "
-                f"(context length {self.context_length})",
-                "text" if obj.text is not None else "input_ids",
-            )
-        if len(ids) + sp.max_new_tokens > limit:
-            raise PromptTooLongError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) = "
-                f"{len(ids) + sp.max_new_tokens} exceeds the context length of {limit} tokens",
-                "max_new_tokens",
-            )
-        if obj.logprob_start_len is not None and obj.logprob_start_len != -1:
-            if not isinstance(obj.logprob_start_len, int) or not 0 <= obj.logprob_start_len < len(
-                ids
-            ):
-                raise InvalidRequestError(
-                    f"logprob_start_len must be -1 or in [0, {len(ids) - 1}], got {obj.logprob_start_len}",
-                    "logprob_start_len",
-                )
-        return ids
-
     # --- generation ---------------------------------------------------------------------------
 
     async def generate(
@@ -385,10 +314,12 @@ class TokenizerManager:
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
         # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent;
         # the cheap checks first, then tokenizing in a worker thread (the loop keeps serving)
-        params = [self.check_request(it) for it in items]
+        params = [self.checker.check_request(it) for it in items]
         self.limits.check_sequences(sum(sp.n for sp in params))
         ids_per_item = await asyncio.to_thread(
-            lambda: [self.tokenize_one(it, sp) for it, sp in zip(items, params, strict=True)]
+            lambda: [
+                self.checker.tokenize_one(it, sp) for it, sp in zip(items, params, strict=True)
+            ]
         )
         prepared = list(zip(items, ids_per_item, params, strict=True))
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []

@@ -79,11 +79,21 @@ def resolve_attention_backend(
     On CPU only torch runs natively; triton there needs Triton's interpreter (TRITON_INTERPRET=1,
     for the kernels' tests: it is thousands of times slower). `auto` on CUDA: flashinfer where it
     imports and serves the model (bf16 or fp16, a head dim it has, no sliding-window layers),
-    else triton.
+    else triton. Models that soft-cap attention logits (Gemma 2) run on torch or triton: `auto`
+    picks triton on CUDA, and flashinfer is refused.
     """
+    softcap = cfg is not None and cfg.attn_logit_softcapping is not None
+    if softcap and name == "flashinfer":
+        raise InvalidRequestError(
+            "--attention-backend flashinfer has no attention logit soft-capping, which "
+            f"{cfg.architecture if cfg else 'this model'} needs (use triton, torch or auto)",
+            "attention_backend",
+        )
     if name == "auto":
         if device == "cpu":
             return "torch"
+        if softcap:
+            return "triton"
         from importlib.util import find_spec
 
         serves = flashinfer_serves(cfg, dtype)
@@ -157,8 +167,9 @@ class ModelRunner:
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
         self.quantization = resolve_quantization(
-            args.model.quantization, model_folder, self.device, self.dtype, self.native
-        )
+            args.model.quantization, model_folder, self.device, self.dtype, self.native,
+            self.cfg.architecture,
+        )  # fmt: skip
         self.model = load_model(
             model_folder, self.cfg, self.dtype, self.device, context_length + 1,
             self.layer_ops, gemm, self.quantization, self.native,
@@ -179,11 +190,14 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             args.scheduler.max_running_requests + 8, context_length + 8, self.torch_device
         )
+        # NOTE: the native ragged kernel has no logit soft-capping: such models attend through
+        # the pure-torch path (their other layer ops stay native)
+        softcap = self.cfg.attn_logit_softcapping is not None
         self.attn_backend = create_attention_backend(
             self.attention_backend,
             self.kv_pool,
             self.req_to_token_pool,
-            self.native,
+            None if softcap else self.native,
             layer_info=self.model.attention_layer_info(),
         )
         self.graph_runner = self._build_graph_runner()
@@ -229,6 +243,9 @@ class ModelRunner:
         """Decode graphs on CUDA unless --disable-cuda-graph (never on CPU)."""
         graphs = self.args.cuda_graph
         if not self.device.startswith("cuda") or graphs.disable_cuda_graph:
+            return None
+        if self.cfg.moe is not None:
+            logger.info("CUDA graphs off: MoE layers size their expert groups on the host")
             return None
         if not self.attn_backend.supports_cuda_graph:
             logger.info(

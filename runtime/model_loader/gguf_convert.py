@@ -22,6 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from radixgen.runtime.model_loader.gguf_archs import (
+    CONFIG_TENSORS,
+    LAYER_OVERRIDES,
+    arch_config,
+    special_tensor,
+    undo_norm_offset,
+)
+
 logger = logging.getLogger(__name__)
 
 CONVERTER_VERSION = 1  # bump to invalidate caches when the conversion changes
@@ -31,7 +39,12 @@ _ARCHS: dict[str, tuple[str, str, bool]] = {
     "llama": ("LlamaForCausalLM", "llama", True),
     "mistral": ("MistralForCausalLM", "mistral", True),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
-}
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
+    "phi3": ("Phi3ForCausalLM", "phi3", False),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2", False),
+}  # (a llama GGUF with experts is Mixtral: see gguf_archs.arch_config)
 
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
@@ -145,6 +158,7 @@ def convert_gguf_weights(reader: Any) -> tuple[dict[str, Any], dict[str, np.ndar
         )
     tensor_names = {t.name for t in reader.tensors}
     config = _hf_config(meta, arch, tensor_names)
+    config.update(arch_config(meta, arch, tensor_names, lambda name: _read_1d(reader, name)))
     if _ROPE_FREQS in tensor_names:
         # Llama 3.1+ rope scaling as llama.cpp stores it: one divisor per rotary frequency
         import gguf
@@ -152,7 +166,7 @@ def convert_gguf_weights(reader: Any) -> tuple[dict[str, Any], dict[str, np.ndar
         (t,) = [t for t in reader.tensors if t.name == _ROPE_FREQS]
         factors = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
         config["rope_freq_factors"] = [float(f) for f in factors]
-    state = dict(_convert_tensors(reader, config, permuted=_ARCHS[arch][2]))
+    state = dict(_convert_tensors(reader, config, arch))
     return config, state
 
 
@@ -237,17 +251,31 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
+def _read_1d(reader: Any, name: str) -> np.ndarray:
     import gguf
 
+    (t,) = [t for t in reader.tensors if t.name == name]
+    return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+
+
+def _convert_tensors(reader: Any, config: dict[str, Any], arch: str):
+    import gguf
+
+    permuted = _ARCHS[arch][2]
     for t in reader.tensors:
-        if t.name == _ROPE_FREQS:
-            continue  # a config value (rope_freq_factors), not a module weight
+        if t.name == _ROPE_FREQS or t.name in CONFIG_TENSORS:
+            continue  # a config value (rope_freq_factors, longrope factors), not a weight
         arr = gguf.quants.dequantize(t.data, t.tensor_type)
         arr = np.ascontiguousarray(arr.astype(np.float32, copy=False))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = arr.reshape(shape)
-        name = _hf_name(t.name)
+        m = _BLOCK_RE.match(t.name)
+        special = special_tensor(arch, config, *m.groups(), arr) if m else None
+        if special is not None:  # MoE experts, routers and shared experts
+            yield from special
+            continue
+        name = _hf_name(t.name, arch)
+        arr = undo_norm_offset(arch, name, arr)
         # llama.cpp's converter permutes the rows of q/k weights AND biases
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, config["num_attention_heads"])
@@ -258,13 +286,14 @@ def _convert_tensors(reader: Any, config: dict[str, Any], permuted: bool):
         yield name, arr
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     m = _BLOCK_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        if part not in _LAYER_TENSORS:
+        table = {**_LAYER_TENSORS, **LAYER_OVERRIDES.get(arch, {})}
+        if part not in table:
             raise ValueError(f"unknown GGUF tensor {gguf_name}")
-        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+        return f"model.layers.{layer}.{table[part]}.{kind}"
     base, _, kind = gguf_name.rpartition(".")
     if base not in _GLOBAL_TENSORS:
         raise ValueError(f"unknown GGUF tensor {gguf_name}")

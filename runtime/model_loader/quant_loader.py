@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from radixgen.runtime.models.llama import LlamaForCausalLM
 
 QUANTIZATIONS = ("gguf", "unquant", "w8a16", "int8")
+# architectures whose modules this loader fills (the Llama-family decoder of models/llama.py)
+QUANT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -50,12 +52,18 @@ def gguf_source(folder: str | Path) -> Path | None:
 
 
 def resolve_quantization(
-    requested: str | None, folder: str, device: str, dtype: torch.dtype, native: object
+    requested: str | None,
+    folder: str,
+    device: str,
+    dtype: torch.dtype,
+    native: object,
+    architecture: str = "LlamaForCausalLM",
 ) -> str:
     """The quantization this model runs with, or a precise refusal.
 
-    None (auto): gguf for a model converted from a GGUF where the native quantized GEMM runs
-    (CPU, bf16, AVX512-BF16), else unquant (the dequantized path)."""
+    None (auto): gguf for a Llama-family model converted from a GGUF where the native quantized
+    GEMM runs (CPU, bf16, AVX512-BF16), else unquant (the dequantized path)."""
+    arch_ok = architecture in QUANT_ARCHITECTURES
     kernels_ok = (
         device == "cpu"
         and dtype == torch.bfloat16
@@ -63,9 +71,16 @@ def resolve_quantization(
         and bool(getattr(native, "has_quant_gemm", False))
     )
     if requested is None:
-        return "gguf" if kernels_ok and gguf_source(folder) is not None else "unquant"
+        auto = kernels_ok and arch_ok and gguf_source(folder) is not None
+        return "gguf" if auto else "unquant"
     if requested == "unquant":
         return requested
+    if not arch_ok:
+        raise InvalidRequestError(
+            f"--quantization {requested} serves {', '.join(QUANT_ARCHITECTURES)} models; "
+            f"{architecture} runs dequantized (--quantization unquant)",
+            "quantization",
+        )
     if not kernels_ok:
         raise InvalidRequestError(
             f"--quantization {requested} needs the native CPU kernels with AVX512-BF16 and "

@@ -17,6 +17,7 @@ import torch
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.models.llama import LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.models.registry import model_class
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels
@@ -65,12 +66,13 @@ def load_model(
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
     native, gemm: the model runner's kernel choice (native: the fused layer ops, CPU or
-    Triton), handed to `LlamaForCausalLM.prepack`. quantization: as `resolve_quantization`
-    decided (gguf: read from the source GGUF; w8a16 / int8: quantized after loading), with the
-    native `kernels` serving the quantized weights."""
+    Triton), handed to `LlamaForCausalLM.prepack`. The class follows the architecture
+    (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
+    GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
+    quantized weights."""
     from radixgen.runtime.model_loader import quant_loader
 
-    model = LlamaForCausalLM.create(cfg, dtype, device, max_positions)
+    model = model_class(cfg).create(cfg, dtype, device, max_positions)
     source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
     if source is not None:
         assert kernels is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
 import torch
 import torch.nn.functional as F
@@ -147,7 +147,7 @@ class Attention(nn.Module):
         # runs in float32 and q, k, v are rounded to bf16 once instead of three times (the
         # residual stream, o_proj and down_proj likewise stay float32; see `linear`). On CUDA
         # the torch matmul returns the model dtype: the Triton ops then round as torch does.
-        qkv = self.qkv_proj.forward(x, unrounded=self.native is not None)
+        qkv = self.project_qkv(x)
         if self.native is not None:  # rotary + KV store in one call, straight into the pool
             k_buf, v_buf = backend.kv_pool.get_kv_buffer(self.info.layer_id)
             q = self.native.rope_store_kv(
@@ -163,13 +163,17 @@ class Attention(nn.Module):
         )
         return self.o_proj(out)
 
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused [N, (H + 2 Hkv) D] projection before rotary (a hook for per-head q/k norms)."""
+        return self.qkv_proj.forward(x, unrounded=self.native is not None)
+
 
 class MLP(nn.Module):
     native: FusedLayerOps | None = None  # silu(gate) * up in one call (set by `prepack`)
 
-    def __init__(self, cfg: ModelArchConfig) -> None:
+    def __init__(self, cfg: ModelArchConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.inter = cfg.intermediate_size
+        self.inter = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
@@ -183,12 +187,19 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    # NOTE: other architectures (qwen3.py, moe.py, ...) swap parts through these hooks
+    attention_cls: ClassVar[type[Attention]] = Attention
+
     def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id)
+        self.self_attn = self.attention_cls(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = self.make_mlp(cfg, layer_id)
+
+    def make_mlp(self, cfg: ModelArchConfig, layer_id: int) -> nn.Module:
+        """The feed-forward block of layer `layer_id` (dense here; MoE models override)."""
+        return MLP(cfg)
 
     def forward(
         self,
@@ -211,6 +222,10 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Covers LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (biases per config)."""
 
+    # NOTE: other architectures subclass this model and swap the layer and rotary classes
+    layer_cls: ClassVar[type[DecoderLayer]] = DecoderLayer
+    rotary_cls: ClassVar[type[RotaryEmbedding]] = RotaryEmbedding
+
     def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -219,9 +234,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
         )
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg, max_positions)
+        self.rotary = self.rotary_cls(cfg, max_positions)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
 
@@ -232,7 +247,7 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: str | torch.device,
         max_positions: int,
-    ) -> LlamaForCausalLM:
+    ) -> Self:
         """An uninitialised model in `dtype` on `device`, ready for `load_weights`.
 
         Laid out on the meta device, then every parameter is allocated once with `torch.empty`
@@ -246,7 +261,7 @@ class LlamaForCausalLM(nn.Module):
             for name, p in list(module.named_parameters(recurse=False)):
                 empty = torch.empty(tuple(p.shape), dtype=dtype, device=device)
                 setattr(module, name, nn.Parameter(empty, requires_grad=False))
-        model.rotary = RotaryEmbedding(cfg, max_positions).to(device)
+        model.rotary = cls.rotary_cls(cfg, max_positions).to(device)
         return model.eval()
 
     def attention_layer_info(self) -> AttentionLayerInfo:
@@ -362,10 +377,7 @@ class LlamaForCausalLM(nn.Module):
                 )
             if name in loaded:
                 raise _bad(f"checkpoint tensor {raw_name!r} appears twice")
-            target, shard = self._target(name)
-            dest = params[target]
-            if shard is not None:
-                dest = dest[self._shard_slice(target, shard)]
+            dest = self._destination(params, name)
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise _bad(
                     f"checkpoint tensor {raw_name!r} has shape {tuple(tensor.shape)}, "
@@ -395,6 +407,12 @@ class LlamaForCausalLM(nn.Module):
             else:
                 names.add(f"model.{pname}")
         return names
+
+    def _destination(self, params: dict[str, nn.Parameter], name: str) -> torch.Tensor:
+        """The parameter (or the slice of a fused one) that HF tensor `name` fills."""
+        target, shard = self._target(name)
+        dest: torch.Tensor = params[target]
+        return dest if shard is None else dest[self._shard_slice(target, shard)]
 
     def _target(self, name: str) -> tuple[str, int | None]:
         """HF name -> (our parameter name, shard index within a fused parameter or None)."""

@@ -13,13 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.models.arch_features import (
+    MoeConfig,
+    hidden_act,
+    longrope,
+    moe_config,
+    softcap,
+)
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 _REQUIRED_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -60,6 +73,14 @@ class ModelArchConfig:
     # NOTE: per-frequency rope divisors from a GGUF's rope_freqs tensor (llama.cpp's form of
     # Llama 3.1+ rope scaling); head_dim / 2 values, or () for none
     rope_freq_factors: tuple[float, ...] = ()
+    # architecture extras (arch_features.py): MLP activation, Qwen3's per-head q/k RMSNorm,
+    # Gemma 2's attention / final logit soft-caps and query scale, MoE routing
+    hidden_act: str = "silu"
+    qk_norm: bool = False
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
+    moe: MoeConfig | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -103,16 +124,20 @@ class ModelArchConfig:
             raise _bad(
                 f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise _bad(f"hidden_act {act!r} is not supported (silu only)")
+        act = hidden_act(raw, model_type)
         eos = raw.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         attention_bias = bool(raw.get("attention_bias", False))
-        rope_theta, rope_scaling = _rope(raw)
+        rope_theta, rope_scaling = _rope(raw, model_type)
         num_layers = int(raw["num_hidden_layers"])
         windows = _layer_windows(raw, model_type, num_layers)
         head_dim = int(raw.get("head_dim") or hidden // heads)
+        if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
+            rope_scaling = longrope(rope_scaling, raw, head_dim)
+        qwen2_like = model_type in ("qwen2", "qwen2_moe")
+        qkv_bias = attention_bias or model_type == "qwen2"
+        if model_type == "qwen2_moe":
+            qkv_bias = bool(raw.get("qkv_bias", True))
         factors = tuple(float(f) for f in raw.get("rope_freq_factors") or ())
         if factors and len(factors) != head_dim // 2:
             raise _bad(
@@ -133,28 +158,44 @@ class ModelArchConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2",
-            o_bias=attention_bias and model_type != "qwen2",
+            qkv_bias=qkv_bias,
+            o_bias=attention_bias and not qwen2_like,
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=next((w for w in windows if w is not None), None),
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             layer_sliding_windows=windows,
             rope_freq_factors=factors,
+            hidden_act=act,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            # NOTE: only Gemma 2's modules apply the caps: elsewhere the keys are not read
+            attn_logit_softcapping=softcap(raw, "attn_logit_softcapping", model_type),
+            final_logit_softcapping=softcap(raw, "final_logit_softcapping", model_type),
+            query_pre_attn_scalar=(
+                float(raw.get("query_pre_attn_scalar") or head_dim)
+                if model_type == "gemma2"
+                else None
+            ),
+            moe=moe_config(raw, model_type, num_layers),
             raw=raw,
         )
 
 
-def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling or None) from the v4 (`rope_scaling`) or v5 (`rope_parameters`) form."""
+def _rope(raw: dict[str, Any], model_type: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling or None) from the v4 (`rope_scaling`) or v5 (`rope_parameters`) form.
+
+    longrope is Phi-3's (phi3.py keeps its two tables); other architectures refuse it."""
     params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     scaling = raw.get("rope_scaling") or params or None
     theta = raw.get("rope_theta", params.get("rope_theta", 10000.0))
     if scaling is not None:
         kind = scaling.get("rope_type") or scaling.get("type") or "default"
-        if kind not in SUPPORTED_ROPE_TYPES:
+        kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
+        supported = SUPPORTED_ROPE_TYPES if model_type == "phi3" else SUPPORTED_ROPE_TYPES[:3]
+        if kind not in supported:
             raise _bad(
-                f"rope scaling type {kind!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})"
+                f"rope scaling type {kind!r} is not supported for {model_type} "
+                f"(supported: {supported})"
             )
         partial = float(scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
         if partial != 1.0:
@@ -163,6 +204,7 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
             "default": (),
             "linear": ("factor",),
             "llama3": ("factor", "original_max_position_embeddings"),
+            "longrope": ("short_factor", "long_factor"),
         }
         lacking = [k for k in needs[kind] if k not in scaling]
         if lacking:
@@ -174,16 +216,19 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 def _layer_windows(raw: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
     """Which layers use sliding-window attention, following transformers' rules per architecture."""
     window = raw.get("sliding_window")
+    qwen_like = model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
     if model_type == "llama" or window is None:
+        return (None,) * num_layers
+    if qwen_like and not raw.get("use_sliding_window", False):
         return (None,) * num_layers
     window = int(window)
     if window <= 0:
         raise _bad(f"sliding_window must be positive, got {window}")
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral", "phi3"):
         return (window,) * num_layers
-    if not raw.get("use_sliding_window", False):  # qwen2
-        return (None,) * num_layers
     types = raw.get("layer_types")
+    if types is None and model_type == "gemma2":  # alternating, the first layer slides
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
     if types is None:
         first = int(raw.get("max_window_layers", num_layers))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
