@@ -159,3 +159,14 @@ def test_k_quants_kept_and_other_types_dense(tmp_path: Path, qtype: Q) -> None:
         assert torch.equal(ours, _logits(_runner(folder, "unquant"), ids))
     else:
         assert max_rel_err(ours, hf_logits(model, ids)) < BF16_ACT_ERR
+
+
+def test_other_architectures_run_dequantized(tmp_path: Path) -> None:
+    from radixgen.runtime.model_loader.quant_loader import resolve_quantization
+
+    _, folder = _gguf_model(tmp_path, "llama", Q.Q4_1)
+    cpu_bf16 = ("cpu", torch.bfloat16, native)
+    assert resolve_quantization(None, str(folder), *cpu_bf16, "LlamaForCausalLM") == "gguf"
+    assert resolve_quantization(None, str(folder), *cpu_bf16, "Gemma2ForCausalLM") == "unquant"
+    with pytest.raises(InvalidRequestError, match="Gemma2ForCausalLM runs dequantized"):
+        resolve_quantization("gguf", str(folder), *cpu_bf16, "Gemma2ForCausalLM")
