@@ -101,6 +101,11 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3, help="decode measurements per dtype")
+    ap.add_argument(
+        "--quantization",
+        default="unquant",
+        help="weights for every engine (unquant: the dequantized bf16 baseline; gguf: Q4_1 kept)",
+    )
     args = ap.parse_args()
     prompts = PROMPTS[:4] if args.quick else PROMPTS
     context = 512 if args.quick else args.context
@@ -115,6 +120,7 @@ def main() -> None:
                     grammar_backend="none",
                     max_total_tokens=context + 4096,
                     num_threads=args.num_threads,
+                    quantization=args.quantization,
                     log_level="warning",
                 )
             )

@@ -12,7 +12,7 @@ The shared object is built with OpenMP and links the same `libgomp.so.1` that to
 loaded, so kernels share torch's thread pool and thread count.
 """
 
-from .bindings import NativeKernels, PackedLinearWeight
+from .bindings import NativeKernels, PackedLinearWeight, QuantLinearWeight
 from .build import NativeBuildError
 from .cpu_features import cpu_flags, has_amx_bf16, has_fast_bf16
 from .loader import load_native_kernels, select_linear_gemm, select_native_kernels
@@ -21,6 +21,7 @@ __all__ = [
     "NativeBuildError",
     "NativeKernels",
     "PackedLinearWeight",
+    "QuantLinearWeight",
     "cpu_flags",
     "has_amx_bf16",
     "has_fast_bf16",

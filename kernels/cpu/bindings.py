@@ -58,7 +58,15 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "gemm_bf16_available": (_I32, ()),
     "gemm_bf16_pack": (None, (_P, _I64, _I64, _P)),
     "gemm_bf16": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32)),
+    "qgemm_packed_bytes": (_I64, (_I64, _I64, _I32)),
+    "qgemm_available": (_I32, ()),
+    "qgemm_pack": (None, (_P, _P, _P, _I64, _I64, _I32, _P)),
+    "qgemm_rows_bf16": (None, (_P, _I64, _I64, _I32, _P, _I64, _P)),
+    "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
 }
+
+QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
+QUANT_GROUP = 32  # k per scale group
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
 # the KV pool formats of `kv_dtype` arguments (kv_quant.h)
@@ -97,6 +105,24 @@ class PackedLinearWeight:
     bias: torch.Tensor | None
 
 
+@dataclass(frozen=True)
+class QuantLinearWeight:
+    """A weight kept quantized for `qgemm` (gemm_quant.c): w = d * q + m per group of 32 along
+    k; fmt "u4" (q 0..15, float16 scale and min), "u4f" (the same with float32 ones), "i8"
+    (q -128..127, float16 scale only), "i8h" (int8, a float32 scale per 16) or "i8m" (int8
+    with float32 scale and min)."""
+
+    data: torch.Tensor  # uint8, the packed layout
+    out_features: int
+    in_features: int
+    fmt: str
+    bias: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel())
+
+
 class NativeKernels:
     """Typed Python entry points over the compiled library."""
 
@@ -112,6 +138,11 @@ class NativeKernels:
         self._gemm_pack = bind(lib, "gemm_bf16_pack")
         self._gemm = bind(lib, "gemm_bf16")
         self.has_bf16_gemm = bool(bind(lib, "gemm_bf16_available")())
+        self._q_bytes = bind(lib, "qgemm_packed_bytes")
+        self._q_pack = bind(lib, "qgemm_pack")
+        self._q_rows = bind(lib, "qgemm_rows_bf16")
+        self._qgemm = bind(lib, "qgemm")
+        self.has_quant_gemm = bool(bind(lib, "qgemm_available")())
 
     # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
 
@@ -151,6 +182,72 @@ class NativeKernels:
         if rc != 0:
             raise RuntimeError(f"native gemm_bf16 failed with code {rc}")
         return y
+
+    # --- quantized linear layers (see gemm_quant.c) ------------------------------------------
+
+    def pack_quant(
+        self,
+        q: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor | None,
+        fmt: str,
+        bias: torch.Tensor | None = None,
+    ) -> QuantLinearWeight:
+        """Pack integers q [n, k] (uint8 0..15 for u4 / u4f, int8 for the others) with scales d
+        (and mins m: u4, u4f, i8m) [n, k / 32] ([n, k / 16] for i8h), float16 (float32 for
+        u4f, i8h and i8m), once at load time."""
+        n, k = q.shape
+        code = QUANT_FORMATS[fmt]
+        scale_dtype = torch.float32 if fmt in ("u4f", "i8h", "i8m") else torch.float16
+        group = QUANT_GROUP // 2 if fmt == "i8h" else QUANT_GROUP
+        assert q.dtype == (torch.uint8 if fmt in ("u4", "u4f") else torch.int8)
+        assert d.dtype == scale_dtype and d.shape == (n, k // group)
+        has_min = fmt in ("u4", "u4f", "i8m")
+        assert (m is not None) == has_min and (m is None or m.shape == d.shape)
+        size = self._q_bytes(n, k, code)
+        assert size >= 0, f"in_features {k} is not a multiple of {QUANT_GROUP}"
+        q, d = q.contiguous(), d.contiguous()
+        m = None if m is None else m.to(scale_dtype).contiguous()
+        data = torch.empty(size, dtype=torch.uint8)
+        self._q_pack(
+            q.data_ptr(), d.data_ptr(), 0 if m is None else m.data_ptr(), n, k, code,
+            data.data_ptr(),
+        )  # fmt: skip
+        b = None if bias is None else bias.detach().float().contiguous()
+        return QuantLinearWeight(data, n, k, fmt, b)
+
+    def linear_quant(
+        self, x: torch.Tensor, w: QuantLinearWeight, out_dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
+        """x [M, in] bf16 -> x W^T + b as [M, out] bf16 (or float32); a row's result never
+        depends on M."""
+        k = w.in_features
+        assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k
+        assert out_dtype in (torch.bfloat16, torch.float32)
+        if x.stride(1) != 1 or x.stride(0) < k:
+            x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty((m, w.out_features), dtype=out_dtype)
+        if m == 0:
+            return y
+        rc = self._qgemm(
+            x.data_ptr(), m, x.stride(0), w.data.data_ptr(), w.out_features, k,
+            QUANT_FORMATS[w.fmt], 0 if w.bias is None else w.bias.data_ptr(), y.data_ptr(),
+            w.out_features, int(out_dtype == torch.float32),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native qgemm failed with code {rc}")
+        return y
+
+    def quant_rows(self, w: QuantLinearWeight, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the dequantized weight, bf16 [len(ids), in] (an embedding lookup)."""
+        ids = ids.to(torch.long).contiguous().view(-1)
+        out = torch.empty((ids.numel(), w.in_features), dtype=torch.bfloat16)
+        self._q_rows(
+            w.data.data_ptr(), w.out_features, w.in_features, QUANT_FORMATS[w.fmt],
+            ids.data_ptr(), ids.numel(), out.data_ptr(),
+        )  # fmt: skip
+        return out
 
     # --- logits (see fused_ops.c: exact re-scoring of bf16 near-ties) -------------------------
 

@@ -54,4 +54,27 @@ void gemm_bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out);
 int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed, int64_t n,
               int64_t k, const float* bias, void* y, int64_t ldy, int out_f32);
 
+/* gemm_quant.c: bytes of the packed layout of an [n, k] quantized weight (fmt 0 = u4 with
+ * float16 scale and min, 1 = int8 with scale, 2 = u4 with float32 scale and min, per 32 along
+ * k; 3 = int8 with a float32 scale per 16; 4 = bytes with float32 scale and min), -1 for a bad
+ * k or fmt. */
+int64_t qgemm_packed_bytes(int64_t n, int64_t k, int fmt);
+
+/* gemm_quant.c: 1 where this build has the quantized GEMM, 0 where it is a stub. */
+int qgemm_available(void);
+
+/* gemm_quant.c: pack integers q [n, k] with scales d (and mins m) [n, k / 32]: float16, or
+ * float32 for fmt 2 (u4 with float32 scales and mins), 3 (int8, d [n, k / 16]) and 4 (bytes
+ * with float32 scales and mins). */
+void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64_t k, int fmt,
+                uint8_t* out);
+
+/* gemm_quant.c: dequantized rows of a packed weight as bf16 (an embedding lookup). */
+void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const int64_t* rows,
+                     int64_t r, uint16_t* out);
+
+/* gemm_quant.c: y = x W^T (+ bias) from the packed weight (0 = ok, < 0 an error). */
+int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
+          int fmt, const float* bias, void* y, int64_t ldy, int out_f32);
+
 #endif /* RADIXGEN_KERNELS_H */

@@ -59,6 +59,15 @@ class ModelConfig:
         "control tokens. Off: they are plain text, so a user cannot open a system turn.",
     )
     random_seed: int = _f(0, "Seed for requests that give none.")
+    quantization: str | None = _f(
+        None,
+        "Weights kept quantized for the native CPU kernels (AVX512-BF16, bfloat16): gguf = the "
+        "GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors as stored (other types dequantized); w8a16 or int8 = a "
+        "dense model quantized to int8 per output channel at load; unquant = every weight "
+        "dequantized to --dtype at load. Default: gguf for a .gguf model where the kernels run, "
+        "else unquant.",
+        ("gguf", "unquant", "w8a16", "int8"),
+    )
 
 
 @dataclass(frozen=True)
@@ -400,6 +409,12 @@ class ServerArgs:
         if self.parallel.dp_size < 1:
             raise InvalidRequestError("dp_size must be >= 1", "dp_size")
         check_parallel(self.parallel, self.model.device, self.scheduler.enable_overlap_schedule)
+        if self.parallel.tp_size > 1 and self.model.quantization not in (None, "unquant"):
+            raise InvalidRequestError(
+                f"--quantization {self.model.quantization} is not served with --tp-size > 1 "
+                "(tensor-parallel ranks shard dequantized weights; a GGUF runs dequantized there)",
+                "quantization",
+            )
 
     def _validate_limits(self) -> None:
         lim = self.limits

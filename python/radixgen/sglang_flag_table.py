@@ -60,6 +60,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
+    "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
 )  # fmt: skip
 
@@ -100,6 +101,11 @@ VALUE_COMPAT: dict[str, ValueCompat] = {
         "total_requests total_tokens follow_bootstrap_room minimum_tokens",
         aliases=(("total_requests", "shortest_queue"),),
         refusal="only request counts and prefix affinity are balanced here",
+    ),
+    "quantization": ValueCompat(
+        "awq fp8 gptq marlin gptq_marlin awq_marlin bitsandbytes modelopt w8a8_int8 w8a8_fp8 "
+        "moe_wna16 qoq w4afp8 mxfp4",
+        refusal="only GGUF blocks (gguf) and int8 weight-only (w8a16, int8) run quantized here",
     ),
     "schedule-policy": ValueCompat(
         "random lof priority routing-key hrrn shortest-prefill-first",
@@ -168,9 +174,9 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         R,
-        "quantized kernels are not available: weights run in --dtype (GGUF files are "
-        "dequantized at load)",
-        "quantization=unquant,gguf quantization-param-path= modelopt-quant= "
+        "only --quantization (gguf, w8a16, int8) is implemented: no calibration files, ModelOpt "
+        "or quantize-and-serve",
+        "quantization-param-path= modelopt-quant= "
         "modelopt-checkpoint-restore-path= modelopt-checkpoint-save-path= modelopt-export-path= "
         "quantize-and-serve rl-quant-profile=",
     ),

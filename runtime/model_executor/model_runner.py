@@ -27,6 +27,7 @@ from radixgen.runtime.mem_cache.memory_pool import (
     kv_capacity_tokens,
 )
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+from radixgen.runtime.model_loader.quant_loader import resolve_quantization
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
@@ -181,10 +182,16 @@ class ModelRunner:
         )
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
+        # NOTE: TP shards dense weights, so a GGUF runs dequantized there (ServerArgs refuses
+        # any other --quantization with --tp-size > 1)
+        self.quantization = "unquant" if tp is not None else resolve_quantization(
+            args.model.quantization, model_folder, self.device, self.dtype, self.native,
+            self.cfg.architecture,
+        )  # fmt: skip
         if tp is None:
             self.model = load_model(
                 model_folder, self.cfg, self.dtype, self.device, context_length + 1,
-                self.layer_ops, gemm,
+                self.layer_ops, gemm, self.quantization, self.native,
             )  # fmt: skip
             local_kv_heads = self.cfg.num_kv_heads
         else:
@@ -229,7 +236,8 @@ class ModelRunner:
         self.graph_runner = self._build_graph_runner()
         self.load_seconds = time.perf_counter() - t0
         logger.info(
-            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens (%s), %s kernels, %s attention%s",
+            "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens (%s), %s kernels, %s attention%s"
+            ", quantization %s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
@@ -238,6 +246,7 @@ class ModelRunner:
             "native" if self.native is not None else "torch",
             self.attention_backend,
             ", native GEMM" if gemm is not None else "",
+            self.quantization,
         )
 
     @property
@@ -404,6 +413,10 @@ class LogitsOutput:
         """Refined argmax of the given rows, [len(rows)] long on the logits' device; over the
         tokens a packed grammar bitmask allows (int32 [len(rows), W], row r for rows[r]) when
         one is given. Nothing waits for the device here."""
+        if self.exact and bitmask is None and self.raw.device.type == "cpu":
+            # float32 logits (a quantized head): the argmax straight from them, no copy
+            best = self.raw[:, : self.vocab_size].argmax(dim=-1)
+            return best if rows == list(range(best.shape[0])) else best[rows]
         if self.native is not None and self.raw.is_contiguous():
             return torch.tensor(
                 self.native.greedy_refine(

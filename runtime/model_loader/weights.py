@@ -60,13 +60,29 @@ def load_model(
     max_positions: int,
     native: FusedLayerOps | None = None,
     gemm: NativeKernels | None = None,
+    quantization: str = "unquant",
+    kernels: NativeKernels | None = None,
 ) -> LlamaForCausalLM:
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
     native, gemm: the model runner's kernel choice (native: the fused layer ops, CPU or
     Triton), handed to `LlamaForCausalLM.prepack`. The class follows the architecture
-    (registry.py)."""
+    (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
+    GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
+    quantized weights."""
+    from radixgen.runtime.model_loader import quant_loader
+
     model = model_class(cfg).create(cfg, dtype, device, max_positions)
-    model.load_weights(iter_weights(folder))
+    source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
+    if source is not None:
+        assert kernels is not None
+        quant_loader.load_gguf_quantized(model, source, kernels, folder)
+    else:
+        model.load_weights(iter_weights(folder))
+        if quantization in ("w8a16", "int8"):
+            assert kernels is not None
+            quant_loader.quantize_int8(model, kernels)
+    if quantization != "unquant":
+        quant_loader.release_freed_memory()  # the dense copies are gone: give their pages back
     model.prepack(native, gemm)
     return model

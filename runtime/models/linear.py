@@ -21,12 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight
+from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
 
 _PACK_BATCH_HINT = 2  # other hints (16, 64) made single rows differ from batched ones
 
-# A weight laid out once at load time: for the native GEMM, or oneDNN's blocked tensor.
-PackedWeight = PackedLinearWeight | torch.Tensor
+# A weight laid out once at load time: for the native GEMM (bf16 or kept quantized), or oneDNN's
+# blocked tensor.
+PackedWeight = PackedLinearWeight | QuantLinearWeight | torch.Tensor
 
 
 def prepack_weight(
@@ -69,6 +70,10 @@ def linear(
         assert gemm is not None, "a natively packed weight needs the kernels that packed it"
         out = torch.float32 if unrounded else torch.bfloat16
         return gemm.linear_bf16(x, packed, out)  # the bias was packed with the weight
+    if isinstance(packed, QuantLinearWeight):
+        assert gemm is not None, "a quantized weight needs the kernels that packed it"
+        out = torch.float32 if unrounded else torch.bfloat16
+        return gemm.linear_quant(x, packed, out)
     # oneDNN's batch invariance needs M >= 2 (see the module docstring); CUDA needs no padding
     single = x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
     if single:
@@ -86,9 +91,16 @@ class Linear(nn.Linear):
 
     def prepack(self, gemm: NativeKernels | None = None) -> None:
         """Call once the weights are loaded (and whenever they change); gemm: see
-        `prepack_weight`."""
+        `prepack_weight`. A quantized weight (`set_quantized`) stays as it is."""
+        if isinstance(self.packed, QuantLinearWeight):
+            return
         self.gemm = gemm
         self.packed = prepack_weight(self.weight, self.bias, gemm)
+
+    def set_quantized(self, packed: QuantLinearWeight, kernels: NativeKernels) -> None:
+        """Serve this layer from a quantized weight (gemm_quant.c); the dense weight is freed."""
+        self.packed, self.gemm = packed, kernels
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:
         """unrounded: the caller takes float32 (see `linear`)."""

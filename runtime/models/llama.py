@@ -21,9 +21,14 @@ from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack
 from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
-    from radixgen.kernels.cpu import NativeKernels
+    from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+
+
+def packed_dtype(model: nn.Module) -> torch.dtype:
+    """The model's dense dtype (that of its norms), for the empty stand-ins of freed weights."""
+    return next(model.parameters()).dtype
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -278,7 +283,11 @@ class LlamaForCausalLM(nn.Module):
         NOTE: below this point submodules are called through `.forward`: `nn.Module.__call__`
         costs a few microseconds a call and a decode step makes ~270 of them (no hooks are used).
         """
-        x = self.embed_tokens(input_ids)
+        if self._embed_quant is not None:
+            assert self._quant_kernels is not None
+            x = self._quant_kernels.quant_rows(self._embed_quant, input_ids)
+        else:
+            x = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, positions, self.rotary, batch)
@@ -289,11 +298,34 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[M, vocab] in the model dtype (consumers convert the rows they need)."""
+        """[M, vocab] in the model dtype (consumers convert the rows they need); float32 from a
+        quantized head (exact: no near-tie re-scoring needed)."""
+        if self._head_quant is not None:
+            assert self._quant_kernels is not None
+            return self._quant_kernels.linear_quant(hidden, self._head_quant, torch.float32)
         return linear(hidden, self.lm_head_weight, self._lm_head_packed, gemm=self._lm_head_gemm)
 
     _lm_head_packed: PackedWeight | None = None
     _lm_head_gemm: NativeKernels | None = None
+    _embed_quant: QuantLinearWeight | None = None  # embedding rows dequantized on lookup
+    _head_quant: QuantLinearWeight | None = None  # the LM head kept quantized
+    _quant_kernels: NativeKernels | None = None
+
+    def set_quantized_embedding(
+        self, name: str, packed: QuantLinearWeight, kernels: NativeKernels
+    ) -> None:
+        """Serve the embedding (and a tied head) or the untied head from a quantized weight;
+        the dense parameter is freed."""
+        self._quant_kernels = kernels
+        empty = nn.Parameter(torch.empty(0, dtype=packed_dtype(self)), requires_grad=False)
+        if name == "lm_head.weight":
+            self._head_quant = packed
+            self.lm_head = empty
+            return
+        self._embed_quant = packed
+        if self.cfg.tie_word_embeddings:
+            self._head_quant = packed
+        self.embed_tokens.weight = empty
 
     def prepack(
         self, native: FusedLayerOps | None = None, gemm: NativeKernels | None = None
@@ -307,8 +339,9 @@ class LlamaForCausalLM(nn.Module):
                 module.prepack(gemm)
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.native = native
-        self._lm_head_packed = prepack_weight(self.lm_head_weight, None, gemm)
-        self._lm_head_gemm = gemm
+        if self._head_quant is None:
+            self._lm_head_packed = prepack_weight(self.lm_head_weight, None, gemm)
+            self._lm_head_gemm = gemm
 
     # --- weights ----------------------------------------------------------------------------
 
@@ -320,14 +353,17 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], absent: set[str] | None = None
+    ) -> None:
         """Copy HF-named tensors (any float dtype) into our fused parameters.
 
         Every expected tensor must come exactly once with its exact shape; anything else is an
         InvalidRequestError naming the tensor, never a silent broadcast or a half-loaded model.
+        absent: HF names the caller loads otherwise (weights kept quantized).
         """
         params = dict(self.named_parameters())
-        expected = self.checkpoint_names()
+        expected = self.checkpoint_names() - (absent or set())
         loaded: set[str] = set()
         for raw_name, tensor in weights:
             if "rotary_emb" in raw_name:

@@ -201,7 +201,7 @@ def test_refused_flags_stop_the_launch_naming_flag_and_reason(flag, capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--pp-size", "1"], ["--attn-dp-size", "1"], ["--quantization", "gguf"], ["--load-format", "auto"],
+    [["--pp-size", "1"], ["--attn-dp-size", "1"], ["--load-format", "auto"],
      ["--disaggregation-mode", "null"], ["--fastapi-root-path", ""], ["--lora-paths"]],
 )  # fmt: skip
 def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
@@ -322,7 +322,7 @@ def test_realistic_sglang_launch_command_serves():
             assert info["max_running_requests"] == 8 and info["tool_call_parser"] == "qwen25"
             assert http.get("/metrics").status_code == 200
         log = Path(proc.log_path).read_text()
-        for shown in (*REALISTIC_NO_EFFECT, "--quantization gguf", "--watchdog-timeout 300"):
+        for shown in (*REALISTIC_NO_EFFECT, "--watchdog-timeout 300"):
             assert log.count(f"{shown} has no effect here") == 1, shown
     finally:
         proc.stop()

@@ -24,6 +24,8 @@ from radixgen.server_args import ServerArgs
           "dist_init_addr": "h:1"}, "dp_size", "behind the SGLang router"),
         ({"tp_size": 2, "enable_overlap_schedule": True}, "enable_overlap_schedule", "in turn"),
         ({"tp_size": 2, "device": "cuda"}, "device", "CPU ranks over gloo"),
+        ({"tp_size": 2, "quantization": "gguf"}, "quantization", "not served with --tp-size"),
+        ({"tp_size": 2, "quantization": "int8"}, "quantization", "not served with --tp-size"),
     ],
 )  # fmt: skip
 def test_refused_combinations_name_the_flag(flags, param, needle):
@@ -34,6 +36,7 @@ def test_refused_combinations_name_the_flag(flags, param, needle):
 
 def test_accepted_combinations():
     ServerArgs.from_kwargs(tp_size=3, dist_timeout=5)
+    ServerArgs.from_kwargs(tp_size=2, quantization="unquant")
     ServerArgs.from_kwargs(tp_size=2, dp_size=2, enable_dp_attention=True)
     two = ServerArgs.from_kwargs(tp_size=2, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:29500")
     assert two.parallel.node_rank == 1
