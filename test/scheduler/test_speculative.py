@@ -1,0 +1,165 @@
+"""N-gram speculative decoding in the scheduler, on real KV pools with the toy runner.
+
+Outputs with speculation equal the toy model's reference token for token (the toy model reads
+every token back through req_to_token, so a draft slot kept by mistake, or a rejected one whose
+KV leaks into the next step, changes the outputs), for a model that repeats itself (drafts
+accepted) and one that does not (drafts rejected), in mixed batches, with pages, chunking and
+pool pressure; `debug_invariants` checks the KV accounting after every step.
+"""
+
+from __future__ import annotations
+
+import pytest
+from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
+
+from radixgen.errors import InvalidRequestError
+from radixgen.finish_reason import FinishReason
+from radixgen.io_struct import AbortReq
+from radixgen.runtime.speculative.ngram import DraftState, NgramIndex
+from radixgen.server_args import ServerArgs
+
+SPEC = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6}
+PERIOD = 11
+
+
+def copy_model(ids: list[int]) -> int:
+    """A model that repeats its last PERIOD tokens (what n-gram drafts predict well)."""
+    return ids[-PERIOD] if len(ids) >= PERIOD else 1
+
+
+def reference(prompt: list[int], n: int, model=next_token) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(model(ids))
+    return ids[len(prompt) :]
+
+
+def prompts(count: int) -> list[list[int]]:
+    return [[(7 * i + 3 * j) % (VOCAB - 1) + 1 for j in range(20 + 9 * i)] for i in range(count)]
+
+
+def run(model, reqs: list[tuple[str, list[int], int]], **flags):
+    s, runner = make_scheduler(**flags)
+    runner.predict = model
+    for rid, prompt, n in reqs:
+        submit(s, rid, prompt, max_new_tokens=n)
+    return run_to_end(s), s, runner
+
+
+def test_ngram_index_proposes_after_the_longest_latest_match():
+    idx = NgramIndex(1, 3)
+    toks = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]
+    # suffix [2, 3] last occurred before 4 (its latest occurrence wins over the one before 9)
+    assert idx.propose(toks, 3) == [4, 5, 2]
+    toks += [4]  # grows incrementally: [2, 3, 4] now matches at position 5
+    assert idx.propose(toks, 2) == [5, 2]
+    assert NgramIndex(2, 3).propose([5, 6, 7], 4) == []  # no earlier [6, 7]
+    assert idx.propose(toks, 0) == []
+
+
+def test_draft_length_adapts_to_acceptance():
+    st = DraftState(1, 4, draft_len=2)
+    st.record(2, 2, max_len=8)
+    assert st.draft_len == 4
+    st.record(4, 1, max_len=8)
+    assert st.draft_len == 2 and st.cooldown == 0
+    st.record(2, 0, max_len=8)
+    st.record(1, 0, max_len=8)
+    assert st.draft_len == 1 and st.cooldown == 3  # sits out steps after repeated misses
+
+
+@pytest.mark.parametrize("model", [copy_model, next_token], ids=["repeats", "random"])
+@pytest.mark.parametrize("flags", [{}, {"page_size": 4}, {"chunked_prefill_size": 16}])
+def test_outputs_equal_the_reference_in_mixed_batches(model, flags):
+    reqs = [(f"r{i}", p, 30 + 7 * i) for i, p in enumerate(prompts(5))]
+    out, s, runner = run(model, reqs, **SPEC, **flags)
+    for rid, prompt, n in reqs:
+        ids, reason = out[rid]
+        assert ids == reference(prompt, n, model), rid
+        assert reason == FinishReason.length(n)
+    st = s.internal_state()
+    assert st["spec_verified_requests"] > 0 and st["generated_tokens"] == sum(n for *_, n in reqs)
+    if model is copy_model:
+        assert st["spec_accept_length"] > 3.0
+        _, _, base_runner = run(model, reqs, **flags)
+        assert len(runner.batches) < len(base_runner.batches) / 2  # fewer forward steps
+        # a step mixes verify rows, plain decodes and prefills
+        assert any(max(b.extend_lens) > 1 and 1 in b.extend_lens for b in runner.batches)
+    assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def test_stop_tokens_and_max_new_tokens_cut_inside_an_accepted_draft():
+    prompt = prompts(1)[0]
+    full = reference(prompt, 40, copy_model)
+    stop = full[17]
+    first = full.index(stop)
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    submit(s, "stop", prompt, max_new_tokens=40, stop_token_ids=[stop])
+    submit(s, "len", prompt, max_new_tokens=13)
+    out = run_to_end(s)
+    assert out["stop"] == (full[: first + 1], FinishReason.stop(stop))
+    assert out["len"] == (full[:13], FinishReason.length(13))
+
+
+def test_streaming_sends_every_token_once_in_order():
+    prompt = prompts(2)[1]
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    submit(s, "s", prompt, max_new_tokens=50, stream=True)
+    chunks: list[list[int]] = []
+    while s.has_work:
+        for batch in s.step():
+            chunks.extend(batch.new_token_ids)
+    assert [t for c in chunks for t in c] == reference(prompt, 50, copy_model)
+    assert max(len(c) for c in chunks) > 1  # several verified tokens per message
+
+
+def test_abort_mid_speculation_frees_everything():
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    for i, p in enumerate(prompts(3)):
+        submit(s, f"r{i}", p, max_new_tokens=200)
+    for _ in range(6):
+        s.step()
+    s.abort(AbortReq("r1"))
+    out = run_to_end(s)
+    assert out["r1"][1].kind == "abort"
+    assert out["r0"][0] == reference(prompts(3)[0], 200, copy_model)
+    assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def test_a_short_pool_runs_drafts_only_where_they_fit():
+    reqs = [(f"r{i}", p, 120) for i, p in enumerate(prompts(4))]
+    out, _, _ = run(copy_model, reqs, pool_tokens=640, **SPEC)
+    for rid, prompt, n in reqs:
+        assert out[rid][0] == reference(prompt, n, copy_model)
+
+
+def test_sampled_and_penalised_requests_decode_without_drafts():
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    submit(s, "p", prompts(1)[0], max_new_tokens=20, frequency_penalty=0.5)
+    run_to_end(s)
+    assert s.spec_stats.spec_verified_requests == 0
+
+
+def test_a_large_batch_switches_drafting_off():
+    reqs = [(f"r{i}", p, 12) for i, p in enumerate(prompts(6))]
+    out, s, _ = run(copy_model, reqs, speculative_max_verify_tokens=4, **SPEC)
+    assert s.spec_stats.spec_skipped_steps > 0
+    for rid, prompt, n in reqs:
+        assert out[rid][0] == reference(prompt, n, copy_model)
+
+
+def test_flags_are_checked():
+    with pytest.raises(InvalidRequestError, match="NGRAM"):
+        ServerArgs.from_kwargs(speculative_algorithm="EAGLE")
+    with pytest.raises(InvalidRequestError, match="overlap"):
+        ServerArgs.from_kwargs(speculative_algorithm="NGRAM", enable_overlap_schedule=True)
+    with pytest.raises(InvalidRequestError, match="max_match"):
+        ServerArgs.from_kwargs(
+            speculative_algorithm="NGRAM",
+            speculative_ngram_min_match_window_size=4,
+            speculative_ngram_max_match_window_size=2,
+        )
