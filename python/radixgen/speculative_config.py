@@ -42,6 +42,15 @@ class SpeculativeConfig:
         "without drafts (compute-bound: verifying costs more than it saves).",
     )
 
+    speculative_break_even_tokens: int = _f(
+        16,
+        "Tokens a step can add before its forward costs twice a one-token decode step (the "
+        "step's fixed cost, weight streaming, in tokens: ~16 on a 2-core CPU for the default "
+        "model, hundreds on a GPU). A step of T tokens drafts only for requests whose recent "
+        "share of accepted draft tokens exceeds T / (T + this): below it verifying costs more "
+        "than it saves (such requests still try one draft every few steps).",
+    )
+
     @property
     def enabled(self) -> bool:
         return self.speculative_algorithm is not None
@@ -51,6 +60,7 @@ class SpeculativeConfig:
             "speculative_num_draft_tokens",
             "speculative_ngram_min_match_window_size",
             "speculative_max_verify_tokens",
+            "speculative_break_even_tokens",
         ):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", name)

@@ -53,20 +53,36 @@ class DraftState:
     """A request's drafting state: its n-gram index and its adaptive draft length.
 
     The length doubles after a draft accepted whole and shrinks to one more than the accepted
-    part otherwise; after drafts with nothing accepted, the request sits out a growing number of
-    steps (up to MAX_COOLDOWN), so text that does not repeat itself costs almost nothing.
+    part otherwise. After drafts with nothing accepted the request sits out a growing number of
+    steps (up to MAX_COOLDOWN); while its share of accepted draft tokens is below what pays in
+    the step (`should_draft`'s threshold) it drafts only once every PROBE_INTERVAL steps, so
+    text that does not repeat itself costs almost nothing and text that starts to is noticed.
     """
 
-    __slots__ = ("accept_rate", "cooldown", "draft_len", "index", "misses")
+    __slots__ = ("accept_rate", "cooldown", "draft_len", "index", "misses", "threshold")
 
     MAX_COOLDOWN = 8
+    PROBE_INTERVAL = 8
 
     def __init__(self, min_n: int, max_n: int, draft_len: int) -> None:
         self.index = NgramIndex(min_n, max_n)
         self.draft_len = draft_len
-        self.accept_rate = 0.5  # EMA of accepted / drafted tokens (ranks requests for the budget)
+        self.accept_rate = 0.5  # EMA of accepted / drafted tokens
         self.misses = 0
         self.cooldown = 0
+        self.threshold = 0.0  # the last step's acceptance share that pays
+
+    def should_draft(self, threshold: float) -> int:
+        """Most tokens to draft this step (0: none), where drafts pay when accept_rate exceeds
+        `threshold`; below it, a one-token probe every PROBE_INTERVAL steps."""
+        self.threshold = threshold
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return 0
+        if self.accept_rate < threshold:
+            self.cooldown = self.PROBE_INTERVAL
+            return 1
+        return self.draft_len
 
     def record(self, drafted: int, accepted: int, max_len: int) -> None:
         """Adapt to one verification: `accepted` of `drafted` draft tokens were right."""
@@ -77,6 +93,8 @@ class DraftState:
             self.draft_len = max(1, accepted + 1)
         if accepted == 0:
             self.misses += 1
-            self.cooldown = min(self.MAX_COOLDOWN, (1 << self.misses) - 1)
+            self.cooldown = max(self.cooldown, min(self.MAX_COOLDOWN, (1 << self.misses) - 1))
         else:
             self.misses = 0
+            if self.accept_rate >= self.threshold:
+                self.cooldown = 0  # a probe that hit enough: back to drafting

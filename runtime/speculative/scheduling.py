@@ -5,8 +5,9 @@ Planning: every planned request whose step reaches the end of its sequence (deco
 extends of jump-forward text or resumed requests) may get an n-gram draft, appended to its
 step's tokens; a constrained request's draft is walked by its grammar (cut at the first token it
 rejects, one bitmask row per verified position). Drafts go to the requests with the best recent
-acceptance first, within `speculative_max_verify_tokens` per step; a step with that many
-decoding requests runs none (compute-bound). After the forward, each verified request appends
+acceptance first, within `speculative_max_verify_tokens` per step, and only to those whose
+acceptance pays for the tokens a step of this size adds (`speculative_break_even_tokens`); a
+step with `speculative_max_verify_tokens` decoding requests or more runs none (compute-bound). After the forward, each verified request appends
 its accepted tokens one by one through the same path as a sampled token (finish checks, grammar,
 jump-forward, which ends the step's tokens as it would end a decode), keeps the KV of the tokens
 it kept and frees the rest (whole pages beyond its last one).
@@ -94,6 +95,8 @@ class SpeculativeScheduling:
         # best recent acceptance first: they make the most of the step's budget
         ends.sort(key=lambda r: -r.draft_state.accept_rate if r.draft_state else -0.5)
         free = self.kv_pool.available_size()
+        step_tokens = sum(r.extend_len for r in plan)
+        threshold = step_tokens / (step_tokens + cfg.speculative_break_even_tokens)
         for r in ends:
             if budget <= 0:
                 break
@@ -104,15 +107,15 @@ class SpeculativeScheduling:
                     cfg.speculative_ngram_max_match_window_size,
                     cfg.speculative_num_draft_tokens,
                 )
-            if state.cooldown > 0:
-                state.cooldown -= 1
+            longest = state.should_draft(threshold)
+            if longest == 0:
                 continue
             sp = r.sampling_params
             room = min(
                 sp.max_new_tokens - len(r.output_ids) - 1,  # the bonus token is one more
                 self.context_length - r.seq_len - 1,
             )
-            k = min(state.draft_len, budget, room)
+            k = min(longest, budget, room)
             if k <= 0:
                 continue
             draft = state.index.propose(r.all_ids, k)

@@ -66,6 +66,11 @@ def test_draft_length_adapts_to_acceptance():
     st.record(2, 0, max_len=8)
     st.record(1, 0, max_len=8)
     assert st.draft_len == 1 and st.cooldown == 3  # sits out steps after repeated misses
+    assert [st.should_draft(0.0) for _ in range(4)] == [0, 0, 0, 1]
+    st.record(1, 1, max_len=8)
+    assert st.should_draft(0.0) == 2
+    # below the threshold that pays: a one-token probe, then PROBE_INTERVAL steps without drafts
+    assert st.should_draft(0.9) == 1 and not any(st.should_draft(0.9) for _ in range(8))
 
 
 @pytest.mark.parametrize("model", [copy_model, next_token], ids=["repeats", "random"])
@@ -163,3 +168,17 @@ def test_flags_are_checked():
             speculative_ngram_min_match_window_size=4,
             speculative_ngram_max_match_window_size=2,
         )
+
+
+def test_drafts_that_do_not_pay_are_mostly_skipped():
+    reqs = [(f"r{i}", p, 60) for i, p in enumerate(prompts(5))]
+    drafted = {}
+
+    def half_copy(ids: list[int]) -> int:  # drafts of a few tokens hit, longer ones miss
+        return copy_model(ids) if len(ids) % 3 else next_token(ids)
+
+    for even in (1, 10_000):  # a step is dear at once / almost free
+        out, s, _ = run(half_copy, reqs, speculative_break_even_tokens=even, **SPEC)
+        assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
+        drafted[even] = s.spec_stats.spec_draft_tokens
+    assert 0 < drafted[1] < drafted[10_000] / 2
