@@ -21,9 +21,10 @@ class SpeculativeConfig:
     speculative_algorithm: str | None = _f(
         None,
         "Speculative decoding: NGRAM drafts each decoding request's next tokens from the longest "
-        "match of its recent tokens in its own prompt and output and verifies them in one step "
-        "(greedy requests, constrained or not; sampled ones decode normally). Needs overlap "
-        "scheduling off (it is turned off for it on CUDA).",
+        "match of its recent tokens in its own prompt and output and verifies them in one step: "
+        "greedy outputs exactly as without it, sampled ones by rejection sampling (the same "
+        "distribution), constrained ones walked by their grammar. Runs with overlap scheduling "
+        "off (turned off for it on CUDA).",
         ("NGRAM",),
     )
     speculative_num_draft_tokens: int = _f(
@@ -49,6 +50,12 @@ class SpeculativeConfig:
         "model, hundreds on a GPU). A step of T tokens drafts only for requests whose recent "
         "share of accepted draft tokens exceeds T / (T + this): below it verifying costs more "
         "than it saves (such requests still try one draft every few steps).",
+    )
+
+    speculative_greedy_only: bool = _f(
+        False,
+        "Speculate for greedy requests only (sampled ones are otherwise verified by rejection "
+        "sampling: the same output distribution, not the same draws as without speculation).",
     )
 
     @property

@@ -24,7 +24,7 @@ import torch
 from radixgen.runtime.scheduler.containment import internal_error, log_internal_error
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
 from radixgen.runtime.speculative.ngram import DraftState
-from radixgen.runtime.speculative.verify import Verified, verify_greedy
+from radixgen.runtime.speculative.verify import Verified, verify_drafts
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
@@ -134,14 +134,15 @@ class SpeculativeScheduling:
             r.extend_len += len(draft)
 
     def _may_draft(self, r: Req) -> bool:
-        """Greedy requests whose step ends at their sequence's end and whose next tokens depend
-        on the logits alone (no penalties, biases or pending min_new_tokens)."""
+        """Requests whose step ends at their sequence's end and whose next tokens depend on the
+        logits alone (no penalties, biases or pending min_new_tokens); greedy ones, and sampled
+        ones unless --speculative-greedy-only."""
         sp = r.sampling_params
         return (
             r.kv_len + r.extend_len == r.seq_len
             and bool(r.output_ids)
             and not r.pending_sample
-            and sp.is_greedy
+            and (sp.is_greedy or not self.args.speculative.speculative_greedy_only)
             and not sp.logit_bias
             and not sp.frequency_penalty
             and not sp.presence_penalty
@@ -186,7 +187,7 @@ class SpeculativeScheduling:
             return
         self.spec_stats.spec_verify_steps += 1
         try:
-            results = verify_greedy(logits, items)
+            results = verify_drafts(logits, items)
         except Exception:  # NOTE: the caller fails the batch: its KV must match its tokens
             for r, _ in items:
                 self._keep_kv(r, 0)

@@ -6,10 +6,13 @@ choose it in a decode step at that position: the native refined argmax for plain
 requests, the float32 rows (with raw logprobs) for requests that return logprobs, under the
 grammar's bitmask of that position when the request is constrained. The accepted tokens are the
 row choices up to and including the first that differs from the draft (the "bonus" token).
+Sampled requests are verified by rejection sampling (`verify_sampled`), which keeps each
+token's distribution.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,8 @@ import torch
 
 from radixgen.kernels.device_io import upload
 from radixgen.kernels.grammar_mask import apply_token_bitmask
+from radixgen.kernels.sampling import draw, filtered_weights
+from radixgen.sampling_params import TOP_K_DISABLED
 
 if TYPE_CHECKING:
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
@@ -106,3 +111,71 @@ def _dense_rows(
             list(zip(v, t, strict=True)) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)
         ]
     return ids.tolist(), (chosen, tops)
+
+
+def verify_drafts(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> list[Verified]:
+    """Greedy requests by `verify_greedy`, sampled ones by `verify_sampled`, results in order."""
+    greedy = [i for i, (r, _) in enumerate(items) if r.sampling_params.is_greedy]
+    if len(greedy) == len(items):
+        return verify_greedy(logits, items)
+    out: list[Verified | None] = [None] * len(items)
+    for i, v in zip(greedy, verify_greedy(logits, [items[i] for i in greedy]), strict=True):
+        out[i] = v
+    for i, (r, rows) in enumerate(items):
+        if out[i] is None:
+            out[i] = verify_sampled(logits, r, rows)
+    return [v for v in out if v is not None]
+
+
+def _uniform(seed: int, index: int, salt: int) -> float:
+    """The request's own random number for output position `index` (salt 0: the accept test,
+    1: the draw), so a seeded request verifies the same way whatever its batch."""
+    return random.Random((seed * 1_000_003 + index) * 4 + salt + 1).random()
+
+
+def verify_sampled(logits: LogitsOutput, r: Req, rows: list[int]) -> Verified:
+    """Rejection sampling against a point-mass draft: at position i, accept d with probability
+    q_i(d), where q_i is the distribution the sampler would draw from there (grammar mask,
+    temperature, top-k, top-p, min-p); on rejection draw from q_i without d, renormalised, and
+    stop; after a fully accepted draft draw the bonus token from q_k. Each output token is then
+    distributed exactly as without speculation (the draws themselves differ)."""
+    sp = r.sampling_params
+    dense = logits.rows_float(rows)
+    raw = torch.log_softmax(dense, dim=-1) if r.return_logprob else None
+    if r.draft_mask is not None:
+        apply_token_bitmask(dense, upload(r.draft_mask, dense.device))
+    probs = torch.softmax(dense / sp.temperature, dim=-1)
+    n = len(rows)
+    limit = min(sp.top_k, probs.shape[-1])
+    top_k = torch.full((n,), limit, dtype=torch.long) if sp.top_k < TOP_K_DISABLED else None
+    top_p = torch.full((n,), sp.top_p) if sp.top_p < 1.0 else None
+    min_p = torch.full((n,), sp.min_p) if sp.min_p > 0.0 else None
+    q = filtered_weights(probs.cpu(), top_k, top_p, min_p)
+    q = q / q.sum(dim=-1, keepdim=True)
+    base = len(r.output_ids)
+    tokens: list[int] = []
+    for i, d in enumerate(r.draft):
+        if _uniform(r.seed, base + i, 0) < float(q[i, d]):
+            tokens.append(d)
+            continue
+        residual = q[i].clone()
+        residual[d] = 0.0
+        if float(residual.sum()) <= 0.0:  # q_i(d) == 1 within rounding: d it is
+            residual = q[i]
+        tokens.append(int(draw(residual[None], torch.tensor([_uniform(r.seed, base + i, 1)]))))
+        break
+    else:
+        k = len(r.draft)
+        tokens.append(int(draw(q[k][None], torch.tensor([_uniform(r.seed, base + k, 1)]))))
+    accepted = len(tokens) - 1
+    v = Verified(tokens, accepted)
+    if raw is not None:
+        picked = raw[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        v.logprobs = list(picked)
+        if r.top_logprobs_num:
+            vals, idx = raw[: len(tokens)].topk(r.top_logprobs_num, dim=-1)
+            v.top_logprobs = [
+                list(zip(a, b, strict=True))
+                for a, b in zip(vals.tolist(), idx.tolist(), strict=True)
+            ]
+    return v

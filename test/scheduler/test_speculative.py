@@ -141,10 +141,15 @@ def test_a_short_pool_runs_drafts_only_where_they_fit():
         assert out[rid][0] == reference(prompt, n, copy_model)
 
 
-def test_sampled_and_penalised_requests_decode_without_drafts():
+def test_penalised_and_greedy_only_sampled_requests_decode_without_drafts():
     s, runner = make_scheduler(**SPEC)
     runner.predict = copy_model
     submit(s, "p", prompts(1)[0], max_new_tokens=20, frequency_penalty=0.5)
+    run_to_end(s)
+    assert s.spec_stats.spec_verified_requests == 0
+    s, runner = make_scheduler(speculative_greedy_only=True, **SPEC)
+    runner.predict = copy_model
+    submit(s, "t", prompts(1)[0], max_new_tokens=20, temperature=0.5)
     run_to_end(s)
     assert s.spec_stats.spec_verified_requests == 0
 
@@ -182,3 +187,50 @@ def test_drafts_that_do_not_pay_are_mostly_skipped():
         assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
         drafted[even] = s.spec_stats.spec_draft_tokens
     assert 0 < drafted[1] < drafted[10_000] / 2
+
+
+def test_rejection_sampling_keeps_the_output_distribution():
+    """Sampled requests (temperature 0.25 over the toy logits: the copy token has probability
+    e^4 / (e^4 + 49) ~ 0.53, every other token the rest shared evenly) with drafts of the copy
+    tokens: over 1,500 seeds, the number of copy tokens among the 5 outputs is Binomial(5, p),
+    each position alone Bernoulli(p), and the other tokens are uniform (chi-square tests at
+    the 0.1% level; the seeds are fixed, so the test is deterministic)."""
+    import math
+
+    n_req, n_out, temp = 1500, 5, 0.25
+    weight = math.exp(1 / temp)
+    p = weight / (weight + VOCAB - 1)
+    prompt = prompts(1)[0][:22]
+    s, runner = make_scheduler(
+        pool_tokens=16384,
+        speculative_max_verify_tokens=1000,  # every request drafts in every step
+        speculative_break_even_tokens=100_000,
+        **SPEC,
+    )
+    runner.predict = copy_model
+    for i in range(n_req):
+        submit(s, f"r{i}", prompt, max_new_tokens=n_out, temperature=temp, seed=i, ignore_eos=True)
+    out = run_to_end(s)
+    st = s.spec_stats
+    assert st.spec_accepted_tokens > 1000 and st.spec_draft_tokens > st.spec_accepted_tokens + 1000
+    preds = reference(prompt, n_out, copy_model)  # the copy tokens come from the prompt alone
+    hits = [sum(t == c for t, c in zip(out[f"r{i}"][0], preds, strict=True)) for i in range(n_req)]
+    expected = [n_req * math.comb(n_out, h) * p**h * (1 - p) ** (n_out - h) for h in range(6)]
+    observed = [hits.count(h) for h in range(6)]
+    assert _chi2(observed, expected) < 20.5  # df 5
+    for j in range(n_out):
+        at_j = sum(out[f"r{i}"][0][j] == preds[j] for i in range(n_req))
+        assert _chi2([at_j, n_req - at_j], [n_req * p, n_req * (1 - p)]) < 10.8  # df 1
+    others = [0.0] * VOCAB
+    seen = [0] * VOCAB
+    for i in range(n_req):
+        for t, c in zip(out[f"r{i}"][0], preds, strict=True):
+            if t != c:
+                seen[t] += 1
+                for v in range(VOCAB):
+                    others[v] += (v != c) / (VOCAB - 1)
+    assert _chi2(seen, others) < 90.0  # df 49
+
+
+def _chi2(observed: list[int], expected: list[float]) -> float:
+    return sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
