@@ -9,8 +9,9 @@ Each at concurrency 1 (requests one after another), 8 and 32 (that many at once)
 stay up and run each (workload, concurrency) back to back, the order alternating. Reported per
 row: decode tok/s (output tokens after the first, per second after the first token, summed over
 requests running together: what speculation speeds up), end-to-end output tok/s, mean TTFT,
-mean accepted tokens per verify step (accepted drafts + the bonus token) and whether the outputs
-were identical (greedy: they must be).
+mean accepted tokens per verify step (accepted drafts + the bonus token), the forward steps each
+mode ran (independent of machine noise) and whether the outputs were identical (greedy: they
+must be).
 
     python benchmark/bench_spec.py [--quick] [--results benchmark/RESULTS.md]
 
@@ -161,6 +162,7 @@ def measure(engine: radixgen.Engine, reqs: list[tuple[str, dict]], conc: int) ->
         "e2e_tok_s": tokens / wall,
         "ttft_s": sum(o["ttft"] for o in outs) / len(outs),
         "accept_length": (accepted + verified) / verified if verified else None,
+        "steps": after["forward_steps"] - before["forward_steps"],
     }
 
 
@@ -208,6 +210,8 @@ def main() -> None:
                     "ttft_s_off": round(off["ttft_s"], 3),
                     "ttft_s_on": round(on["ttft_s"], 3),
                     "accept_length": on["accept_length"] and round(on["accept_length"], 2),
+                    "forward_steps_off": off["steps"],
+                    "forward_steps_on": on["steps"],
                     "identical": off["ids"] == on["ids"],
                 }
                 print(json.dumps(row), flush=True)
@@ -224,15 +228,16 @@ def write_table(path: str, rows: list[dict[str, Any]], command: str) -> None:
         f"`python {command}`",
         "",
         "| workload | conc | decode tok/s off / on | speedup | e2e tok/s off / on | speedup "
-        "| TTFT s off / on | accepted/step | identical |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| TTFT s off / on | accepted/step | forward steps off / on | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['concurrency']} | {r['decode_tok_s_off']} / "
             f"{r['decode_tok_s_on']} | {r['decode_speedup']}x | {r['e2e_tok_s_off']} / "
             f"{r['e2e_tok_s_on']} | {r['e2e_speedup']}x | {r['ttft_s_off']} / {r['ttft_s_on']} "
-            f"| {r['accept_length']} | {r['identical']} |"
+            f"| {r['accept_length']} | {r['forward_steps_off']} / {r['forward_steps_on']} "
+            f"| {r['identical']} |"
         )
     with open(path, "a") as f:
         f.write("\n".join(lines) + "\n")

@@ -47,9 +47,10 @@ class SpeculativeConfig:
         16,
         "Tokens a step can add before its forward costs twice a one-token decode step (the "
         "step's fixed cost, weight streaming, in tokens: ~16 on a 2-core CPU for the default "
-        "model, hundreds on a GPU). A step of T tokens drafts only for requests whose recent "
-        "share of accepted draft tokens exceeds T / (T + this): below it verifying costs more "
-        "than it saves (such requests still try one draft every few steps).",
+        "model, hundreds on a GPU). A step computing T tokens for B sampling requests gives a "
+        "request draft tokens only while its recent share of accepted draft tokens exceeds "
+        "B / (this + T) (counting the drafts given so far): below it verifying costs more than "
+        "it saves, and the request tries a one-token draft every few steps instead.",
     )
 
     speculative_greedy_only: bool = _f(

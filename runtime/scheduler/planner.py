@@ -102,7 +102,7 @@ class SchedulerPlanner:
         if budget > 0 and self.waiting:
             plan.extend(self._admit(budget, reserved, plan))
         if self.spec_enabled:
-            self._planning = plan
+            self._planning = list(plan)
             self._plan_drafts(plan)  # speculative drafts where the pool has room (no eviction)
         return plan
 

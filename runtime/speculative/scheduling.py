@@ -6,7 +6,7 @@ extends of jump-forward text or resumed requests) may get an n-gram draft, appen
 step's tokens; a constrained request's draft is walked by its grammar (cut at the first token it
 rejects, one bitmask row per verified position). Drafts go to the requests with the best recent
 acceptance first, within `speculative_max_verify_tokens` per step, and only to those whose
-acceptance pays for the tokens a step of this size adds (`speculative_break_even_tokens`); a
+acceptance pays for the tokens they add to the step (`speculative_break_even_tokens`); a
 step with `speculative_max_verify_tokens` decoding requests or more runs none (compute-bound). After the forward, each verified request appends
 its accepted tokens one by one through the same path as a sampled token (finish checks, grammar,
 jump-forward, which ends the step's tokens as it would end a decode), keeps the KV of the tokens
@@ -95,11 +95,16 @@ class SpeculativeScheduling:
         # best recent acceptance first: they make the most of the step's budget
         ends.sort(key=lambda r: -r.draft_state.accept_rate if r.draft_state else -0.5)
         free = self.kv_pool.available_size()
-        step_tokens = sum(r.extend_len for r in plan)
-        threshold = step_tokens / (step_tokens + cfg.speculative_break_even_tokens)
+        # NOTE: a step computing T tokens costs ~ (W + T) token-times and yields one token per
+        # sampling request; k more draft tokens pay when they yield more than k * out / (W + T),
+        # i.e. when the request's accepted share beats `out / (W + T)` (both grow as drafts go in)
+        fixed = cfg.speculative_break_even_tokens
+        tokens_in = float(sum(r.extend_len for r in plan))
+        tokens_out = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
         for r in ends:
             if budget <= 0:
                 break
+            threshold = tokens_out / (fixed + tokens_in)
             state = r.draft_state
             if state is None:
                 state = r.draft_state = DraftState(
@@ -118,9 +123,7 @@ class SpeculativeScheduling:
             k = min(longest, budget, room)
             if k <= 0:
                 continue
-            draft = state.index.propose(r.all_ids, k)
-            if draft and r.grammar is not None:
-                draft = self._walk_grammar(r, draft)
+            draft = self._propose(r, state, k)
             if not draft:
                 continue
             need = pages_needed(r, r.extend_len + len(draft), self.page_size)
@@ -130,8 +133,23 @@ class SpeculativeScheduling:
                 continue
             free -= need * self.page_size
             budget -= len(draft)
+            tokens_in += len(draft)
+            tokens_out += state.accept_rate * len(draft)
             r.draft = draft
             r.extend_len += len(draft)
+
+    def _propose(self, r: Req, state: DraftState, k: int) -> list[int]:
+        """Request r's draft of up to k tokens (grammar-walked), or [] (also when drafting
+        raises: a draft is optional, the request decodes on without one)."""
+        try:
+            draft = state.index.propose(r.all_ids, k)
+            if draft and r.grammar is not None:
+                draft = self._walk_grammar(r, draft)
+            return draft
+        except Exception as e:
+            log_internal_error(f"drafting for request {r.rid}", e)
+            r.draft_mask, r.draft_state = None, None
+            return []
 
     def _may_draft(self, r: Req) -> bool:
         """Requests whose step ends at their sequence's end and whose next tokens depend on the

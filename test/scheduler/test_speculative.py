@@ -74,7 +74,9 @@ def test_draft_length_adapts_to_acceptance():
 
 
 @pytest.mark.parametrize("model", [copy_model, next_token], ids=["repeats", "random"])
-@pytest.mark.parametrize("flags", [{}, {"page_size": 4}, {"chunked_prefill_size": 16}])
+@pytest.mark.parametrize(
+    "flags", [{}, {"page_size": 4}, {"chunked_prefill_size": 16}, {"disable_radix_cache": True}]
+)
 def test_outputs_equal_the_reference_in_mixed_batches(model, flags):
     reqs = [(f"r{i}", p, 30 + 7 * i) for i, p in enumerate(prompts(5))]
     out, s, runner = run(model, reqs, **SPEC, **flags)
