@@ -171,6 +171,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests, concurrency 1 and 8")
     ap.add_argument("--results", help="append a markdown table of the figures to this file")
     ap.add_argument("--workloads", default="json,rag,random")
+    ap.add_argument("--concurrency", help="comma-separated levels (default 1,8,32; quick: 1,8)")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -179,6 +180,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     concs = [1, 8] if args.quick else [1, 8, 32]
+    if args.concurrency:
+        concs = [int(c) for c in args.concurrency.split(",")]
     single_n = 2 if args.quick else 4
     common = {"log_level": "warning", "max_total_tokens": 80_000}
     with (
