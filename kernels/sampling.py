@@ -82,29 +82,15 @@ def sample_from_probs(
     return out
 
 
-def filtered_weights(
-    probs: torch.Tensor,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    min_p: torch.Tensor | None,
-) -> torch.Tensor:
-    """probs [B, V] with the tokens top-k, top-p and min-p drop set to 0 (not renormalised):
-    the distribution `sample_from_probs` draws from, by token id (speculative verification
-    reads a draft token's probability from it)."""
-    if top_k is None and top_p is None and min_p is None:
-        return probs
-    sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)
-    keep = _keep_mask(sorted_probs, top_k, top_p, min_p)
-    return torch.zeros_like(probs).scatter_(1, sorted_idx, sorted_probs * keep)
-
-
-def _keep_mask(
+def _filtered_draw(
     sorted_probs: torch.Tensor,
+    sorted_idx: torch.Tensor,
+    uniforms: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Which entries of rows sorted in descending order survive top-k, top-p, min-p."""
+    """Token ids drawn from rows sorted in descending order after top-k, top-p, min-p."""
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)
     ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)
     if top_k is not None:
@@ -115,24 +101,6 @@ def _keep_mask(
     if min_p is not None:
         keep &= sorted_probs >= (min_p * sorted_probs[:, 0])[:, None]
     keep[:, 0] = True  # the most likely token always survives
-    return keep
-
-
-def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Token ids drawn in proportion to non-negative `weights` [B, V] with uniforms [B]."""
-    return _inverse_cdf(weights, uniforms)
-
-
-def _filtered_draw(
-    sorted_probs: torch.Tensor,
-    sorted_idx: torch.Tensor,
-    uniforms: torch.Tensor,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    min_p: torch.Tensor | None,
-) -> torch.Tensor:
-    """Token ids drawn from rows sorted in descending order after top-k, top-p, min-p."""
-    keep = _keep_mask(sorted_probs, top_k, top_p, min_p)
     choice = _inverse_cdf(sorted_probs * keep, uniforms)
     return sorted_idx.gather(1, choice[:, None]).squeeze(1)
 

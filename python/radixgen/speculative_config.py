@@ -22,9 +22,9 @@ class SpeculativeConfig:
         None,
         "Speculative decoding: NGRAM drafts each decoding request's next tokens from the longest "
         "match of its recent tokens in its own prompt and output and verifies them in one step: "
-        "greedy outputs exactly as without it, sampled ones by rejection sampling (the same "
-        "distribution), constrained ones walked by their grammar. Runs with overlap scheduling "
-        "off (turned off for it on CUDA).",
+        "greedy and seeded sampled outputs exactly as without it (each verified position draws "
+        "with the request's own uniform for it), constrained ones walked by their grammar. Runs "
+        "with overlap scheduling off (turned off for it on CUDA).",
         ("NGRAM",),
     )
     speculative_num_draft_tokens: int = _f(
@@ -55,8 +55,9 @@ class SpeculativeConfig:
 
     speculative_greedy_only: bool = _f(
         False,
-        "Speculate for greedy requests only (sampled ones are otherwise verified by rejection "
-        "sampling: the same output distribution, not the same draws as without speculation).",
+        "Speculate for greedy requests only (sampled ones otherwise verify drafts by drawing "
+        "each position as decoding would: the same samples, drafts accepted with probability "
+        "p(draft)).",
     )
 
     @property

@@ -116,7 +116,12 @@ class Req:
 
     def uniform(self) -> float:
         """This request's own random number for its current step (batch-independent)."""
-        return random.Random(self.seed * 1_000_003 + len(self.output_ids)).random()
+        return self.uniform_at(len(self.output_ids))
+
+    def uniform_at(self, index: int) -> float:
+        """The random number that draws output token `index` (speculative verification draws
+        several positions in one step)."""
+        return random.Random(self.seed * 1_000_003 + index).random()
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -6,21 +6,20 @@ choose it in a decode step at that position: the native refined argmax for plain
 requests, the float32 rows (with raw logprobs) for requests that return logprobs, under the
 grammar's bitmask of that position when the request is constrained. The accepted tokens are the
 row choices up to and including the first that differs from the draft (the "bonus" token).
-Sampled requests are verified by rejection sampling (`verify_sampled`), which keeps each
-token's distribution.
+Sampled requests draw every row with their own seeded uniform for that output index
+(`verify_sampled`): the same tokens as without speculation, a valid rejection sampler.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from radixgen.kernels.device_io import upload
+from radixgen.kernels.device_io import to_device, upload
 from radixgen.kernels.grammar_mask import apply_token_bitmask
-from radixgen.kernels.sampling import draw, filtered_weights
+from radixgen.kernels.sampling import sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
 if TYPE_CHECKING:
@@ -127,53 +126,39 @@ def verify_drafts(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> l
     return [v for v in out if v is not None]
 
 
-def _uniform(seed: int, index: int, salt: int) -> float:
-    """The request's own random number for output position `index` (salt 0: the accept test,
-    1: the draw), so a seeded request verifies the same way whatever its batch."""
-    return random.Random((seed * 1_000_003 + index) * 4 + salt + 1).random()
-
-
 def verify_sampled(logits: LogitsOutput, r: Req, rows: list[int]) -> Verified:
-    """Rejection sampling against a point-mass draft: at position i, accept d with probability
-    q_i(d), where q_i is the distribution the sampler would draw from there (grammar mask,
-    temperature, top-k, top-p, min-p); on rejection draw from q_i without d, renormalised, and
-    stop; after a fully accepted draft draw the bonus token from q_k. Each output token is then
-    distributed exactly as without speculation (the draws themselves differ)."""
+    """Sampled requests: each row draws its token exactly as the sampler would at that position
+    (grammar mask, temperature, top-k / top-p / min-p, the request's own seeded uniform for that
+    output index), and the draft is accepted while the draws equal it. Against a point-mass
+    draft this is rejection sampling (d is accepted with probability q(d), and on rejection the
+    draw is q conditioned on not d), and more: the output is the very sample decoding without
+    speculation would draw, whatever the batch."""
     sp = r.sampling_params
     dense = logits.rows_float(rows)
     raw = torch.log_softmax(dense, dim=-1) if r.return_logprob else None
     if r.draft_mask is not None:
         apply_token_bitmask(dense, upload(r.draft_mask, dense.device))
-    probs = torch.softmax(dense / sp.temperature, dim=-1)
-    n = len(rows)
-    limit = min(sp.top_k, probs.shape[-1])
-    top_k = torch.full((n,), limit, dtype=torch.long) if sp.top_k < TOP_K_DISABLED else None
-    top_p = torch.full((n,), sp.top_p) if sp.top_p < 1.0 else None
-    min_p = torch.full((n,), sp.min_p) if sp.min_p > 0.0 else None
-    q = filtered_weights(probs.cpu(), top_k, top_p, min_p)
-    q = q / q.sum(dim=-1, keepdim=True)
+    n, vocab = dense.shape
+    dev = dense.device
+    temps = to_device([sp.temperature] * n, dense.dtype, dev)
+    probs = torch.softmax(dense / temps[:, None], dim=-1)
+    top_k = top_p = min_p = None
+    if sp.top_k < TOP_K_DISABLED:
+        top_k = to_device([min(sp.top_k, vocab)] * n, torch.long, dev)
+    if sp.top_p < 1.0:
+        top_p = to_device([sp.top_p] * n, dense.dtype, dev)
+    if sp.min_p > 0.0:
+        min_p = to_device([sp.min_p] * n, dense.dtype, dev)
     base = len(r.output_ids)
-    tokens: list[int] = []
-    for i, d in enumerate(r.draft):
-        if _uniform(r.seed, base + i, 0) < float(q[i, d]):
-            tokens.append(d)
-            continue
-        residual = q[i].clone()
-        residual[d] = 0.0
-        if float(residual.sum()) <= 0.0:  # q_i(d) == 1 within rounding: d it is
-            residual = q[i]
-        tokens.append(int(draw(residual[None], torch.tensor([_uniform(r.seed, base + i, 1)]))))
-        break
-    else:
-        k = len(r.draft)
-        tokens.append(int(draw(q[k][None], torch.tensor([_uniform(r.seed, base + k, 1)]))))
-    accepted = len(tokens) - 1
-    v = Verified(tokens, accepted)
+    uniforms = to_device([r.uniform_at(base + i) for i in range(n)], dense.dtype, dev)
+    choices: list[int] = sample_from_probs(probs, uniforms, top_k, top_p, min_p).tolist()
+    j = accept_prefix(choices, r.draft)
+    v = Verified(choices[: j + 1], j)
     if raw is not None:
-        picked = raw[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        picked = raw[torch.arange(j + 1), torch.tensor(choices[: j + 1])].tolist()
         v.logprobs = list(picked)
         if r.top_logprobs_num:
-            vals, idx = raw[: len(tokens)].topk(r.top_logprobs_num, dim=-1)
+            vals, idx = raw[: j + 1].topk(r.top_logprobs_num, dim=-1)
             v.top_logprobs = [
                 list(zip(a, b, strict=True))
                 for a, b in zip(vals.tolist(), idx.tolist(), strict=True)

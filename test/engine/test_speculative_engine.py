@@ -1,5 +1,5 @@
-"""N-gram speculative decoding on the real default model: greedy outputs identical to decoding
-without it (bf16 rows are batch-invariant, so verify rows equal decode rows bitwise), for
+"""N-gram speculative decoding on the real default model: greedy (and seeded sampled) outputs
+identical to decoding without it (bf16 rows are batch-invariant, so verify rows equal decode rows bitwise), for
 prompts whose answers quote them (drafts accepted) and ones that do not, plain, constrained
 (JSON schema, with jump-forward), with logprobs, stop strings, n > 1 and streaming, all in one
 batch; the acceptance counters are reported in /server_info.
@@ -55,7 +55,8 @@ def _cases(chat_prompt) -> list[tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def outputs(chat_prompt):
-    """{spec on/off: (batched outputs, logprob output, streamed text, server info)}."""
+    """{spec on/off: (batched outputs, one by one, logprob output, stream chunks, server info,
+    a sampled output)}."""
     cases = _cases(chat_prompt)
     prompts = [p for p, _ in cases]
     params = [sp for _, sp in cases]
@@ -77,8 +78,12 @@ def outputs(chat_prompt):
             chunks = list(
                 eng.generate(lp_prompt, {"temperature": 0, "max_new_tokens": 60}, stream=True)
             )
+            sampled = eng.generate(
+                lp_prompt, {"temperature": 0.7, "seed": 3, "max_new_tokens": 30, "top_p": 0.9},
+                return_logprob=True,
+            )  # fmt: skip
             info = eng.get_server_info()["internal_states"][0]
-        result[on] = (batched, one_by_one, lp, chunks, info)
+        result[on] = (batched, one_by_one, lp, chunks, info, sampled)
     return result
 
 
@@ -122,3 +127,13 @@ def test_acceptance_is_reported(outputs):
     assert info["spec_verified_requests"] > 0
     assert info["spec_accept_length"] > 1.5  # the quoting prompts accept long drafts
     assert outputs[False][4]["spec_verified_requests"] == 0
+
+
+def test_seeded_sampled_requests_are_identical_too(outputs):
+    assert _key(outputs[False][5]) == _key(outputs[True][5])
+    for on in (False, True):
+        out = outputs[on][5]
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == len(out["output_ids"]) > 0
+        assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
+        assert all(lp is not None and lp <= 0.0 for lp, *_ in meta["output_token_logprobs"])

@@ -191,12 +191,13 @@ def test_drafts_that_do_not_pay_are_mostly_skipped():
     assert 0 < drafted[1] < drafted[10_000] / 2
 
 
-def test_rejection_sampling_keeps_the_output_distribution():
+def test_sampled_verification_keeps_the_samples_and_their_distribution():
     """Sampled requests (temperature 0.25 over the toy logits: the copy token has probability
     e^4 / (e^4 + 49) ~ 0.53, every other token the rest shared evenly) with drafts of the copy
-    tokens: over 1,500 seeds, the number of copy tokens among the 5 outputs is Binomial(5, p),
-    each position alone Bernoulli(p), and the other tokens are uniform (chi-square tests at
-    the 0.1% level; the seeds are fixed, so the test is deterministic)."""
+    tokens: over 1,500 seeds the outputs equal those without speculation, seed for seed; the
+    number of copy tokens among the 5 outputs is Binomial(5, p), each position alone
+    Bernoulli(p), and the other tokens are uniform (chi-square tests at the 0.1% level; the
+    seeds are fixed, so the test is deterministic)."""
     import math
 
     n_req, n_out, temp = 1500, 5, 0.25
@@ -215,6 +216,14 @@ def test_rejection_sampling_keeps_the_output_distribution():
     out = run_to_end(s)
     st = s.spec_stats
     assert st.spec_accepted_tokens > 1000 and st.spec_draft_tokens > st.spec_accepted_tokens + 1000
+    # each row draws with the request's own uniform for that position: the very same samples
+    base, base_runner = make_scheduler(pool_tokens=16384)
+    base_runner.predict = copy_model
+    for i in range(n_req):
+        submit(
+            base, f"r{i}", prompt, max_new_tokens=n_out, temperature=temp, seed=i, ignore_eos=True
+        )
+    assert run_to_end(base) == out
     preds = reference(prompt, n_out, copy_model)  # the copy tokens come from the prompt alone
     hits = [sum(t == c for t, c in zip(out[f"r{i}"][0], preds, strict=True)) for i in range(n_req)]
     expected = [n_req * math.comb(n_out, h) * p**h * (1 - p) ** (n_out - h) for h in range(6)]
@@ -236,3 +245,19 @@ def test_rejection_sampling_keeps_the_output_distribution():
 
 def _chi2(observed: list[int], expected: list[float]) -> float:
     return sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
+
+
+def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch():
+    prompt = prompts(3)[2]
+    params = {"temperature": 0.3, "seed": 11, "ignore_eos": True}
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    submit(s, "alone", prompt, max_new_tokens=40, **params)
+    alone = run_to_end(s)["alone"][0]
+    s, runner = make_scheduler(**SPEC)
+    runner.predict = copy_model
+    for i, p in enumerate(prompts(4)):
+        submit(s, f"o{i}", p, max_new_tokens=30 + i)
+    submit(s, "batched", prompt, max_new_tokens=40, **params)
+    assert run_to_end(s)["batched"][0] == alone
+    assert s.spec_stats.spec_accepted_tokens > 0
