@@ -18,6 +18,7 @@ from typing import Any
 from radixgen.config_file import CONFIG_FLAG
 from radixgen.errors import InvalidRequestError
 from radixgen.parallel_args import check_parallel
+from radixgen.speculative_config import SpeculativeConfig
 
 
 def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -317,6 +318,7 @@ _GROUPS: dict[str, type] = {
     "http": HttpConfig,
     "limits": LimitsConfig,
     "parsers": ParserConfig,
+    "speculative": SpeculativeConfig,
 }
 
 
@@ -333,6 +335,7 @@ class ServerArgs:
     http: HttpConfig = field(default_factory=HttpConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     parsers: ParserConfig = field(default_factory=ParserConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -380,6 +383,17 @@ class ServerArgs:
         if s.max_queued_requests is not None and s.max_queued_requests < 0:
             raise InvalidRequestError("max_queued_requests must be >= 0", "max_queued_requests")
         self._validate_limits()
+        self.speculative.validate()
+        if (
+            self.speculative.enabled
+            and s.enable_overlap_schedule
+            and not s.disable_overlap_schedule
+        ):
+            raise InvalidRequestError(
+                "speculative decoding runs with overlap scheduling off: drop "
+                "--enable-overlap-schedule",
+                "enable_overlap_schedule",
+            )
         graph = self.cuda_graph
         if graph.cuda_graph_max_bs < 1:
             raise InvalidRequestError("cuda_graph_max_bs must be >= 1", "cuda_graph_max_bs")

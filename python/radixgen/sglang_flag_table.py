@@ -58,7 +58,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
-    "disable-overlap-schedule",
+    "disable-overlap-schedule", "speculative-algorithm", "speculative-num-draft-tokens",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
     "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
@@ -350,11 +350,11 @@ TOPICS: tuple[FlagTopic, ...] = (
     # --- scheduling and cache ---------------------------------------------------------------
     FlagTopic(
         N,
-        "speculative decoding is not available: every token comes from the model itself, so "
-        "outputs are the same, only not sped up",
-        "speculative-algorithm= speculative-draft-model-path|speculative-draft-model= "
+        "only n-gram speculative decoding is available (--speculative-algorithm NGRAM): no draft "
+        "model, tree or adaptive settings of SGLang's; tokens are verified exactly",
+        "speculative-draft-model-path|speculative-draft-model= "
         "speculative-draft-model-revision= speculative-draft-load-format= "
-        "speculative-num-steps= speculative-eagle-topk= speculative-num-draft-tokens= "
+        "speculative-num-steps= speculative-eagle-topk= "
         "speculative-dflash-block-size= speculative-dspark-block-size= "
         "speculative-dspark-sps-table-path= speculative-dspark-confidence-sts-path= "
         "speculative-dspark-align-verify-tokens-to-graph-tier speculative-accept-threshold-single= "

@@ -46,6 +46,11 @@ class SchedulerPlanner:
     running: list[Req]
     _planning: list[Req]
     stats: SchedulerStats
+    spec_enabled: bool
+
+    if TYPE_CHECKING:  # SpeculativeScheduling
+
+        def _plan_drafts(self, plan: list[Req]) -> None: ...
 
     def _free_tokens(self, needed: int) -> bool:
         """Make `needed` slots free, evicting unlocked cache if necessary."""
@@ -96,6 +101,9 @@ class SchedulerPlanner:
         self._planning = list(self.waiting)  # until one is picked: the queue's order failed
         if budget > 0 and self.waiting:
             plan.extend(self._admit(budget, reserved, plan))
+        if self.spec_enabled:
+            self._planning = list(plan)
+            self._plan_drafts(plan)  # speculative drafts where the pool has room (no eviction)
         return plan
 
     def _ends_with_pending_token(self, r: Req) -> bool:

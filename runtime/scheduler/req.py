@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import LogprobList, RequestMeta, TokenizedGenerateReq, TopLogprobList
@@ -13,6 +13,7 @@ from radixgen.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
+    from radixgen.runtime.speculative.ngram import DraftState
 
 
 class Req:
@@ -53,6 +54,11 @@ class Req:
         # overlap scheduling: a token sampled for this request is still on its way to the host
         # (counted in seq_len, absent from output_ids; the next step reads it on the device)
         self.pending_sample = False
+        # speculative decoding: this step's draft (verified after the step's last real token),
+        # the grammar's bitmask rows for the verified positions, and the drafting state
+        self.draft: list[int] = []
+        self.draft_mask: Any = None  # int32 tensor [len(draft) + 1, words] or None
+        self.draft_state: DraftState | None = None
 
         # grammar
         self.grammar: BaseGrammarObject | None = None
@@ -110,7 +116,12 @@ class Req:
 
     def uniform(self) -> float:
         """This request's own random number for its current step (batch-independent)."""
-        return random.Random(self.seed * 1_000_003 + len(self.output_ids)).random()
+        return self.uniform_at(len(self.output_ids))
+
+    def uniform_at(self, index: int) -> float:
+        """The random number that draws output token `index` (speculative verification draws
+        several positions in one step)."""
+        return random.Random(self.seed * 1_000_003 + index).random()
 
     # --- lifecycle --------------------------------------------------------------------------
 

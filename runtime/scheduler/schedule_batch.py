@@ -2,7 +2,8 @@
 
 Runs in the scheduler process. Each planned request runs `extend_len` tokens starting at its
 `kv_len`; it samples when that reaches the end of its sequence, and asks for extra logits rows
-when it wants prompt logprobs.
+when it wants prompt logprobs. A request with a speculative draft runs its draft tokens after
+its sequence's last token (counted in `extend_len`) and gets a logits row at each of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class RowLayout:
     lp_start: int  # first prompt-logprob row
     lp_positions: list[int]  # prompt positions k whose logits give logprob of token k+1
     sample_row: int | None
+    # speculative decoding: the rows of the step's last real token and of each draft token
+    # (the request then has no sample_row: runtime/speculative verifies it)
+    verify_rows: list[int] | None = None
 
 
 @dataclass
@@ -34,6 +38,14 @@ class StepBatch:
     @property
     def sample_rows(self) -> list[int]:
         return [lay.sample_row for lay in self.layouts if lay.sample_row is not None]
+
+    @property
+    def verify_reqs(self) -> list[tuple[Req, list[int]]]:
+        return [
+            (r, lay.verify_rows)
+            for r, lay in zip(self.reqs, self.layouts, strict=True)
+            if lay.verify_rows is not None
+        ]
 
     @property
     def sampling_reqs(self) -> list[Req]:
@@ -83,7 +95,10 @@ def build_step_batch(
         extend_lens.append(n)
         assert req.req_pool_idx is not None
         rows.append(req.req_pool_idx)
-        input_ids.extend(token_slice(req, a, b))
+        drafted = len(req.draft)
+        input_ids.extend(token_slice(req, a, b - drafted))
+        if drafted:
+            input_ids.extend(req.draft)
         positions.extend(range(a, b))
         lp_positions: list[int] = []
         lp_from = req.input_logprob_start
@@ -92,7 +107,11 @@ def build_step_batch(
             lp_positions = list(range(max(a, lp_from), min(b, prompt_len - 1)))
         lay = RowLayout(len(logits_idx), lp_positions, None)
         logits_idx.extend(start + (k - a) for k in lp_positions)
-        if b == req.seq_len:
+        if drafted:
+            assert b - drafted == req.seq_len, "a draft follows the sequence's last token"
+            lay.verify_rows = list(range(len(logits_idx), len(logits_idx) + drafted + 1))
+            logits_idx.extend(range(start + n - drafted - 1, start + n))
+        elif b == req.seq_len:
             lay.sample_row = len(logits_idx)
             logits_idx.append(start + n - 1)
         layouts.append(lay)

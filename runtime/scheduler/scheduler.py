@@ -55,10 +55,11 @@ from radixgen.runtime.scheduler.schedule_batch import (
     allocate_step_slots,
     build_step_batch,
 )
+from radixgen.runtime.speculative.scheduling import SpeculativeScheduling
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from radixgen.runtime.constrained.grammar_manager import GrammarManager
+    from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
 
@@ -98,14 +99,19 @@ class SchedulerStats:
 
 
 def overlap_enabled(args: ServerArgs, device: str) -> bool:
-    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing there)."""
+    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing there);
+    off with speculative decoding (its drafts need the previous step's tokens on the host)."""
     sched = args.scheduler
     if sched.disable_overlap_schedule:
+        return False
+    if args.speculative.enabled:
+        if device.startswith("cuda"):
+            logger.info("overlap scheduling off: speculative decoding runs steps one by one")
         return False
     return device.startswith("cuda") or sched.enable_overlap_schedule
 
 
-class Scheduler(SchedulerPlanner, OverlapScheduling):
+class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
     def __init__(
         self,
         args: ServerArgs,
@@ -144,6 +150,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
         self.probe = DashboardProbe()
         self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
         self.inflight: InflightStep | None = None
+        self._init_speculation()
         self.future_ids = torch.zeros(
             self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
         )
@@ -339,12 +346,18 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
 
     def _jump_forward(self, req: Req) -> None:
         """Let the grammar append the text it forces (no model step) and apply its edit."""
+        edit = self._find_jump(req)
+        if edit is not None:  # else nothing forced, or the request was finished (state lost)
+            self._apply_jump(req, edit)
+
+    def _find_jump(self, req: Req) -> JumpForwardEdit | None:
+        """The grammar's forced-text edit (already accepted by the grammar: apply it)."""
         assert self.grammar_manager is not None
         sp = req.sampling_params
         max_len = min(sp.max_new_tokens, self.context_length - len(req.origin_input_ids)) - 1
-        edit = self.grammar_manager.jump_forward(req, max_len)
-        if edit is None:  # nothing forced, or the request was finished (grammar state lost)
-            return
+        return self.grammar_manager.jump_forward(req, max_len)
+
+    def _apply_jump(self, req: Req, edit: JumpForwardEdit) -> None:
         self._replace_output_tail(req, edit.keep, edit.tokens)
         req.jump_forward_tokens += edit.added
         self.stats.jump_forward_tokens += edit.added
@@ -365,6 +378,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             req.kv_len = keep_pos
         del req.output_ids[keep:]
         req.output_ids.extend(new_tokens)
+        req.draft_state = None  # its n-gram index holds the replaced tokens
         if req.stop_regex is not None:
             req.stop_regex.reset()
         if keep < req.sent_output_len:
@@ -383,6 +397,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
     def _process(self, batch: StepBatch, logits: LogitsOutput) -> None:
         for r in batch.reqs:
             r.kv_len += r.extend_len
+        self._verify_drafts(batch, logits)
         record_input_logprobs(batch, logits)
         sample_reqs = batch.sampling_reqs
         if sample_reqs:
@@ -433,20 +448,26 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
         if r.sampling_params.max_new_tokens == 0:
             r.finish(FinishReason.length(0))
             return
-        tok = out.next_ids[i]
+        self._append_token(r, out.next_ids[i], out.logprobs[i], out.top_logprobs[i])
+        if not r.finished and r.grammar is not None:
+            self._jump_forward(r)
+
+    def _append_token(
+        self, r: Req, tok: int, lp: float | None, top: list[tuple[float, int]] | None
+    ) -> None:
+        """Append one chosen token (sampled, or verified from a draft); advance the grammar and
+        check finish."""
         if not r.output_ids and r.first_token_delay is None and r.arrival_time:
             r.first_token_delay = max(0.0, time.time() - r.arrival_time)
         r.output_ids.append(tok)
         self.stats.generated_tokens += 1
         if r.return_logprob:
-            r.output_token_logprobs.append((out.logprobs[i], tok))
+            r.output_token_logprobs.append((lp, tok))
             if r.top_logprobs_num:
-                r.output_top_logprobs.append(out.top_logprobs[i])
+                r.output_top_logprobs.append(top)
         if self.grammar_manager is not None and r.grammar is not None:
             self.grammar_manager.accept(r, tok)
         check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
-        if not r.finished and r.grammar is not None:
-            self._jump_forward(r)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
         outbox, self.outbox = self.outbox, []
@@ -484,6 +505,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling):
             "tp_comm_seconds": float(getattr(self.model_runner, "comm_seconds", 0.0)),
             "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
             **asdict(st),
+            **asdict(self.spec_stats),
+            **self.spec_stats.summary(),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
         }
 

@@ -47,6 +47,7 @@ class ToyRunner:
         self.kv_pool = kv_pool
         self.req_to_token_pool = req_to_token_pool
         self.batches: list[ForwardBatch] = []
+        self.predict = next_token  # the toy model (tests of speculation swap in a repetitive one)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         self.batches.append(batch)
@@ -60,7 +61,7 @@ class ToyRunner:
             row = batch.req_pool_indices_cpu[i]
             slots = self.req_to_token_pool.req_to_token[row, : pos + 1]
             ids = [int(x) for x in k[slots, 0, 0].tolist()]
-            rows.append(next_token(ids))
+            rows.append(self.predict(ids))
         logits = torch.zeros(len(rows), VOCAB)
         logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 1.0
         empty = torch.empty(0)

@@ -1,0 +1,88 @@
+"""Speculative decoding settings (`--speculative-*` flags): a `ServerArgs` group of its own.
+
+Imported by every process (no torch). The scheduler reads it to draft n-gram continuations from
+each request's own tokens and verify them in one extend step (runtime/speculative/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixgen.errors import InvalidRequestError
+
+
+def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_algorithm: str | None = _f(
+        None,
+        "Speculative decoding: NGRAM drafts each decoding request's next tokens from the longest "
+        "match of its recent tokens in its own prompt and output and verifies them in one step: "
+        "greedy and seeded sampled outputs exactly as without it (each verified position draws "
+        "with the request's own uniform for it), constrained ones walked by their grammar. Runs "
+        "with overlap scheduling off (turned off for it on CUDA).",
+        ("NGRAM",),
+    )
+    speculative_num_draft_tokens: int = _f(
+        8, "Most draft tokens verified per request and step (each request adapts below it)."
+    )
+    speculative_ngram_min_match_window_size: int = _f(
+        1, "Shortest suffix of a request's tokens matched to find a draft."
+    )
+    speculative_ngram_max_match_window_size: int = _f(
+        8, "Longest suffix matched (the longest match found wins; the latest occurrence of it)."
+    )
+    speculative_max_verify_tokens: int = _f(
+        48,
+        "Most draft tokens verified in one step over the whole batch; drafts go to the requests "
+        "whose drafts were accepted best. A step with this many decoding requests or more runs "
+        "without drafts (compute-bound: verifying costs more than it saves).",
+    )
+
+    speculative_break_even_tokens: int = _f(
+        16,
+        "Tokens a step can add before its forward costs twice a one-token decode step (the "
+        "step's fixed cost, weight streaming, in tokens: ~16 on a 2-core CPU for the default "
+        "model, hundreds on a GPU). A step computing T tokens for B sampling requests gives a "
+        "request draft tokens only while its recent share of accepted draft tokens exceeds "
+        "B / (this + T) (counting the drafts given so far): below it verifying costs more than "
+        "it saves, and the request tries a one-token draft every few steps instead.",
+    )
+
+    speculative_greedy_only: bool = _f(
+        False,
+        "Speculate for greedy requests only (sampled ones otherwise verify drafts by drawing "
+        "each position as decoding would: the same samples, drafts accepted with probability "
+        "p(draft)).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    def validate(self) -> None:
+        for name in (
+            "speculative_num_draft_tokens",
+            "speculative_ngram_min_match_window_size",
+            "speculative_max_verify_tokens",
+            "speculative_break_even_tokens",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", name)
+        if self.speculative_num_draft_tokens > 32:
+            raise InvalidRequestError(
+                "speculative_num_draft_tokens must be <= 32", "speculative_num_draft_tokens"
+            )
+        if (
+            self.speculative_ngram_max_match_window_size
+            < self.speculative_ngram_min_match_window_size
+        ):
+            raise InvalidRequestError(
+                "speculative_ngram_max_match_window_size must be >= "
+                "speculative_ngram_min_match_window_size",
+                "speculative_ngram_max_match_window_size",
+            )
