@@ -171,6 +171,11 @@ def test_the_backend_without_flashinfer_says_what_it_needs() -> None:
 
     class Pool:
         device_req_to_token = req_to_token = torch.zeros((2, 4), dtype=torch.long)
+        dtype = torch.bfloat16  # a KV pool in the model dtype (a converted one is refused first)
+
+        def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+            buf = torch.zeros((4, 1, 64), dtype=self.dtype)
+            return buf, buf
 
     with pytest.raises(ImportError, match=r"needs flashinfer-python 0\.6\.13"):
         create_attention_backend("flashinfer", Pool(), Pool())  # type: ignore[arg-type]
