@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from model_harness import VOCAB, Session
+from model_harness import _BASE as LLAMA_SHAPE
+from model_harness import Session
 from transformers import (
     Gemma2Config,
     MixtralConfig,
@@ -22,19 +23,8 @@ from transformers import (
 
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 
-_BASE: dict[str, Any] = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=None,
-)
+# the Llama harness's tiny shape; these configs want no pad token
+_BASE: dict[str, Any] = {**LLAMA_SHAPE, "pad_token_id": None}
 PHI3_ORIG_CTX = 24  # longrope: short factors up to here, long ones past it
 LONGROPE = {
     "rope_type": "longrope",
