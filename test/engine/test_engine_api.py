@@ -222,7 +222,8 @@ def test_over_long_prompt_and_engine_keeps_serving(engine):
     too_long = "word " * 9000
     with pytest.raises(ValueError, match="tokens"):
         engine.generate(too_long, {"max_new_tokens": 4})
-    assert engine.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    out = engine.generate("Hello", {"max_new_tokens": 2, "ignore_eos": True})
+    assert out["meta_info"]["completion_tokens"] == 2
 
 
 def test_offline_batch_has_no_queue_or_sequence_limit(engine):

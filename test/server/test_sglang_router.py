@@ -82,14 +82,21 @@ def test_router_registers_both_workers_with_our_model_info(cluster):
 
 
 def test_plain_requests_flow_through_the_router(rhttp):
-    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4}}
+    # NOTE: sampled at SGLang's default temperature, so EOS is ignored: " Paris." can end at 3
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+    }
     r = rhttp.post("/generate", json={**body, "rid": "router-plain-1"})
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["meta_info"]["id"] == "router-plain-1"
     assert out["meta_info"]["completion_tokens"] == 4 and out["text"]
 
-    r = rhttp.post("/v1/completions", json={"model": "m", "prompt": "One, two,", "max_tokens": 3})
+    r = rhttp.post(
+        "/v1/completions",
+        json={"model": "m", "prompt": "One, two,", "max_tokens": 3, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
     r = rhttp.post(
