@@ -138,6 +138,14 @@ class AttentionBackend(ABC):
             layer.layer_id, batch.out_cache_loc, k.view(n, hkv, d), v.view(n, hkv, d)
         )
 
+    def native_ragged_layout(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """This step's layout for the native ragged CPU kernel (kv_indices, kv_indptr,
+        q_indptr, q_pos0) when every layer attends through it, else None: the native decoder
+        stack (runtime/models/native_stack.py) then runs attention itself."""
+        return None
+
     # --- CUDA graphs (decode steps only) ------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:

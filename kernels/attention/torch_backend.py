@@ -96,6 +96,11 @@ class TorchAttentionBackend(AttentionBackend):
             meta.decode_padded_idx, meta.decode_mask = self._decode_layout(meta.decode_rows, None)
         self.meta = meta
 
+    def native_ragged_layout(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        return self.meta.ragged if self.meta is not None and self.native is not None else None
+
     def _ragged_metadata(
         self, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]
     ) -> TorchAttentionMetadata:

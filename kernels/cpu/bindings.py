@@ -63,6 +63,12 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "qgemm_pack": (None, (_P, _P, _P, _I64, _I64, _I32, _P)),
     "qgemm_rows_bf16": (None, (_P, _I64, _I64, _I32, _P, _I64, _P)),
     "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
+    "decoder_stack_words": (_I32, ()),
+    "decoder_stack_workspace_bytes": (_I64, (_I64, _I64, _I32, _I32, _I32, _I64)),
+    "decoder_stack_forward": (
+        _I32,
+        (_P, _I32, _P, _F32, _F32, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P),
+    ),
 }
 
 QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
@@ -143,6 +149,9 @@ class NativeKernels:
         self._q_rows = bind(lib, "qgemm_rows_bf16")
         self._qgemm = bind(lib, "qgemm")
         self.has_quant_gemm = bool(bind(lib, "qgemm_available")())
+        self.decoder_stack_words = int(bind(lib, "decoder_stack_words")())
+        self._stack_bytes = bind(lib, "decoder_stack_workspace_bytes")
+        self._stack = bind(lib, "decoder_stack_forward")
 
     # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
 
@@ -421,3 +430,40 @@ class NativeKernels:
             raise RuntimeError(
                 f"native ragged_attention failed with code {rc} (shape {tuple(q.shape)})"
             )
+
+    # --- the whole decoder stack (see decoder_stack.c) ---------------------------------------
+
+    def decoder_stack_workspace_bytes(
+        self, n: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int
+    ) -> int:
+        return int(self._stack_bytes(n, hidden, heads, kv_heads, head_dim, inter))
+
+    def decoder_stack_forward(
+        self,
+        layers: torch.Tensor,
+        dims: torch.Tensor,
+        eps: float,
+        scale: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        h0: torch.Tensor,
+        residual: torch.Tensor,
+        out: torch.Tensor,
+        positions: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        work: torch.Tensor,
+    ) -> None:
+        """Every layer over h0's rows (decoder_stack.c): `residual` is updated in place and
+        `out` gets the last layer's MLP output. layers: int64 [L, decoder_stack_words]; dims:
+        int64 [hidden, H, Hkv, D, inter, kv code]; ragged: the attention layout."""
+        kv_indices, kv_indptr, q_indptr, q_pos0 = ragged
+        rc = self._stack(
+            layers.data_ptr(), layers.shape[0], dims.data_ptr(), eps, scale, cos.data_ptr(),
+            sin.data_ptr(), h0.data_ptr(), residual.data_ptr(), out.data_ptr(),
+            positions.data_ptr(), out_cache_loc.data_ptr(), h0.shape[0], kv_indices.data_ptr(),
+            kv_indptr.data_ptr(), q_indptr.data_ptr(), q_pos0.data_ptr(), q_indptr.numel() - 1,
+            work.data_ptr(),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native decoder_stack_forward failed with code {rc}")

@@ -77,4 +77,18 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
 int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
           int fmt, const float* bias, void* y, int64_t ldy, int out_f32);
 
+/* decoder_stack.c: int64 words per layer of the decoder stack's layer table. */
+int decoder_stack_words(void);
+
+/* decoder_stack.c: bytes of the workspace decoder_stack_forward needs for N rows. */
+int64_t decoder_stack_workspace_bytes(int64_t N, int64_t hidden, int H, int Hkv, int D,
+                                      int64_t inter);
+
+/* decoder_stack.c: every layer of a Llama-family decoder over N rows (0 = ok). */
+int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
+                          float scale, const float* cos_t, const float* sin_t, const void* h0,
+                          float* residual, float* out, const int64_t* pos, const int64_t* loc,
+                          int64_t N, const int64_t* kv_indices, const int64_t* kv_indptr,
+                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work);
+
 #endif /* RADIXGEN_KERNELS_H */

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
+    from .native_stack import NativeDecoderStack
+
 
 def packed_dtype(model: nn.Module) -> torch.dtype:
     """The model's dense dtype (that of its norms), for the empty stand-ins of freed weights."""
@@ -288,9 +290,20 @@ class LlamaForCausalLM(nn.Module):
             x = self._quant_kernels.quant_rows(self._embed_quant, input_ids)
         else:
             x = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer.forward(x, residual, positions, self.rotary, batch)
+        stack = self._native_stack(batch)
+        if stack is not None:  # every layer in one native call, bitwise the loop below
+            layout = batch.attn_backend.native_ragged_layout()  # type: ignore[union-attr]
+            assert layout is not None  # checked by _native_stack
+            residual = x.float()
+            h0 = self.layers[0].input_layernorm.forward(x)
+            x = stack.forward(
+                h0, residual, positions, batch.out_cache_loc, layout, self.rotary.cos,
+                self.rotary.sin,
+            )  # fmt: skip
+        else:
+            residual = None
+            for layer in self.layers:
+                x, residual = layer.forward(x, residual, positions, self.rotary, batch)
         idx = batch.logits_indices
         if idx is not None:
             x, residual = x[idx], residual[idx]
@@ -304,6 +317,24 @@ class LlamaForCausalLM(nn.Module):
             assert self._quant_kernels is not None
             return self._quant_kernels.linear_quant(hidden, self._head_quant, torch.float32)
         return linear(hidden, self.lm_head_weight, self._lm_head_packed, gemm=self._lm_head_gemm)
+
+    def _native_stack(self, batch: ForwardBatch) -> NativeDecoderStack | None:
+        """The native decoder stack over this step's KV pool when it can run the step."""
+        backend = batch.attn_backend
+        if self._stack_kernels is None or backend is None:
+            return None
+        if backend.native_ragged_layout() is None:
+            return None
+        if self._stack_pool is not backend.kv_pool:  # built once per pool (None: not eligible)
+            from .native_stack import NativeDecoderStack
+
+            self._stack = NativeDecoderStack.build(self, backend.kv_pool, self._stack_kernels)
+            self._stack_pool = backend.kv_pool
+        return self._stack
+
+    _stack_kernels: NativeKernels | None = None  # set by `prepack` when the stack may run
+    _stack: NativeDecoderStack | None = None
+    _stack_pool: object = None  # the KV pool `_stack` was built over
 
     _lm_head_packed: PackedWeight | None = None
     _lm_head_gemm: NativeKernels | None = None
@@ -342,6 +373,9 @@ class LlamaForCausalLM(nn.Module):
         if self._head_quant is None:
             self._lm_head_packed = prepack_weight(self.lm_head_weight, None, gemm)
             self._lm_head_gemm = gemm
+        # NOTE: the stack's table holds the packed weights' pointers: rebuilt after a prepack
+        self._stack_kernels = gemm if gemm is not None and native is gemm else None
+        self._stack, self._stack_pool = None, None
 
     # --- weights ----------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+/* A Llama-family decoder's layers in one native call (compiled with the other CPU kernels).
+ *
+ * At batch sizes of a few rows a decode step is ~270 small kernel calls; from Python each costs
+ * its ctypes marshalling, a torch allocation and the interpreter's glue (measured ~2.5 ms of a
+ * ~8.5 ms Q4_1 step of the default model). Here the same kernels run in the same order over
+ * one workspace, so every row is bitwise what the per-op path computes: the projections come
+ * out unrounded (float32), rotary and the KV store run on them, q and the attention output are
+ * bf16, the residual stream float32 (see llama.py).
+ *
+ * The layer table: n_layers rows of STACK_WORDS int64 words, pointers and codes in the order of
+ * the enum below (bindings.py's DECODER_LAYER_WORDS names them in the same order).
+ */
+#include <stdint.h>
+
+#include "radixgen_kernels.h"
+
+enum {
+    W_IN_NORM,    /* bf16 [hidden]: this layer's input RMSNorm weight (unused for layer 0) */
+    W_POST_NORM,  /* bf16 [hidden]: the post-attention RMSNorm weight */
+    W_QKV,        /* packed weight, its format (-1: gemm_bf16's layout, else qgemm's fmt), bias */
+    W_QKV_FMT,
+    W_QKV_BIAS,
+    W_O,
+    W_O_FMT,
+    W_O_BIAS,
+    W_GATE_UP,
+    W_GATE_UP_FMT,
+    W_GATE_UP_BIAS,
+    W_DOWN,
+    W_DOWN_FMT,
+    W_DOWN_BIAS,
+    W_K_POOL,     /* [slots, Hkv, D] pools of this layer, in kv_dtype */
+    W_V_POOL,
+    W_K_SCALE,    /* float32 [slots, Hkv] scales (int8 / scaled fp8 pools), or 0 */
+    W_V_SCALE,
+    W_WINDOW,     /* sliding window (0: none) */
+    STACK_WORDS
+};
+
+int decoder_stack_words(void) { return STACK_WORDS; }
+
+int64_t decoder_stack_workspace_bytes(int64_t N, int64_t hidden, int H, int Hkv, int D,
+                                      int64_t inter) {
+    int64_t qkv = (int64_t)(H + 2 * Hkv) * D, q = (int64_t)H * D;
+    int64_t floats = N * (qkv + 2 * inter), halves = N * (2 * q + hidden + inter);
+    return floats * 4 + halves * 2 + 64;
+}
+
+/* y [m, n] (float32) = x [m, k] (bf16) W^T + b, W packed for gemm_bf16 (fmt < 0) or qgemm. */
+static int project(const uint16_t* x, int64_t m, int64_t k, const int64_t* w, int slot, int64_t n,
+                   float* y) {
+    const void* weight = (const void*)(intptr_t)w[slot];
+    int fmt = (int)w[slot + 1];
+    const float* bias = (const float*)(intptr_t)w[slot + 2];
+    if (fmt < 0) return gemm_bf16(x, m, k, (const uint16_t*)weight, n, k, bias, y, n, 1);
+    return qgemm(x, m, k, (const uint8_t*)weight, n, k, fmt, bias, y, n, 1);
+}
+
+/* Every layer over N rows. h0: layer 0's normed input (bf16 [N, hidden]); residual (float32
+ * [N, hidden]) holds layer 0's input and is updated in place; out (float32 [N, hidden]) gets
+ * the last layer's MLP output, which the caller adds and norms (the final norm). dims: hidden,
+ * H, Hkv, D, inter, kv_dtype (kv_quant.h's codes). pos / loc: each row's position and KV slot;
+ * kv_indices ... R: the ragged attention layout (ragged_attention.c). work:
+ * decoder_stack_workspace_bytes. Returns 0, or the first failing kernel's code. */
+int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
+                          float scale, const float* cos_t, const float* sin_t, const void* h0,
+                          float* residual, float* out, const int64_t* pos, const int64_t* loc,
+                          int64_t N, const int64_t* kv_indices, const int64_t* kv_indptr,
+                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work) {
+    const int64_t hidden = dims[0], inter = dims[4];
+    const int H = (int)dims[1], Hkv = (int)dims[2], D = (int)dims[3], kv_dtype = (int)dims[5];
+    const int64_t qkv_n = (int64_t)(H + 2 * Hkv) * D, q_n = (int64_t)H * D;
+    float* qkv = (float*)work;          /* [N, qkv_n] */
+    float* gate_up = qkv + N * qkv_n;   /* [N, 2 inter] */
+    uint16_t* q = (uint16_t*)(gate_up + N * 2 * inter);  /* [N, H, D] */
+    uint16_t* attn = q + N * q_n;       /* [N, H * D] */
+    uint16_t* h = attn + N * q_n;       /* [N, hidden]: a norm's output */
+    uint16_t* act = h + N * hidden;     /* [N, inter] */
+    float* o = out;                     /* o_proj's output shares the MLP's: each is added first */
+    int rc;
+    for (int i = 0; i < n_layers; ++i) {
+        const int64_t* w = layers + (int64_t)i * STACK_WORDS;
+        void* k_pool = (void*)(intptr_t)w[W_K_POOL];
+        void* v_pool = (void*)(intptr_t)w[W_V_POOL];
+        float* k_scale = (float*)(intptr_t)w[W_K_SCALE];
+        float* v_scale = (float*)(intptr_t)w[W_V_SCALE];
+        const uint16_t* x = h0;
+        if (i > 0) {
+            add_rmsnorm(out, residual, (const void*)(intptr_t)w[W_IN_NORM], h, N, hidden, eps, 1,
+                        0);
+            x = h;
+        }
+        if ((rc = project(x, N, hidden, w, W_QKV, qkv_n, qkv))) return rc;
+        rope_store_kv(qkv, qkv_n, pos, cos_t, sin_t, q, k_pool, v_pool, loc, N, H, Hkv, D, 1, 0,
+                      kv_dtype, k_scale, v_scale);
+        rc = ragged_attention(q, q_n, k_pool, v_pool, kv_indices, kv_indptr, q_indptr, q_pos0, R,
+                              attn, H, Hkv, D, scale, 1, w[W_WINDOW], kv_dtype, k_scale, v_scale);
+        if (rc) return rc;
+        if ((rc = project(attn, N, q_n, w, W_O, hidden, o))) return rc;
+        add_rmsnorm(o, residual, (const void*)(intptr_t)w[W_POST_NORM], h, N, hidden, eps, 1, 0);
+        if ((rc = project(h, N, hidden, w, W_GATE_UP, 2 * inter, gate_up))) return rc;
+        silu_mul(gate_up, act, N, inter, 1, 0);
+        if ((rc = project(act, N, inter, w, W_DOWN, hidden, out))) return rc;
+    }
+    return 0;
+}

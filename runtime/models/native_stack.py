@@ -1,0 +1,151 @@
+"""The Llama decoder's layers as one native call on CPU (kernels/cpu/decoder_stack.c).
+
+Runs in the scheduler process. The per-layer Python path calls ~9 native kernels a layer; at a
+few rows a step that glue (ctypes marshalling, a torch allocation per output, module calls) costs
+about as much as streaming the quantized weights. The stack runs the same kernels in the same
+order from one table of pointers, so its rows are bitwise those of the per-layer path
+(test/models/test_native_stack.py), which stays the path for everything the stack does not
+cover: other layer classes (Qwen3's q/k norms, Gemma 2, Phi-3, MoE), tensor parallelism, the
+torch GEMM or attention, CUDA. RADIXGEN_NATIVE_STACK=0 turns it off (comparisons).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixgen.kernels.attention.base import KVPool, kv_scales
+from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
+from radixgen.kernels.cpu.bindings import KV_CODES, QUANT_FORMATS
+
+from .linear import Linear
+
+if TYPE_CHECKING:
+    from .llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "RADIXGEN_NATIVE_STACK"  # "0": the per-layer path (comparisons)
+# the per-layer words of the table, in decoder_stack.c's enum order
+LAYER_WORDS = (
+    "in_norm", "post_norm",
+    "qkv", "qkv_fmt", "qkv_bias", "o", "o_fmt", "o_bias",
+    "gate_up", "gate_up_fmt", "gate_up_bias", "down", "down_fmt", "down_bias",
+    "k_pool", "v_pool", "k_scale", "v_scale", "window",
+)  # fmt: skip
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _linear_words(layer: Linear) -> tuple[int, int, int] | None:
+    """(weight, format code, bias) of a natively packed layer, or None (torch / oneDNN)."""
+    packed = layer.packed
+    if isinstance(packed, PackedLinearWeight):
+        if packed.in_features % 2:  # gemm_bf16 reads k-pairs: the per-layer path pads odd k
+            return None
+        return packed.data.data_ptr(), -1, _ptr(packed.bias)
+    if isinstance(packed, QuantLinearWeight):
+        return packed.data.data_ptr(), QUANT_FORMATS[packed.fmt], _ptr(packed.bias)
+    return None
+
+
+@dataclass
+class NativeDecoderStack:
+    """The table of one model's layers over one KV pool, and the kernels that run it."""
+
+    kernels: NativeKernels
+    pool: KVPool  # the pool whose per-layer buffers the table points at
+    layers: torch.Tensor  # int64 [L, len(LAYER_WORDS)]
+    dims: torch.Tensor  # int64 [hidden, H, Hkv, D, inter, kv code]
+    geometry: tuple[int, int, int, int, int]  # hidden, H, Hkv, D, inter
+    eps: float
+    scale: float
+    work: torch.Tensor  # uint8 workspace, grown to the largest step seen
+
+    @classmethod
+    def build(
+        cls, model: LlamaForCausalLM, pool: KVPool, kernels: NativeKernels
+    ) -> NativeDecoderStack | None:
+        """The stack for `model` over `pool`, or None where a layer is not one it runs."""
+        if os.environ.get(DISABLE_ENV) == "0":
+            return None
+        from .llama import MLP, Attention, DecoderLayer, RMSNorm
+
+        cfg = model.cfg
+        rows: list[list[int]] = []
+        first = model.layers[0]
+        for i, layer in enumerate(model.layers):
+            # NOTE: exact classes: subclasses (Qwen3, Gemma 2, Phi-3, MoE, TP layers) add steps
+            if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
+                return None
+            attn, mlp = layer.self_attn, layer.mlp
+            if type(mlp) is not MLP or attn.native is not kernels or mlp.native is not kernels:
+                return None
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.bfloat16 for n in norms):
+                return None
+            if (attn.info.scaling, attn.info.logit_softcap) != (first.self_attn.info.scaling, None):
+                return None
+            modules = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if any(type(m) is not Linear for m in modules):  # e.g. tensor-parallel layers
+                return None
+            linears = [_linear_words(m) for m in modules]
+            if any(w is None for w in linears):
+                return None
+            k_buf, v_buf = pool.get_kv_buffer(i)
+            if k_buf.device.type != "cpu" or not k_buf.is_contiguous():
+                return None
+            scales = kv_scales(pool, i)
+            row = [layer.input_layernorm.weight.data_ptr(), norms[1].weight.data_ptr()]
+            for words in linears:
+                assert words is not None
+                row += words
+            row += [k_buf.data_ptr(), v_buf.data_ptr()]
+            row += [0, 0] if scales is None else [scales[0].data_ptr(), scales[1].data_ptr()]
+            row.append(attn.info.sliding_window or 0)
+            rows.append(row)
+        if kernels.decoder_stack_words != len(LAYER_WORDS):
+            raise RuntimeError("decoder_stack.c's layer table does not match LAYER_WORDS")
+        kv_code = KV_CODES[pool.get_kv_buffer(0)[0].dtype]
+        dims = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim]
+        dims += [first.mlp.inter, kv_code]
+        return cls(
+            kernels,
+            pool,
+            torch.tensor(rows, dtype=torch.long),
+            torch.tensor(dims, dtype=torch.long),
+            (dims[0], dims[1], dims[2], dims[3], dims[4]),
+            float(first.input_layernorm.eps),
+            float(first.self_attn.info.scaling),
+            torch.empty(0, dtype=torch.uint8),
+        )
+
+    def forward(
+        self,
+        h0: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """The last layer's MLP output (float32 [N, hidden]) from layer 0's normed input h0;
+        `residual` (float32, layer 0's input) is updated in place as the layers add to it."""
+        n = h0.shape[0]
+        hidden = self.geometry[0]
+        need = self.kernels.decoder_stack_workspace_bytes(n, *self.geometry)
+        if self.work.numel() < need:
+            self.work = torch.empty(need, dtype=torch.uint8)
+        out = torch.empty((n, hidden), dtype=torch.float32)
+        self.kernels.decoder_stack_forward(
+            self.layers, self.dims, self.eps, self.scale, cos, sin, h0.contiguous(), residual,
+            out, positions.contiguous(), out_cache_loc.contiguous(), ragged, self.work,
+        )  # fmt: skip
+        return out

@@ -1,0 +1,99 @@
+"""The native decoder stack (runtime/models/native_stack.py) computes bitwise what the per-layer
+path computes, on every layer kind it takes, and leaves the others to that path.
+
+Each case runs the same mixed steps (a prefill, then decode rows beside a two-token extend,
+then single decodes) through two runners, one with RADIXGEN_NATIVE_STACK=0, and compares every
+logit exactly: the stack calls the same kernels in the same order, so any difference is a bug
+(a wrong table word, a wrong buffer, a missed step).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from model_harness import Session, build_hf_model, random_ids, save_hf_model, tiny_config
+
+from radixgen.kernels.cpu import load_native_kernels
+from radixgen.runtime.model_executor.model_runner import ModelRunner
+from radixgen.runtime.models.native_stack import DISABLE_ENV
+from radixgen.server_args import ServerArgs
+
+native = load_native_kernels()
+pytestmark = pytest.mark.skipif(
+    native is None or not native.has_bf16_gemm, reason="CPU without AVX512-BF16"
+)
+
+
+def _runner(folder: str, stack: bool, monkeypatch: pytest.MonkeyPatch, **kw) -> ModelRunner:
+    monkeypatch.setenv(DISABLE_ENV, "1" if stack else "0")
+    args = ServerArgs.from_kwargs(dtype="bfloat16", max_total_tokens=4096, **kw)
+    return ModelRunner(folder, args, context_length=1000)
+
+
+def _steps(runner: ModelRunner, vocab: int) -> list[torch.Tensor]:
+    """Logits of: two prefills (one past a sliding window), decode rows beside a two-token
+    extend, then single decodes."""
+    s = Session(runner)
+    a, b = s.new_request(), s.new_request()
+    outs = s.step([(a, random_ids(40, 1)), (b, random_ids(9, 2))])
+    for i in range(4):
+        ids = random_ids(3, 10 + i)
+        outs += s.step([(a, ids[:1]), (b, ids[1:])])
+    for i in range(3):
+        outs += s.step([(a, random_ids(1, 20 + i))])
+    assert all(o.shape[-1] >= vocab for o in outs)
+    return outs
+
+
+def _compare(folder: str, monkeypatch: pytest.MonkeyPatch, vocab: int, **kw) -> ModelRunner:
+    per_layer = _runner(folder, False, monkeypatch, **kw)
+    want = _steps(per_layer, vocab)
+    assert per_layer.model._stack is None
+    stacked = _runner(folder, True, monkeypatch, **kw)
+    got = _steps(stacked, vocab)
+    assert stacked.model._stack is not None, "the stack did not take this model"
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert torch.equal(w, g), f"chunk {i}: max |diff| {float((w - g).abs().max())}"
+    return stacked
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for variant in ("llama_gqa", "llama_mha_bias", "mistral_window", "qwen2_window_layers"):
+        folder = tmp_path_factory.mktemp(variant)
+        save_hf_model(build_hf_model(tiny_config(variant), seed=5), Path(folder))
+        out[variant] = str(folder)
+    return out
+
+
+@pytest.mark.parametrize(
+    "variant", ["llama_gqa", "llama_mha_bias", "mistral_window", "qwen2_window_layers"]
+)
+def test_stack_equals_the_per_layer_path_bitwise(variant, tiny_folders, monkeypatch):
+    _compare(tiny_folders[variant], monkeypatch, 512)
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+def test_stack_over_a_quantized_kv_pool_and_int8_weights(kv, tiny_folders, monkeypatch):
+    _compare(
+        tiny_folders["llama_mha_bias"], monkeypatch, 512, quantization="w8a16", kv_cache_dtype=kv
+    )
+
+
+def test_default_model_kept_quantized_runs_in_the_stack(default_model_folder, monkeypatch):
+    runner = _compare(default_model_folder, monkeypatch, 49152, quantization="gguf")
+    assert runner.quantization == "gguf"
+
+
+def test_layers_the_stack_does_not_cover_stay_on_the_per_layer_path(tiny_folders, monkeypatch):
+    float32 = ModelRunner(
+        tiny_folders["llama_gqa"],
+        ServerArgs.from_kwargs(dtype="float32", max_total_tokens=4096),
+        context_length=1000,
+    )
+    s = Session(float32)
+    s.step([(s.new_request(), random_ids(5, 3))])
+    assert float32.model._stack is None  # the torch GEMM, not the native one
