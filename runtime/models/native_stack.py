@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "RADIXGEN_NATIVE_STACK"  # "0": the per-layer path (comparisons)
+# NOTE: ~22 KB a row for the default model: a 512-token chunk's 12 MB stays, longer ones' go
+KEEP_WORKSPACE_BYTES = 16 << 20
 # the per-layer words of the table, in decoder_stack.c's enum order
 LAYER_WORDS = (
     "in_norm", "post_norm",
@@ -66,7 +68,7 @@ class NativeDecoderStack:
     geometry: tuple[int, int, int, int, int]  # hidden, H, Hkv, D, inter
     eps: float
     scale: float
-    work: torch.Tensor  # uint8 workspace, grown to the largest step seen
+    work: torch.Tensor  # uint8 workspace, grown to the largest step seen (up to a cap)
 
     @classmethod
     def build(
@@ -141,11 +143,14 @@ class NativeDecoderStack:
         n = h0.shape[0]
         hidden = self.geometry[0]
         need = self.kernels.decoder_stack_workspace_bytes(n, *self.geometry)
-        if self.work.numel() < need:
-            self.work = torch.empty(need, dtype=torch.uint8)
+        work = self.work
+        if work.numel() < need:
+            work = torch.empty(need, dtype=torch.uint8)
+            if need <= KEEP_WORKSPACE_BYTES:  # decode-sized: kept; a long prefill's is freed
+                self.work = work
         out = torch.empty((n, hidden), dtype=torch.float32)
         self.kernels.decoder_stack_forward(
             self.layers, self.dims, self.eps, self.scale, cos, sin, h0.contiguous(), residual,
-            out, positions.contiguous(), out_cache_loc.contiguous(), ragged, self.work,
+            out, positions.contiguous(), out_cache_loc.contiguous(), ragged, work,
         )  # fmt: skip
         return out
