@@ -3,7 +3,8 @@
 For each of bf16 (`--quantization unquant`: the GGUF dequantized at load), Q4_1 kept quantized
 (`gguf`) and int8 weight-only (`int8`): single-stream decode tok/s (the better of 1 and all
 threads), throughput of 64 prompts x 128 output tokens, and the scheduler's RSS with
-`--max-total-tokens 8192`. Plus llama.cpp on the same GGUF when `llama-cpp-python` is installed
+`--max-total-tokens 8192`; and Q4_1 once more without the native decoder stack
+(`RADIXGEN_NATIVE_STACK=0`: each layer's kernels called from Python). Plus llama.cpp on the same GGUF when `llama-cpp-python` is installed
 (optional, never a test dependency; it builds llama.cpp from source:
 `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36`). The machine's limit in
 the same run: weight bytes read per token / read bandwidth.
@@ -35,7 +36,14 @@ from bench_offline import (  # type: ignore[import-not-found]
 
 import radixgen
 
-CONFIGS = (("bf16", "unquant"), ("q4_1", "gguf"), ("int8", "int8"))
+# name, --quantization, environment: the last row is Q4_1 without the native decoder stack
+# (runtime/models/native_stack.py), each layer's kernels called from Python as before it
+CONFIGS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("bf16", "unquant", {}),
+    ("q4_1", "gguf", {}),
+    ("int8", "int8", {}),
+    ("q4_1_per_layer", "gguf", {"RADIXGEN_NATIVE_STACK": "0"}),
+)
 
 
 def scheduler_rss_mb() -> float:
@@ -97,8 +105,9 @@ def main() -> int:
     bandwidth = limits["read_gb_per_s"] * 1e9
 
     rows: dict[str, dict[str, float]] = {}
-    for name, quantization in CONFIGS:
+    for name, quantization, env in CONFIGS:
         row: dict[str, float] = {}
+        os.environ.update(env)  # the scheduler child inherits it
         for threads in sorted({1, cores}):
             with radixgen.Engine(
                 num_threads=threads, grammar_backend="none", log_level="warning",
@@ -109,7 +118,9 @@ def main() -> int:
                 if threads == cores:
                     row["batched"] = ours_batched(eng, prompts, new_batch)
                     row["rss_mb"] = scheduler_rss_mb()
-        row["weight_bytes"] = weight_bytes(folder)[name]
+        for key in env:
+            del os.environ[key]
+        row["weight_bytes"] = weight_bytes(folder)[name.removesuffix("_per_layer")]
         if row["weight_bytes"]:
             row["share_of_bytes_limit"] = row["single"] * row["weight_bytes"] / bandwidth
         rows[name] = emit({"bench": "radixgen", "weights": name, **row})
@@ -138,6 +149,8 @@ def main() -> int:
         "q4_1_rss_vs_bf16": q["rss_mb"] / b["rss_mb"],
         "q4_1_share_of_bytes_limit": q.get("share_of_bytes_limit"),
         "int8_single_vs_bf16": rows["int8"]["single"] / b["single"],
+        "q4_1_stack_vs_per_layer_single": q["single"] / rows["q4_1_per_layer"]["single"],
+        "q4_1_stack_vs_per_layer_batched": q["batched"] / rows["q4_1_per_layer"]["batched"],
     }
     if llama:
         summary["q4_1_single_vs_llama_cpp_best"] = q["single"] / max(llama.values())
