@@ -72,6 +72,37 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int, budget_s: flo
     return best
 
 
+def cold_steps(libs: dict[str, NativeKernels], shapes, args) -> None:
+    """Whole decode steps: every layer its own weights (bf16 ~212 MB, far beyond the caches),
+    as the model reads them, so the bytes per weight count as they do end to end."""
+    ref = next(iter(libs.values()))
+    layers = []
+    for layer in range(LAYERS):
+        ws = {}
+        for name, n, k, fmt in shapes:
+            if name == "head" and layer:
+                continue
+            ws[name] = (ref.pack_linear(torch.randn(n, k).bfloat16()), random_quant(ref, n, k, fmt))
+        layers.append(ws)
+    ks = {s[0]: s[2] for s in shapes}
+    print("M   step bf16 / quant per build (cold weights)")
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k).bfloat16() for k in ks.values()}
+
+        def step(lib: NativeKernels | None, xs: dict[int, torch.Tensor] = xs) -> None:
+            for ws in layers:
+                for name, (pb, pq) in ws.items():
+                    x = xs[ks[name]]
+                    _ = ref.linear_bf16(x, pb) if lib is None else lib.linear_quant(x, pq)
+
+        fns = {"bf16": lambda: step(None)} | {
+            v: (lambda lib=lib: step(lib)) for v, lib in libs.items()
+        }
+        times = best_times(fns, max(3, args.repeats // 3), budget_s=0.0)
+        cells = "  ".join(f"{v} {times['bf16'] / times[v]:.2f}" for v in libs)
+        print(f"{m:<4}{cells}   (bf16 step {times['bf16'] * 1e3:.2f} ms)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="git revision for 'before' ('' for none)")
@@ -81,6 +112,7 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip the bitwise comparison")
     ap.add_argument("--threads", type=int, default=0, help="default: torch's")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    ap.add_argument("--cold", action="store_true", help="whole steps over 30 layers' own weights")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -102,6 +134,9 @@ def main() -> None:
         w = torch.randn(n, k).bfloat16()
         packed[name] = (ref.pack_linear(w), ref_q := random_quant(ref, n, k, fmt))
         del ref_q
+    if args.cold:
+        cold_steps(libs, shapes, args)
+        return
     print("M  " + " ".join(f"{s[0]:>9}" for s in shapes) + "     step   (bf16 / quant, per build)")
     for m in (int(r) for r in args.rows.split(",")):
         x = torch.randn(m, 1536).bfloat16()

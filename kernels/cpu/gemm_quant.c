@@ -37,6 +37,7 @@
 #define QPANEL 48 /* output columns per panel */
 #define QGROUP 32 /* k per scale group */
 #define QTILE_M 4 /* rows per register tile (buffered path) */
+#define QPF 4 /* groups ahead the 8-row U4 tiles prefetch */
 #ifndef QREG_MAX_M
 #define QREG_MAX_M 12 /* up to this many rows, U4 unpacks in registers */
 #endif
@@ -376,6 +377,9 @@ static inline __attribute__((always_inline)) void qtile_u4(
         const uint8_t* src = panel + g * gb;
         const uint8_t* qd = src + scale_bytes_of(fmt);
         const uint16_t* xg = x + g * QGROUP;
+        if (mr == 8) /* 8 rows compute long enough to hide a prefetch (fewer: it only costs) */
+            for (int64_t b = 0; b < gb; b += 64)
+                _mm_prefetch((const char*)src + QPF * gb + b, _MM_HINT_T0);
         __m512 part[8][3];
 #pragma GCC unroll 8
         for (int m = 0; m < mr; ++m)
