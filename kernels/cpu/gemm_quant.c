@@ -21,8 +21,8 @@
  *   the 4 nibbles of each 16-bit word of a 64-byte chunk; I8 stores one byte per weight.
  * - Every output is one float32 accumulator walking the groups in order, each group's partial
  *   sum walking its k-pairs in order, whatever M is: rows come out bitwise the same alone or in
- *   any batch. 1-2 rows unpack the integers in registers (decode); U4 batches of up to 12 rows
- *   too, in 8-row tiles (each operand feeds 24 products); more rows (and I8 batches) unpack one
+ *   any batch. 1-2 rows unpack the integers in registers (decode); U4 batches of up to 16 rows
+ *   too, in 8-row tiles (each operand unpacked once per 8 rows); more rows (and I8) unpack one
  *   group at a time into an L1 buffer reused by every 4-row tile, the accumulators kept in
  *   memory (the same operands and operations, so the same sums).
  */
@@ -38,9 +38,7 @@
 #define QGROUP 32 /* k per scale group */
 #define QTILE_M 4 /* rows per register tile (buffered path) */
 #define QPF 4 /* groups ahead the 8-row U4 tiles prefetch */
-#ifndef QREG_MAX_M
-#define QREG_MAX_M 12 /* up to this many rows, U4 unpacks in registers */
-#endif
+#define QREG_MAX_M 16 /* U4 batches up to this many rows unpack in registers (qtile_u4) */
 #define QBLOCK_M 64 /* rows per work item */
 #define QFMT_U4 0
 #define QFMT_I8 1
