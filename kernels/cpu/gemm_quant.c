@@ -21,9 +21,10 @@
  *   the 4 nibbles of each 16-bit word of a 64-byte chunk; I8 stores one byte per weight.
  * - Every output is one float32 accumulator walking the groups in order, each group's partial
  *   sum walking its k-pairs in order, whatever M is: rows come out bitwise the same alone or in
- *   any batch. 1-2 rows unpack the integers in registers (decode); more rows unpack one group
- *   at a time into an L1 buffer reused by every 4-row tile, the accumulators kept in memory
- *   (the same operands and operations, so the same sums).
+ *   any batch. 1-2 rows unpack the integers in registers (decode); U4 batches of up to 16 rows
+ *   too, in 8-row tiles (each operand unpacked once per 8 rows); more rows (and I8) unpack one
+ *   group at a time into an L1 buffer reused by every 4-row tile, the accumulators kept in
+ *   memory (the same operands and operations, so the same sums).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,6 +37,8 @@
 #define QPANEL 48 /* output columns per panel */
 #define QGROUP 32 /* k per scale group */
 #define QTILE_M 4 /* rows per register tile (buffered path) */
+#define QPF 4 /* groups ahead the 8-row U4 tiles prefetch */
+#define QREG_MAX_M 16 /* U4 batches up to this many rows unpack in registers (qtile_u4) */
 #define QBLOCK_M 64 /* rows per work item */
 #define QFMT_U4 0
 #define QFMT_I8 1
@@ -320,7 +323,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(
     int64_t groups, const uint8_t* buf, float* acc) {
     __m512 part[QTILE_M][3];
     const __m512i* ops = (const __m512i*)(buf + 2 * QPANEL * 4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; ++m)
         for (int j = 0; j < 3; ++j) part[m][j] = _mm512_setzero_ps();
     for (int kp = 0; kp < 16; ++kp) {
@@ -358,6 +361,57 @@ static inline __attribute__((always_inline)) void qgroup_tile(
     }
 }
 
+/* U4 register tile for small batches (3 .. QREG_MAX_M rows): `mr` (<= 8) rows x one panel over
+ * all groups, each operand unpacked in registers once per tile and used by all its rows (no
+ * buffer: for few rows, storing and reloading the operands costs more than unpacking them), the
+ * accumulators in memory (acc: rows of 48 floats). The same operations in the same order as
+ * `qtile`: per output, k-pairs 0..15 of a group into a fresh partial sum, then scale and min. */
+static inline __attribute__((always_inline)) void qtile_u4(
+    const int mr, const int fmt, const uint16_t* x, int64_t ldx, const float* xs, int64_t groups,
+    const uint8_t* panel, float* acc) {
+    const int64_t gb = group_bytes(fmt);
+    const __m512i mask = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = panel + g * gb;
+        const uint8_t* qd = src + scale_bytes_of(fmt);
+        const uint16_t* xg = x + g * QGROUP;
+        if (mr == 8) /* 8 rows compute long enough to hide a prefetch (fewer: it only costs) */
+            for (int64_t b = 0; b < gb; b += 64)
+                _mm_prefetch((const char*)src + QPF * gb + b, _MM_HINT_T0);
+        __m512 part[8][3];
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; ++m)
+            for (int j = 0; j < 3; ++j) part[m][j] = _mm512_setzero_ps();
+        for (int t = 0; t < 4; ++t) /* k-pairs 4t .. 4t+3 */
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; ++s) { /* operand s of each chunk: as u4_operands */
+                __m512bh op[3];
+                for (int j = 0; j < 3; ++j) {
+                    const __m512i w = _mm512_loadu_si512(qd + (t * 3 + j) * 64);
+                    const __m512i sh = s == 0 ? _mm512_slli_epi16(w, 3) : _mm512_srli_epi16(w, 4 * s - 3);
+                    op[j] = (__m512bh)_mm512_ternarylogic_epi32(sh, mask, one, 0xEA);
+                }
+#pragma GCC unroll 8
+                for (int m = 0; m < mr; ++m) {
+                    int32_t pair;
+                    memcpy(&pair, xg + m * ldx + 8 * t + 2 * s, 4);
+                    const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int j = 0; j < 3; ++j) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, op[j]);
+                }
+            }
+        for (int j = 0; j < 3; ++j) {
+            __m512 dv, mv;
+            u4_scales(src, fmt, j, &dv, &mv);
+#pragma GCC unroll 8
+            for (int m = 0; m < mr; ++m) {
+                float* a = acc + m * QPANEL + j * 16;
+                __m512 v = _mm512_fmadd_ps(part[m][j], dv, _mm512_loadu_ps(a));
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * groups + g]), v));
+            }
+        }
+    }
+}
+
 /* Bias, rounding and the store of accumulated rows (acc: rows of 48 floats). */
 static void store_rows(const float* acc, int64_t rows, const float* bias, void* y, int64_t ldy,
                        int ncols, int out_f32) {
@@ -381,6 +435,18 @@ static void store_rows(const float* acc, int64_t rows, const float* bias, void* 
         case 3: qgroup_tile(3, FMT, xg, ldx, xsr, groups, buf, ar); break;       \
         case 2: qgroup_tile(2, FMT, xg, ldx, xsr, groups, buf, ar); break;       \
         default: qgroup_tile(1, FMT, xg, ldx, xsr, groups, buf, ar); break;      \
+    }
+
+#define QU4_CASES(FMT)                                                        \
+    switch (rows) {                                                           \
+        case 8: qtile_u4(8, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 7: qtile_u4(7, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 6: qtile_u4(6, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 5: qtile_u4(5, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 4: qtile_u4(4, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 3: qtile_u4(3, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        case 2: qtile_u4(2, FMT, xr, ldx, xsr, groups, panel, ar); break;     \
+        default: qtile_u4(1, FMT, xr, ldx, xsr, groups, panel, ar); break;    \
     }
 
 #define QTILE_CASES(FMT)                                                                    \
@@ -438,6 +504,25 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
             int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
             const float* pb = bias ? bias + p * QPANEL : NULL;
             int64_t end = (blk + 1) * QBLOCK_M < m ? (blk + 1) * QBLOCK_M : m;
+            if (buffered && IS_U4(fmt) && m <= QREG_MAX_M) {
+                float* acc = (float*)(buf + BUF_GROUP);
+                memset(acc, 0, (size_t)((end - blk * QBLOCK_M) * QPANEL) * sizeof(float));
+                for (int64_t r = blk * QBLOCK_M; r < end; r += 8) {
+                    const uint16_t* xr = x + r * ldx;
+                    const float* xsr = xs + r * groups;
+                    float* ar = acc + (r - blk * QBLOCK_M) * QPANEL;
+                    int rows = end - r < 8 ? (int)(end - r) : 8;
+                    if (fmt == QFMT_U4) {
+                        QU4_CASES(QFMT_U4)
+                    } else {
+                        QU4_CASES(QFMT_U4F)
+                    }
+                }
+                int64_t yoff = blk * QBLOCK_M * ldy + p * QPANEL;
+                void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+                store_rows(acc, end - blk * QBLOCK_M, pb, yr, ldy, ncols, out_f32);
+                continue;
+            }
             if (buffered) {
                 float* acc = (float*)(buf + BUF_GROUP);
                 memset(acc, 0, (size_t)((end - blk * QBLOCK_M) * QPANEL) * sizeof(float));

@@ -134,7 +134,7 @@ def test_each_row_is_bitwise_the_same_alone_or_in_any_batch(qtype: Q) -> None:
     alone = torch.cat(
         [native.linear_quant(x[i : i + 1], packed, torch.float32) for i in range(130)]
     )
-    for m in (2, 3, 4, 5, 8, 63, 64, 65, 130):
+    for m in (2, 3, 4, 5, 8, 12, 16, 17, 63, 64, 65, 130):
         assert torch.equal(native.linear_quant(x[:m], packed, torch.float32), alone[:m]), m
     shifted = native.linear_quant(torch.cat((x[:3], x)), packed, torch.float32)
     assert torch.equal(shifted[3:], alone)  # a row's place in a tile or block does not matter
