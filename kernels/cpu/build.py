@@ -24,7 +24,14 @@ SOURCE_DIR = Path(__file__).parent
 SOURCES = (
     "ragged_attention.c", "fused_ops.c", "gemm_bf16.c", "gemm_quant.c", "decoder_stack.c",
 )  # fmt: skip
-HEADERS = ("cpu_common.h", "radixgen_kernels.h", "kv_quant.h", "attention_kvq.h")
+HEADERS = (
+    "cpu_common.h",
+    "radixgen_kernels.h",
+    "kv_quant.h",
+    "attention_block.h",
+    "attention_kvq.h",
+    "attention_rows.h",
+)
 # NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
 # and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.
 CFLAGS = (
