@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
     from .native_stack import NativeDecoderStack
 
+    RaggedLayout = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 def packed_dtype(model: nn.Module) -> torch.dtype:
     """The model's dense dtype (that of its norms), for the empty stand-ins of freed weights."""
@@ -290,16 +292,12 @@ class LlamaForCausalLM(nn.Module):
             x = self._quant_kernels.quant_rows(self._embed_quant, input_ids)
         else:
             x = self.embed_tokens(input_ids)
-        stack = self._native_stack(batch)
-        if stack is not None:  # every layer in one native call, bitwise the loop below
-            layout = batch.attn_backend.native_ragged_layout()  # type: ignore[union-attr]
-            assert layout is not None  # checked by _native_stack
+        native = self._native_stack(batch)
+        if native is not None:  # every layer in one native call, bitwise the loop below
+            stack, layout = native
             residual = x.float()
             h0 = self.layers[0].input_layernorm.forward(x)
-            x = stack.forward(
-                h0, residual, positions, batch.out_cache_loc, layout, self.rotary.cos,
-                self.rotary.sin,
-            )  # fmt: skip
+            x = stack.forward(h0, residual, positions, batch.out_cache_loc, layout)
         else:
             residual = None
             for layer in self.layers:
@@ -318,19 +316,21 @@ class LlamaForCausalLM(nn.Module):
             return self._quant_kernels.linear_quant(hidden, self._head_quant, torch.float32)
         return linear(hidden, self.lm_head_weight, self._lm_head_packed, gemm=self._lm_head_gemm)
 
-    def _native_stack(self, batch: ForwardBatch) -> NativeDecoderStack | None:
-        """The native decoder stack over this step's KV pool when it can run the step."""
+    def _native_stack(self, batch: ForwardBatch) -> tuple[NativeDecoderStack, RaggedLayout] | None:
+        """The native decoder stack over this step's KV pool and the step's attention layout,
+        when the stack can run the step."""
         backend = batch.attn_backend
         if self._stack_kernels is None or backend is None:
             return None
-        if backend.native_ragged_layout() is None:
+        layout = backend.native_ragged_layout()
+        if layout is None:
             return None
         if self._stack_pool is not backend.kv_pool:  # built once per pool (None: not eligible)
             from .native_stack import NativeDecoderStack
 
             self._stack = NativeDecoderStack.build(self, backend.kv_pool, self._stack_kernels)
             self._stack_pool = backend.kv_pool
-        return self._stack
+        return None if self._stack is None else (self._stack, layout)
 
     _stack_kernels: NativeKernels | None = None  # set by `prepack` when the stack may run
     _stack: NativeDecoderStack | None = None

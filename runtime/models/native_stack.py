@@ -68,6 +68,7 @@ class NativeDecoderStack:
     geometry: tuple[int, int, int, int, int]  # hidden, H, Hkv, D, inter
     eps: float
     scale: float
+    rotary: tuple[torch.Tensor, torch.Tensor]  # the model's float32 cos / sin tables
     work: torch.Tensor  # uint8 workspace, grown to the largest step seen (up to a cap)
 
     @classmethod
@@ -79,6 +80,8 @@ class NativeDecoderStack:
             return None
         from .llama import MLP, Attention, DecoderLayer, RMSNorm
 
+        if kernels.decoder_stack_words != len(LAYER_WORDS):
+            raise RuntimeError("decoder_stack.c's layer table does not match LAYER_WORDS")
         cfg = model.cfg
         rows: list[list[int]] = []
         first = model.layers[0]
@@ -112,8 +115,6 @@ class NativeDecoderStack:
             row += [0, 0] if scales is None else [scales[0].data_ptr(), scales[1].data_ptr()]
             row.append(attn.info.sliding_window or 0)
             rows.append(row)
-        if kernels.decoder_stack_words != len(LAYER_WORDS):
-            raise RuntimeError("decoder_stack.c's layer table does not match LAYER_WORDS")
         kv_code = KV_CODES[pool.get_kv_buffer(0)[0].dtype]
         dims = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim]
         dims += [first.mlp.inter, kv_code]
@@ -125,6 +126,7 @@ class NativeDecoderStack:
             (dims[0], dims[1], dims[2], dims[3], dims[4]),
             float(first.input_layernorm.eps),
             float(first.self_attn.info.scaling),
+            (model.rotary.cos, model.rotary.sin),
             torch.empty(0, dtype=torch.uint8),
         )
 
@@ -135,8 +137,6 @@ class NativeDecoderStack:
         positions: torch.Tensor,
         out_cache_loc: torch.Tensor,
         ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
     ) -> torch.Tensor:
         """The last layer's MLP output (float32 [N, hidden]) from layer 0's normed input h0;
         `residual` (float32, layer 0's input) is updated in place as the layers add to it."""
@@ -150,7 +150,7 @@ class NativeDecoderStack:
                 self.work = work
         out = torch.empty((n, hidden), dtype=torch.float32)
         self.kernels.decoder_stack_forward(
-            self.layers, self.dims, self.eps, self.scale, cos, sin, h0.contiguous(), residual,
+            self.layers, self.dims, self.eps, self.scale, *self.rotary, h0.contiguous(), residual,
             out, positions.contiguous(), out_cache_loc.contiguous(), ragged, work,
         )  # fmt: skip
         return out
