@@ -59,6 +59,8 @@ IMPLEMENTED: tuple[str, ...] = (
     "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule", "speculative-algorithm", "speculative-num-draft-tokens",
+    "speculative-ngram-max-bfs-breadth", "speculative-ngram-min-match-window-size",
+    "speculative-ngram-max-match-window-size",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
     "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
@@ -350,8 +352,9 @@ TOPICS: tuple[FlagTopic, ...] = (
     # --- scheduling and cache ---------------------------------------------------------------
     FlagTopic(
         N,
-        "only n-gram speculative decoding is available (--speculative-algorithm NGRAM): no draft "
-        "model, tree or adaptive settings of SGLang's; tokens are verified exactly",
+        "only n-gram speculative decoding is available (--speculative-algorithm NGRAM, with its "
+        "draft trees and window sizes): no draft model, and SGLang's other tree or adaptive "
+        "settings do not apply; tokens are verified exactly",
         "speculative-draft-model-path|speculative-draft-model= "
         "speculative-draft-model-revision= speculative-draft-load-format= "
         "speculative-num-steps= speculative-eagle-topk= "
@@ -365,7 +368,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         "speculative-moe-a2a-backend= speculative-enable-w4a4-mxfp4-megamoe/no "
         "speculative-draft-model-quantization= enable-multi-layer-eagle speculative-adaptive "
         "speculative-adaptive-config= spec-trace-dir= speculative-ngram-min-bfs-breadth= "
-        "speculative-ngram-max-bfs-breadth= speculative-ngram-match-type= "
+        "speculative-ngram-match-type= "
         "speculative-ngram-max-trie-depth= speculative-ngram-capacity= "
         "speculative-ngram-external-corpus-path= speculative-ngram-external-sam-budget= "
         "speculative-ngram-external-corpus-max-tokens= speculative-domino-candidate-pool-size= "

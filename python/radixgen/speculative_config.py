@@ -38,19 +38,23 @@ class SpeculativeConfig:
     )
     speculative_max_verify_tokens: int = _f(
         48,
-        "Most draft tokens verified in one step over the whole batch; drafts go to the requests "
-        "whose drafts were accepted best. A step with this many decoding requests or more runs "
+        "Most draft tokens verified in one step over the whole batch; the most probable per "
+        "millisecond they add go first. A step with this many decoding requests or more runs "
         "without drafts (compute-bound: verifying costs more than it saves).",
     )
 
+    speculative_ngram_max_bfs_breadth: int = _f(
+        4,
+        "Most earlier occurrences of a request's suffix whose continuations form its draft tree "
+        "(merged where they agree; verification follows the branch the model takes). 1: one "
+        "chain. Trees need --page-size 1 (with larger pages a draft is one chain).",
+    )
     speculative_break_even_tokens: int = _f(
-        16,
-        "Tokens a step can add before its forward costs twice a one-token decode step (the "
-        "step's fixed cost, weight streaming, in tokens: ~16 on a 2-core CPU for the default "
-        "model, hundreds on a GPU). A step computing T tokens for B sampling requests gives a "
-        "request draft tokens only while its recent share of accepted draft tokens exceeds "
-        "B / (this + T) (counting the drafts given so far): below it verifying costs more than "
-        "it saves, and the request tries a one-token draft every few steps instead.",
+        0,
+        "0 (default): which draft tokens run is decided from step times measured as the server "
+        "runs (a token runs when its acceptance probability per millisecond it adds beats the "
+        "step's tokens per millisecond). N > 0: a fixed rule instead, a step computing T "
+        "tokens costing N + T token-times (N: the step's fixed cost in tokens).",
     )
 
     speculative_greedy_only: bool = _f(
@@ -69,10 +73,14 @@ class SpeculativeConfig:
             "speculative_num_draft_tokens",
             "speculative_ngram_min_match_window_size",
             "speculative_max_verify_tokens",
-            "speculative_break_even_tokens",
+            "speculative_ngram_max_bfs_breadth",
         ):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", name)
+        if self.speculative_break_even_tokens < 0:
+            raise InvalidRequestError(
+                "speculative_break_even_tokens must be >= 0", "speculative_break_even_tokens"
+            )
         if self.speculative_num_draft_tokens > 32:
             raise InvalidRequestError(
                 "speculative_num_draft_tokens must be <= 32", "speculative_num_draft_tokens"

@@ -13,7 +13,8 @@ from radixgen.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
-    from radixgen.runtime.speculative.ngram import DraftState
+    from radixgen.runtime.speculative.draft_tree import StepDraft
+    from radixgen.runtime.speculative.policy import DraftState
 
 
 class Req:
@@ -54,10 +55,12 @@ class Req:
         # overlap scheduling: a token sampled for this request is still on its way to the host
         # (counted in seq_len, absent from output_ids; the next step reads it on the device)
         self.pending_sample = False
-        # speculative decoding: this step's draft (verified after the step's last real token),
-        # the grammar's bitmask rows for the verified positions, and the drafting state
+        # speculative decoding: this step's draft tree (verified after the step's last real
+        # token), its main chain's tokens (run as this request's extend), the grammar's bitmask
+        # row per tree node, and the drafting state
+        self.draft_tree: StepDraft | None = None
         self.draft: list[int] = []
-        self.draft_mask: Any = None  # int32 tensor [len(draft) + 1, words] or None
+        self.draft_mask: Any = None  # int32 tensor [tree nodes + 1, words] or None
         self.draft_state: DraftState | None = None
 
         # grammar

@@ -2,8 +2,10 @@
 
 Runs in the scheduler process. Each planned request runs `extend_len` tokens starting at its
 `kv_len`; it samples when that reaches the end of its sequence, and asks for extra logits rows
-when it wants prompt logprobs. A request with a speculative draft runs its draft tokens after
-its sequence's last token (counted in `extend_len`) and gets a logits row at each of them.
+when it wants prompt logprobs. A request with a speculative draft runs its draft tree's main
+chain after its sequence's last token (counted in `extend_len`) and every other chain of the
+tree as a pseudo-request after all requests: a spare request row whose first positions are its
+parent chain's (runtime/speculative/draft_tree.py); each draft node gets a logits row.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ class RowLayout:
     lp_start: int  # first prompt-logprob row
     lp_positions: list[int]  # prompt positions k whose logits give logprob of token k+1
     sample_row: int | None
-    # speculative decoding: the rows of the step's last real token and of each draft token
-    # (the request then has no sample_row: runtime/speculative verifies it)
+    # speculative decoding: the rows of the step's last real token and of each draft-tree node,
+    # by node id (the request then has no sample_row: runtime/speculative verifies it)
     verify_rows: list[int] | None = None
 
 
@@ -75,9 +77,13 @@ def token_slice(req: Req, start: int, end: int) -> list[int]:
 
 
 def build_step_batch(
-    reqs: list[Req], out_cache_loc: torch.Tensor, req_to_token_pool: ReqToTokenPool
+    reqs: list[Req],
+    out_cache_loc: torch.Tensor,
+    req_to_token_pool: ReqToTokenPool,
+    branch_slots: torch.Tensor | None = None,
 ) -> StepBatch:
-    """`out_cache_loc` holds the freshly allocated KV slots of all new tokens, in batch order."""
+    """`out_cache_loc` holds the freshly allocated KV slots of all requests' new tokens, in batch
+    order; `branch_slots` those of the draft trees' branches (recorded in their drafts)."""
     input_ids: list[int] = []
     positions: list[int] = []
     starts: list[int] = []
@@ -121,6 +127,13 @@ def build_step_batch(
         torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens)
     )
     req_to_token_pool.write(row_of_token, pos, out_cache_loc)
+    if branch_slots is not None:
+        for req, lay in zip(reqs, layouts, strict=True):
+            if req.draft_tree is not None and len(req.draft_tree.chains) > 1:
+                _add_branches(req, lay, req_to_token_pool, input_ids, positions, starts,
+                              prefix_lens, extend_lens, rows, logits_idx)  # fmt: skip
+        out_cache_loc = torch.cat([out_cache_loc, branch_slots])
+        pos = torch.tensor(positions, dtype=torch.long)
     fb = ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=pos,
@@ -132,6 +145,46 @@ def build_step_batch(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long),
     )
     return StepBatch(reqs, fb, layouts)
+
+
+def _add_branches(
+    req: Req,
+    lay: RowLayout,
+    pool: ReqToTokenPool,
+    input_ids: list[int],
+    positions: list[int],
+    starts: list[int],
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    rows: list[int],
+    logits_idx: list[int],
+) -> None:
+    """Append the pseudo-requests of a draft tree's branches: each chain's row starts with its
+    parent chain's row up to the chain's first position, then its own slots. Records the main
+    chain's slots in the draft (the branches' were recorded when they were allocated)."""
+    tree = req.draft_tree
+    assert tree is not None and req.req_pool_idx is not None and lay.verify_rows is not None
+    root = req.seq_len - 1  # the position of the tree's root, the request's last token
+    main_row = pool.req_to_token[req.req_pool_idx]
+    for v in tree.chains[0]:
+        tree.slots[v] = int(main_row[root + tree.depths[v]])
+    row_of = {v: req.req_pool_idx for v in tree.chains[0]}
+    row_of[0] = req.req_pool_idx
+    for chain, row in zip(tree.chains[1:], tree.branch_rows, strict=True):
+        first = root + tree.depths[chain[0]]  # its first position: its prefix's length
+        parent_row = row_of[tree.parents[chain[0]]]
+        pool.write_row(row, 0, pool.req_to_token[parent_row, :first].clone())
+        pool.write_row(row, first, torch.tensor([tree.slots[v] for v in chain], dtype=torch.long))
+        start = len(input_ids)
+        starts.append(start)
+        prefix_lens.append(first)
+        extend_lens.append(len(chain))
+        rows.append(row)
+        input_ids.extend(tree.tokens[v] for v in chain)
+        positions.extend(range(first, first + len(chain)))
+        lay.verify_rows.extend(range(len(logits_idx), len(logits_idx) + len(chain)))
+        logits_idx.extend(range(start, start + len(chain)))
+        row_of.update((v, row) for v in chain)
 
 
 def allocate_step_slots(

@@ -334,15 +334,23 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             self._planning = []
 
     def _run(self, plan: list[Req]) -> None:
+        t0 = time.perf_counter()
         slots = allocate_step_slots(plan, self.kv_pool, self.req_to_token_pool.req_to_token)
         assert slots is not None, "planner admitted more tokens than the pool holds"
+        branches = self._allocate_branches(plan) if self.spec_enabled else None
         try:
-            batch = build_step_batch(plan, slots, self.req_to_token_pool)
+            batch = build_step_batch(plan, slots, self.req_to_token_pool, branches)
             logits = self._forward(batch.forward)
         except Exception:
             self.kv_pool.free(slots)  # nobody owns this step's slots yet
+            self._release_branches(branches)
             raise
-        self._process(batch, logits)
+        try:
+            self._process(batch, logits)
+        finally:
+            self._release_branches(None)
+        if self.spec_enabled:
+            self._observe_step_cost(batch.forward, time.perf_counter() - t0)
 
     def _jump_forward(self, req: Req) -> None:
         """Let the grammar append the text it forces (no model step) and apply its edit."""

@@ -1,16 +1,20 @@
-"""Speculative decoding in the scheduler: drafts at planning, verification after the forward
+"""Speculative decoding in the scheduler: draft trees at planning, verification after the forward
 (scheduler process; a mixin of `Scheduler`).
 
 Planning: every planned request whose step reaches the end of its sequence (decodes, and
-extends of jump-forward text or resumed requests) may get an n-gram draft, appended to its
-step's tokens; a constrained request's draft is walked by its grammar (cut at the first token it
-rejects, one bitmask row per verified position). Drafts go to the requests with the best recent
-acceptance first, within `speculative_max_verify_tokens` per step, and only to those whose
-acceptance pays for the tokens they add to the step (`speculative_break_even_tokens`); a
-step with `speculative_max_verify_tokens` decoding requests or more runs none (compute-bound). After the forward, each verified request appends
-its accepted tokens one by one through the same path as a sampled token (finish checks, grammar,
-jump-forward, which ends the step's tokens as it would end a decode), keeps the KV of the tokens
-it kept and frees the rest (whole pages beyond its last one).
+extends of jump-forward text or resumed requests) may get a draft tree: the continuations of
+earlier occurrences of its suffix merged into a trie (runtime/speculative/draft_tree.py), each
+node with the probability that verification accepts it (runtime/speculative/policy.py). Nodes
+are offered to the whole step, best probability per millisecond first, and taken while they
+raise the step's expected tokens per millisecond (the step-cost model is fitted to measured
+step times), within `speculative_max_verify_tokens`; a step with that many decoding requests
+or more runs none (compute-bound). A constrained request's tree is walked by its grammar (cut
+at the tokens it rejects, one bitmask row per node). The tree's main chain runs as the request's
+own extend, every other chain in a spare request row (pages of one token only; with larger
+pages a draft is one chain). After the forward, verification follows the tree from the root
+along the model's choices; each verified request appends its accepted tokens one by one
+through the same path as a sampled token (finish checks, grammar, jump-forward, which ends the
+step's tokens as it would end a decode), keeps the KV of the path it kept and frees the rest.
 """
 
 from __future__ import annotations
@@ -23,12 +27,25 @@ import torch
 
 from radixgen.runtime.scheduler.containment import internal_error, log_internal_error
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
-from radixgen.runtime.speculative.ngram import DraftState
+from radixgen.runtime.speculative.draft_tree import (
+    CandidateTree,
+    StepDraft,
+    step_draft,
+    walk_grammar,
+)
+from radixgen.runtime.speculative.policy import (
+    AcceptanceModel,
+    DraftState,
+    NodeOffer,
+    StepCostModel,
+    select_nodes,
+)
 from radixgen.runtime.speculative.verify import Verified, verify_drafts
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.model_executor.model_runner import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.schedule_batch import StepBatch
@@ -36,16 +53,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# the step-cost model's prior (milliseconds; a 2-core CPU and the default model), used until
+# steps are measured: the fixed part of a step, one more row, and one more row's attention
+# over 1,024 keys
+PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS = 4.5, 0.35, 0.25
+
 
 @dataclass
 class SpecStats:
     """Counters since start (in /server_info): verified request-steps, draft tokens proposed and
-    accepted, steps that carried drafts, and steps where drafting was switched off by size."""
+    accepted (accepted ones on a branch other than the tree's main chain counted apart too),
+    steps that carried drafts, and steps where drafting was switched off by size."""
 
     spec_verify_steps: int = 0
     spec_verified_requests: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    spec_branch_tokens: int = 0
+    spec_branch_accepted_tokens: int = 0
     spec_skipped_steps: int = 0
 
     def summary(self) -> dict[str, float]:
@@ -73,17 +98,29 @@ class SpeculativeScheduling:
     vocab_size: int
     spec_enabled: bool
     spec_stats: SpecStats
+    spec_accept: AcceptanceModel
+    spec_cost: StepCostModel
+    spec_branch_rows: list[int]
 
     def _init_speculation(self) -> None:
-        self.spec_enabled = self.args.speculative.enabled
+        cfg = self.args.speculative
+        self.spec_enabled = cfg.enabled
         self.spec_stats = SpecStats()
+        self.spec_accept = AcceptanceModel()
+        self.spec_branch_rows = []
+        fixed = cfg.speculative_break_even_tokens
+        if fixed:  # a fixed rule: a step costs (fixed + rows) token-times, rows alike
+            self.spec_cost = StepCostModel(float(fixed), 1.0, 0.0, learn=False)
+        else:
+            self.spec_cost = StepCostModel(PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True)
 
     # --- planning -----------------------------------------------------------------------------
 
     def _plan_drafts(self, plan: list[Req]) -> None:
-        """Give drafts to the planned requests that may verify one (see the module docstring)."""
+        """Give draft trees to the planned requests that may verify one (see the module
+        docstring)."""
         for r in plan:
-            r.draft, r.draft_mask = [], None
+            r.draft, r.draft_mask, r.draft_tree = [], None, None
         cfg = self.args.speculative
         budget = cfg.speculative_max_verify_tokens
         ends = [r for r in plan if self._may_draft(r)]
@@ -92,64 +129,88 @@ class SpeculativeScheduling:
         if sum(1 for r in plan if r.extend_len == 1) >= budget:
             self.spec_stats.spec_skipped_steps += 1
             return
-        # best recent acceptance first: they make the most of the step's budget
-        ends.sort(key=lambda r: -r.draft_state.accept_rate if r.draft_state else -0.5)
-        free = self.kv_pool.available_size()
-        # NOTE: a step computing T tokens costs ~ (W + T) token-times and yields one token per
-        # sampling request; k more draft tokens pay when they yield more than k * out / (W + T),
-        # i.e. when the request's accepted share beats `out / (W + T)` (both grow as drafts go in)
-        fixed = cfg.speculative_break_even_tokens
-        tokens_in = float(sum(r.extend_len for r in plan))
-        tokens_out = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
+        breadth = cfg.speculative_ngram_max_bfs_breadth if self.page_size == 1 else 1
+        trees: list[tuple[Req, CandidateTree]] = []
+        offers: list[NodeOffer] = []
         for r in ends:
-            if budget <= 0:
-                break
-            threshold = tokens_out / (fixed + tokens_in)
-            state = r.draft_state
-            if state is None:
-                state = r.draft_state = DraftState(
-                    cfg.speculative_ngram_min_match_window_size,
-                    cfg.speculative_ngram_max_match_window_size,
-                    cfg.speculative_num_draft_tokens,
-                )
-            longest = state.should_draft(threshold)
-            if longest == 0:
-                continue
             sp = r.sampling_params
-            room = min(
+            depth = min(
+                cfg.speculative_num_draft_tokens,
                 sp.max_new_tokens - len(r.output_ids) - 1,  # the bonus token is one more
                 self.context_length - r.seq_len - 1,
             )
-            k = min(longest, budget, room)
-            if k <= 0:
+            tree = self._candidate_tree(r, breadth, depth) if depth > 0 else None
+            if tree is None:
                 continue
-            draft = self._propose(r, state, k)
-            if not draft:
+            owner = len(trees)
+            trees.append((r, tree))
+            cost = self.spec_cost.row_ms(r.seq_len)
+            for v in range(1, len(tree)):
+                p = tree.prob[v]
+                offers.append(NodeOffer(-p / cost, p, cost, owner, v, tree.parents[v]))
+        if not offers:
+            return
+        rows = sum(r.extend_len for r in plan)
+        attended = sum(r.extend_len * (r.kv_len + (r.extend_len + 1) / 2) for r in plan)
+        tokens = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
+        taken = select_nodes(offers, tokens, self.spec_cost.predict_ms(rows, attended), budget)
+        keeps: dict[int, list[bool]] = {}
+        for o in taken:
+            keeps.setdefault(o.owner, [True] + [False] * (len(trees[o.owner][1]) - 1))[o.node] = (
+                True
+            )
+        free = self.kv_pool.available_size()
+        spare_rows = self.req_to_token_pool.available_size()
+        for owner, keep in keeps.items():
+            r, tree = trees[owner]
+            draft = self._step_draft(r, tree, keep)
+            while draft is not None and (len(draft.chains) - 1 > spare_rows or len(draft) > free):
+                draft = _without_last_chain(draft)
+            if draft is None or not draft.chains:  # nothing left (the grammar cut it all)
                 continue
-            need = pages_needed(r, r.extend_len + len(draft), self.page_size)
+            need = pages_needed(r, r.extend_len + len(draft.chains[0]), self.page_size)
             need -= pages_needed(r, r.extend_len, self.page_size)
-            if need * self.page_size > free:
-                r.draft_mask = None
+            need = need * self.page_size + draft.branch_tokens
+            if need > free:
                 continue
-            free -= need * self.page_size
-            budget -= len(draft)
-            tokens_in += len(draft)
-            tokens_out += state.accept_rate * len(draft)
-            r.draft = draft
-            r.extend_len += len(draft)
+            free -= need
+            spare_rows -= len(draft.chains) - 1
+            r.draft_tree, r.draft, r.draft_mask = draft, draft.main, draft.mask
+            r.extend_len += len(r.draft)
 
-    def _propose(self, r: Req, state: DraftState, k: int) -> list[int]:
-        """Request r's draft of up to k tokens (grammar-walked), or [] (also when drafting
-        raises: a draft is optional, the request decodes on without one)."""
+    def _candidate_tree(self, r: Req, breadth: int, depth: int) -> CandidateTree | None:
+        """Request r's candidate tree (None: nothing to draft, or drafting raised: a draft is
+        optional, the request decodes on without one)."""
+        state = r.draft_state
+        if state is None:
+            cfg = self.args.speculative
+            state = r.draft_state = DraftState(
+                cfg.speculative_ngram_min_match_window_size,
+                cfg.speculative_ngram_max_match_window_size,
+            )
         try:
-            draft = state.index.propose(r.all_ids, k)
-            if draft and r.grammar is not None:
-                draft = self._walk_grammar(r, draft)
-            return draft
+            tokens = r.all_ids
+            found = state.index.candidates(tokens, breadth)
+            if not found:
+                return None
+            return CandidateTree.build(tokens, found, depth, self.spec_accept, state.acceptance)
         except Exception as e:
             log_internal_error(f"drafting for request {r.rid}", e)
-            r.draft_mask, r.draft_state = None, None
-            return []
+            r.draft_state = None
+            return None
+
+    def _step_draft(self, r: Req, tree: CandidateTree, keep: list[bool]) -> StepDraft | None:
+        """The selected nodes as chains, cut by the request's grammar (with its mask rows)."""
+        mask = None
+        try:
+            if r.grammar is not None:
+                assert self.grammar_manager is not None
+                mask = walk_grammar(r.grammar, tree, keep, self.grammar_manager.bitmask_words)
+            return step_draft(tree, keep, mask)
+        except Exception as e:
+            log_internal_error(f"walking the draft of request {r.rid}", e)
+            r.draft_state = None
+            return None
 
     def _may_draft(self, r: Req) -> bool:
         """Requests whose step ends at their sequence's end and whose next tokens depend on the
@@ -168,33 +229,51 @@ class SpeculativeScheduling:
             and not (sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens)
         )
 
-    def _walk_grammar(self, r: Req, draft: list[int]) -> list[int]:
-        """The draft cut at the first token the grammar rejects; sets `r.draft_mask` to the
-        grammar's bitmask at every verified position. The matcher ends where it started."""
-        assert self.grammar_manager is not None and r.grammar is not None
-        grammar = r.grammar
-        mask = torch.full(
-            (len(draft) + 1, self.grammar_manager.bitmask_words), -1, dtype=torch.int32
-        )
-        accepted = 0
-        try:
-            for i in range(len(draft) + 1):
-                grammar.fill_next_token_bitmask(mask, i)
-                if i == len(draft):
-                    break
-                tok = draft[i]
-                allowed = (int(mask[i, tok >> 5]) >> (tok & 31)) & 1
-                if not allowed or not grammar.accept_token(tok):
-                    del draft[i:]
-                    break
-                accepted += 1
-                if grammar.is_terminated():  # the request ends with this token
-                    del draft[i + 1 :]
-                    break
-        finally:
-            grammar.rollback(accepted)
-        r.draft_mask = mask[: len(draft) + 1] if draft else None
-        return draft
+    # --- running ------------------------------------------------------------------------------
+
+    def _allocate_branches(self, plan: list[Req]) -> torch.Tensor | None:
+        """KV slots and spare request rows of the planned trees' branches, recorded in their
+        drafts (and the rows in `spec_branch_rows` until the step ends); the slots in batch
+        order, or None when no tree has branches. Planning reserved both."""
+        trees = [
+            r.draft_tree for r in plan if r.draft_tree is not None and len(r.draft_tree.chains) > 1
+        ]
+        self.spec_branch_rows = []
+        if not trees:
+            return None
+        slots = self.kv_pool.alloc(sum(t.branch_tokens for t in trees))
+        assert slots is not None, "planning reserved the branches' slots"
+        at = 0
+        for t in trees:
+            t.slots = [-1] * (len(t) + 1)
+            t.branch_rows = []
+            for chain in t.chains[1:]:
+                row = self.req_to_token_pool.alloc()
+                assert row is not None, "planning reserved the branches' rows"
+                t.branch_rows.append(row)
+                self.spec_branch_rows.append(row)
+                for v in chain:
+                    t.slots[v] = int(slots[at])
+                    at += 1
+        return slots
+
+    def _release_branches(self, failed_slots: torch.Tensor | None) -> None:
+        """Give back the step's branch rows (and, when the step failed before verification,
+        the branches' KV slots)."""
+        for row in self.spec_branch_rows:
+            self.req_to_token_pool.free(row)
+        self.spec_branch_rows = []
+        if failed_slots is not None:
+            self.kv_pool.free(failed_slots)
+
+    def _observe_step_cost(self, batch: ForwardBatch, seconds: float) -> None:
+        """Teach the step-cost model one step's measured time (decode-like steps only)."""
+        lens = batch.extend_lens
+        rows = sum(lens)
+        if rows > 256 or max(lens, default=0) > 64:
+            return
+        attended = sum(e * (p + (e + 1) / 2) for p, e in zip(batch.prefix_lens, lens, strict=True))
+        self.spec_cost.observe(rows, attended, seconds * 1e3)
 
     # --- after the forward --------------------------------------------------------------------
 
@@ -208,8 +287,8 @@ class SpeculativeScheduling:
             results = verify_drafts(logits, items)
         except Exception:  # NOTE: the caller fails the batch: its KV must match its tokens
             for r, _ in items:
-                self._keep_kv(r, 0)
-                r.draft = []
+                self._keep_kv(r, [])
+                r.draft, r.draft_tree = [], None
             raise
         finally:
             for r, _ in items:
@@ -219,14 +298,17 @@ class SpeculativeScheduling:
 
     def _commit_verified(self, r: Req, v: Verified) -> None:
         """Append the verified tokens as sampled ones, then settle the request's KV."""
-        drafted = len(r.draft)
+        tree = r.draft_tree
+        assert tree is not None
         st = self.spec_stats
         st.spec_verified_requests += 1
-        st.spec_draft_tokens += drafted
-        st.spec_accepted_tokens += v.accepted_drafts
+        st.spec_draft_tokens += len(tree)
+        st.spec_accepted_tokens += len(v.path)
+        st.spec_branch_tokens += tree.branch_tokens
+        main = set(tree.chains[0]) if tree.chains else set()
+        st.spec_branch_accepted_tokens += sum(1 for u in v.path if u not in main)
         if r.draft_state is not None:
-            max_len = self.args.speculative.speculative_num_draft_tokens
-            r.draft_state.record(drafted, v.accepted_drafts, max_len)
+            self._learn(r, tree, v.path)
         appended = 0
         edit = None
         try:
@@ -246,23 +328,48 @@ class SpeculativeScheduling:
             r.finish(internal_error(e))
             edit = None
         finally:
-            self._keep_kv(r, appended)
-            r.draft = []
+            self._keep_kv(r, v.path[: max(appended - 1, 0)])
+            r.draft, r.draft_tree = [], None
         if edit is not None:
             self._apply_jump(r, edit)
 
-    def _keep_kv(self, r: Req, appended: int) -> None:
-        """Keep the KV of the step's real tokens and of the first `appended - 1` draft tokens
-        (the last appended token has none yet); free the rest, keeping the last page whole."""
+    def _learn(self, r: Req, tree: StepDraft, path: list[int]) -> None:
+        """Every node whose parent was accepted was tested: teach the acceptance model."""
+        assert r.draft_state is not None
+        accepted = set(path)
+        reached = {0, *path}
+        mine = r.draft_state.acceptance
+        for v in range(1, len(tree.tokens)):
+            if tree.parents[v] in reached:
+                self.spec_accept.observe(
+                    tree.depths[v], tree.match[v], tree.share[v], v in accepted, mine
+                )
+
+    def _keep_kv(self, r: Req, kept: list[int]) -> None:
+        """Keep the KV of the step's real tokens and of the draft nodes `kept` (the accepted
+        path's nodes whose tokens were appended, the last appended token excepted: it was not
+        an input of this step), in path order in the request's row; free every other draft slot
+        (without branches, by position: with pages larger than one token, the last page stays
+        whole)."""
+        tree = r.draft_tree
         end = r.kv_len
         start = end - r.extend_len
-        drafted = len(r.draft)
-        keep = end - drafted - 1 + appended if appended else end - drafted
+        root_end = end - len(r.draft)  # the KV end with the step's real tokens
+        keep = root_end + len(kept)
         if r.req_pool_idx is not None:
-            first_free = -(-keep // self.page_size) * self.page_size
-            if end > first_free:
+            if tree is not None and tree.branch_tokens:
+                if kept:
+                    slots = torch.tensor([tree.slots[v] for v in kept], dtype=torch.long)
+                    self.req_to_token_pool.write_row(r.req_pool_idx, root_end, slots)
+                mine = set(kept)
+                unused = [tree.slots[v] for v in range(1, len(tree) + 1) if v not in mine]
+                if unused:
+                    self.kv_pool.free(torch.tensor(unused, dtype=torch.long))
+            else:
                 row = self.req_to_token_pool.req_to_token[r.req_pool_idx]
-                self.kv_pool.free(row[first_free:end].clone())
+                first_free = -(-keep // self.page_size) * self.page_size
+                if end > first_free:
+                    self.kv_pool.free(row[first_free:end].clone())
         r.kv_len = keep
         r.extend_len = keep - start
 
@@ -275,3 +382,14 @@ class SpeculativeScheduling:
         def _find_jump(self, r: Req) -> JumpForwardEdit | None: ...
 
         def _apply_jump(self, r: Req, edit: JumpForwardEdit) -> None: ...
+
+
+def _without_last_chain(draft: StepDraft) -> StepDraft:
+    """The draft without its last chain (chains are in parent-first order, so what remains is a
+    tree; node ids are in chain order, so its nodes are a prefix)."""
+    chains = draft.chains[:-1]
+    n = 1 + sum(len(c) for c in chains)
+    return StepDraft(
+        draft.tokens[:n], draft.parents[:n], draft.depths[:n], draft.match[:n], draft.share[:n],
+        chains, None if draft.mask is None else draft.mask[:n],
+    )  # fmt: skip

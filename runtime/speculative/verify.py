@@ -1,13 +1,15 @@
-"""Greedy verification of speculative drafts against one step's logits (scheduler process).
+"""Verification of speculative draft trees against one step's logits (scheduler process).
 
-A request with draft d1..dk ran [t, d1..dk] in the step, so logits row i predicts the token
-after d_i (row 0: after t). Each row is chosen exactly as the non-speculative sampler would
-choose it in a decode step at that position: the native refined argmax for plain greedy
-requests, the float32 rows (with raw logprobs) for requests that return logprobs, under the
-grammar's bitmask of that position when the request is constrained. The accepted tokens are the
-row choices up to and including the first that differs from the draft (the "bonus" token).
-Sampled requests draw every row with their own seeded uniform for that output index
-(`verify_sampled`): the same tokens as without speculation, a valid rejection sampler.
+A request with a draft tree ran its last token t (the root, node 0) and every draft node in the
+step, so node v's logits row predicts the token after v's path. Each row is chosen exactly as
+the non-speculative sampler would choose it in a decode step at that position: the native
+refined argmax for plain greedy requests, the float32 rows (with raw logprobs) for requests
+that return logprobs, under the grammar's bitmask of that node when the request is
+constrained. The accepted path follows, from the root, the child whose token is the node's
+choice while there is one; the tokens appended are the path's and the last node's choice (the
+"bonus" token). Sampled requests draw every node's row with their own seeded uniform for that
+output index (`verify_sampled`): the same tokens as without speculation, a valid rejection
+sampler.
 """
 
 from __future__ import annotations
@@ -33,17 +35,9 @@ class Verified:
     (for requests that return them)."""
 
     tokens: list[int]
-    accepted_drafts: int  # how many of `tokens` are draft tokens (the last one is not)
+    path: list[int]  # the accepted draft nodes: tokens[:-1] are theirs, the last is the bonus
     logprobs: list[float | None] | None = None
     top_logprobs: list[list[tuple[float, int]] | None] | None = None
-
-
-def accept_prefix(choices: list[int], draft: list[int]) -> int:
-    """Draft tokens confirmed by the row choices (choices[i] is the token after draft[:i])."""
-    j = 0
-    while j < len(draft) and choices[j] == draft[j]:
-        j += 1
-    return j
 
 
 def verify_greedy(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> list[Verified]:
@@ -69,14 +63,23 @@ def verify_greedy(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> l
     for i, (r, _) in enumerate(items):
         row_choices = choices[i]
         assert row_choices is not None
-        j = accept_prefix(row_choices, r.draft)
-        v = Verified(row_choices[: j + 1], j)
+        v, used = _follow(r, row_choices)
         info = lp_info[i]
         if info is not None:
-            v.logprobs = list(info[0][: j + 1])
-            v.top_logprobs = list(info[1][: j + 1]) if info[1] is not None else None
+            v.logprobs = [info[0][u] for u in used]
+            v.top_logprobs = [info[1][u] for u in used] if info[1] is not None else None
         out.append(v)
     return out
+
+
+def _follow(r: Req, choices: list[int]) -> tuple[Verified, list[int]]:
+    """The request's verified tokens given every node's choice, and the nodes whose choices
+    they are (the root, then the path's nodes)."""
+    tree = r.draft_tree
+    assert tree is not None
+    path = tree.walk(choices)
+    used = [0, *path]
+    return Verified([choices[u] for u in used], path), used
 
 
 def _scatter(
@@ -150,15 +153,18 @@ def verify_sampled(logits: LogitsOutput, r: Req, rows: list[int]) -> Verified:
     if sp.min_p > 0.0:
         min_p = to_device([sp.min_p] * n, dense.dtype, dev)
     base = len(r.output_ids)
-    uniforms = to_device([r.uniform_at(base + i) for i in range(n)], dense.dtype, dev)
+    tree = r.draft_tree
+    assert tree is not None
+    # node v draws output index base + depth(v): the draw decoding would make there
+    uniforms = to_device([r.uniform_at(base + d) for d in tree.depths], dense.dtype, dev)
     choices: list[int] = sample_from_probs(probs, uniforms, top_k, top_p, min_p).tolist()
-    j = accept_prefix(choices, r.draft)
-    v = Verified(choices[: j + 1], j)
+    v, used = _follow(r, choices)
     if raw is not None:
-        picked = raw[torch.arange(j + 1), torch.tensor(choices[: j + 1])].tolist()
+        at = torch.tensor(used)
+        picked = raw[at, torch.tensor(v.tokens)].tolist()
         v.logprobs = list(picked)
         if r.top_logprobs_num:
-            vals, idx = raw[: j + 1].topk(r.top_logprobs_num, dim=-1)
+            vals, idx = raw[at].topk(r.top_logprobs_num, dim=-1)
             v.top_logprobs = [
                 list(zip(a, b, strict=True))
                 for a, b in zip(vals.tolist(), idx.tolist(), strict=True)

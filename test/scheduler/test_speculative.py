@@ -15,10 +15,24 @@ from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import AbortReq
-from radixgen.runtime.speculative.ngram import DraftState, NgramIndex
+from radixgen.runtime.speculative.draft_tree import CandidateTree, step_draft
+from radixgen.runtime.speculative.ngram import Candidate, NgramIndex, continuation
+from radixgen.runtime.speculative.policy import (
+    NEXT_PRIOR,
+    AcceptanceModel,
+    NodeOffer,
+    RequestAcceptance,
+    StepCostModel,
+    select_nodes,
+)
 from radixgen.server_args import ServerArgs
 
-SPEC = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6}
+# a fixed cost rule (the toy runner's step times say nothing about a real model's)
+SPEC = {
+    "speculative_algorithm": "NGRAM",
+    "speculative_num_draft_tokens": 6,
+    "speculative_break_even_tokens": 16,
+}
 PERIOD = 11
 
 
@@ -46,31 +60,79 @@ def run(model, reqs: list[tuple[str, list[int], int]], **flags):
     return run_to_end(s), s, runner
 
 
-def test_ngram_index_proposes_after_the_longest_latest_match():
+def test_ngram_index_lists_the_longest_latest_matches_first():
     idx = NgramIndex(1, 3)
     toks = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]
-    # suffix [2, 3] last occurred before 4 (its latest occurrence wins over the one before 9)
+    # suffix [2, 3]: its latest occurrence (before 4), then the one before 9; then [3]'s others
+    assert idx.candidates(toks, 4) == [Candidate(2, 7), Candidate(2, 3)]
     assert idx.propose(toks, 3) == [4, 5, 2]
     toks += [4]  # grows incrementally: [2, 3, 4] now matches at position 5
-    assert idx.propose(toks, 2) == [5, 2]
-    assert NgramIndex(2, 3).propose([5, 6, 7], 4) == []  # no earlier [6, 7]
-    assert idx.propose(toks, 0) == []
+    assert idx.candidates(toks, 1) == [Candidate(3, 8)]
+    assert idx.candidates(toks, 3) == [Candidate(3, 8)]  # [4] and [3, 4]: the same start
+    assert NgramIndex(2, 3).candidates([5, 6, 7], 4) == []  # no earlier [6, 7]
+    assert idx.candidates(toks, 0) == []
 
 
-def test_draft_length_adapts_to_acceptance():
-    st = DraftState(1, 4, draft_len=2)
-    st.record(2, 2, max_len=8)
-    assert st.draft_len == 4
-    st.record(4, 1, max_len=8)
-    assert st.draft_len == 2 and st.cooldown == 0
-    st.record(2, 0, max_len=8)
-    st.record(1, 0, max_len=8)
-    assert st.draft_len == 1 and st.cooldown == 3  # sits out steps after repeated misses
-    assert [st.should_draft(0.0) for _ in range(4)] == [0, 0, 0, 1]
-    st.record(1, 1, max_len=8)
-    assert st.should_draft(0.0) == 2
-    # below the threshold that pays: a one-token probe, then PROBE_INTERVAL steps without drafts
-    assert st.should_draft(0.9) == 1 and not any(st.should_draft(0.9) for _ in range(8))
+def test_a_repeating_suffix_continues_with_its_period():
+    toks = [5, 1, 2, 1, 2]
+    assert continuation(toks, 3, 5) == [1, 2, 1, 2, 1]  # overlaps the suffix: period 2
+    assert continuation(toks, 1, 3) == [1, 2, 1]
+    assert NgramIndex(1, 4).propose([7, 7, 7], 4) == [7, 7, 7, 7]
+
+
+def test_candidates_merge_into_a_tree_and_chains_cover_it():
+    model = AcceptanceModel()
+    toks = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]
+    idx = NgramIndex(1, 3)
+    tree = CandidateTree.build(toks, idx.candidates(toks, 4), 3, model, RequestAcceptance())
+    # [2, 3] was followed by 4 5 2 and by 9 1 2; [3] alone adds nothing new (same starts)
+    assert sorted(tree.children[0]) == [4, 9]
+    four, nine = tree.children[0][4], tree.children[0][9]
+    assert tree.share[four] == tree.share[nine] == 0.5
+    assert tree.prob[four] == pytest.approx(model.first_weight(2) * 0.5)
+    deeper = tree.children[four][5]
+    assert tree.prob[deeper] == pytest.approx(tree.prob[four] * NEXT_PRIOR)
+    draft = step_draft(tree, [True] * len(tree), None)
+    assert len(draft) == 6 and len(draft.chains) == 2
+    assert [draft.tokens[v] for v in draft.chains[0]] in ([4, 5, 2], [9, 1, 2])
+    assert draft.walk([draft.tokens[draft.chains[1][0]], -1, -1, -1, -1, -1, -1]) == [
+        draft.chains[1][0]
+    ]
+    # nodes not kept (a cut subtree) leave the chains
+    keep = [True] * len(tree)
+    keep[nine] = keep[tree.children[nine][1]] = keep[tree.children[tree.children[nine][1]][2]] = (
+        False
+    )
+    small = step_draft(tree, keep, None)
+    assert small.chains == [[1, 2, 3]] and small.main == [4, 5, 2]
+
+
+def test_nodes_are_taken_while_they_raise_tokens_per_millisecond():
+    offers = [
+        NodeOffer(-0.9 / 1.0, 0.9, 1.0, 0, 1, 0),
+        NodeOffer(-0.8 / 1.0, 0.8, 1.0, 0, 2, 1),
+        NodeOffer(-0.5 / 1.0, 0.5, 1.0, 1, 1, 0),
+        NodeOffer(-0.95 / 1.0, 0.95, 1.0, 1, 2, 7),  # its parent is not on offer
+    ]
+    taken = select_nodes(offers, tokens=2.0, step_ms=5.0, budget=10)
+    # 0.9 > 2/5, 0.8 > 2.9/6, 0.5 < 3.7/7: stop
+    assert [(o.owner, o.node) for o in taken] == [(0, 1), (0, 2)]
+    assert select_nodes(list(offers), 2.0, 5.0, budget=1)[0].node == 1
+    assert select_nodes(list(offers), 2.0, 1.0, budget=10) == []  # rows dear: nothing pays
+
+
+def test_acceptance_and_step_cost_models_learn():
+    model = AcceptanceModel()
+    req = RequestAcceptance()
+    before = model.prob(1, 1, 1.0, req)
+    for _ in range(200):
+        model.observe(1, 1, 1.0, True, req)  # one-token matches always right here
+    assert model.prob(1, 1, 1.0, req) > max(before, 0.9)
+    cost = StepCostModel(4.5, 0.35, 0.25, learn=True)
+    for rows in (1, 2, 5, 9, 1, 3, 12, 1, 7) * 30:
+        cost.observe(rows, rows * 2048.0, 2.0 + 0.5 * rows + 0.1 * rows * 2)
+    assert cost.base_ms == pytest.approx(2.0, abs=0.2)
+    assert cost.row_ms(2048) == pytest.approx(0.5 + 0.2, abs=0.1)
 
 
 @pytest.mark.parametrize("model", [copy_model, next_token], ids=["repeats", "random"])
@@ -93,6 +155,59 @@ def test_outputs_equal_the_reference_in_mixed_batches(model, flags):
         # a step mixes verify rows, plain decodes and prefills
         assert any(max(b.extend_lens) > 1 and 1 in b.extend_lens for b in runner.batches)
     assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def earliest_copy_model(ids: list[int]) -> int:
+    """Copies what followed the earliest occurrence of the last token: the latest occurrence's
+    continuation (a one-chain draft) is often wrong, an older candidate's (a branch) right."""
+    last = ids[-1]
+    for j in range(len(ids) - 1):
+        if ids[j] == last:
+            return ids[j + 1]
+    return next_token(ids)
+
+
+@pytest.mark.parametrize("flags", [{}, {"chunked_prefill_size": 8}, {"disable_radix_cache": True}])
+def test_draft_trees_verify_the_branch_the_model_takes(flags):
+    # three segments after the same two tokens [7, 1]; the model continues the first one, a
+    # one-chain draft proposes the last one (the latest occurrence of the longest match)
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    reqs = [("a", prompt, 14), ("b", [3, *prompt], 13)]
+    steps = {}
+    for breadth in (1, 4):
+        spec = {**SPEC, "speculative_break_even_tokens": 100}  # rows are cheap: branches pay
+        out, s, runner = run(
+            earliest_copy_model, reqs, speculative_ngram_max_bfs_breadth=breadth, **spec, **flags
+        )
+        for rid, p, n in reqs:
+            assert out[rid][0] == reference(p, n, earliest_copy_model), (breadth, rid)
+        st = s.spec_stats
+        if breadth > 1:
+            assert st.spec_branch_tokens > 0 and st.spec_branch_accepted_tokens > 0
+            # the branches ran as pseudo-requests (in spare rows, all given back below)
+            assert any(len(b.extend_lens) > len(reqs) for b in runner.batches)
+        else:
+            assert st.spec_branch_tokens == 0
+        assert s.req_to_token_pool.available_size() == s.req_to_token_pool.size
+        assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+        steps[breadth] = len(runner.batches)
+    assert steps[4] < steps[1]
+
+
+def test_sampled_requests_draw_the_same_tokens_through_draft_trees():
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    outs = []
+    for spec in ({**SPEC, "speculative_break_even_tokens": 100}, {}):
+        s, runner = make_scheduler(**spec)
+        runner.predict = earliest_copy_model
+        for i in range(6):
+            submit(s, f"r{i}", prompt, max_new_tokens=24, temperature=0.05 * (i + 1), seed=i)
+        outs.append(run_to_end(s))
+        if spec:
+            assert s.spec_stats.spec_branch_accepted_tokens > 0
+    assert outs[0] == outs[1]
 
 
 def test_stop_tokens_and_max_new_tokens_cut_inside_an_accepted_draft():
@@ -185,10 +300,11 @@ def test_drafts_that_do_not_pay_are_mostly_skipped():
         return copy_model(ids) if len(ids) % 3 else next_token(ids)
 
     for even in (1, 10_000):  # a step is dear at once / almost free
-        out, s, _ = run(half_copy, reqs, speculative_break_even_tokens=even, **SPEC)
+        out, s, _ = run(half_copy, reqs, **{**SPEC, "speculative_break_even_tokens": even})
         assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
         drafted[even] = s.spec_stats.spec_draft_tokens
-    assert 0 < drafted[1] < drafted[10_000] / 2
+    # a dear step drafts only what its acceptance model says pays (here: nothing to learn from)
+    assert drafted[1] < drafted[10_000] / 2 and drafted[10_000] > 0
 
 
 def test_sampled_verification_keeps_the_samples_and_their_distribution():
@@ -207,8 +323,7 @@ def test_sampled_verification_keeps_the_samples_and_their_distribution():
     s, runner = make_scheduler(
         pool_tokens=16384,
         speculative_max_verify_tokens=1000,  # every request drafts in every step
-        speculative_break_even_tokens=100_000,
-        **SPEC,
+        **{**SPEC, "speculative_break_even_tokens": 100_000},
     )
     runner.predict = copy_model
     for i in range(n_req):
