@@ -130,6 +130,11 @@ class SpeculativeScheduling:
             self.spec_stats.spec_skipped_steps += 1
             return
         breadth = cfg.speculative_ngram_max_bfs_breadth if self.page_size == 1 else 1
+        rows = sum(r.extend_len for r in plan)
+        attended = sum(r.extend_len * (r.kv_len + (r.extend_len + 1) / 2) for r in plan)
+        tokens = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
+        step_ms = self.spec_cost.predict_ms(rows, attended)
+        rate = tokens / step_ms  # what a node must beat per millisecond (it only rises)
         trees: list[tuple[Req, CandidateTree]] = []
         offers: list[NodeOffer] = []
         for r in ends:
@@ -139,21 +144,18 @@ class SpeculativeScheduling:
                 sp.max_new_tokens - len(r.output_ids) - 1,  # the bonus token is one more
                 self.context_length - r.seq_len - 1,
             )
-            tree = self._candidate_tree(r, breadth, depth) if depth > 0 else None
+            cost = self.spec_cost.row_ms(r.seq_len)
+            tree = self._candidate_tree(r, breadth, depth, rate * cost) if depth > 0 else None
             if tree is None:
                 continue
             owner = len(trees)
             trees.append((r, tree))
-            cost = self.spec_cost.row_ms(r.seq_len)
             for v in range(1, len(tree)):
                 p = tree.prob[v]
                 offers.append(NodeOffer(-p / cost, p, cost, owner, v, tree.parents[v]))
         if not offers:
             return
-        rows = sum(r.extend_len for r in plan)
-        attended = sum(r.extend_len * (r.kv_len + (r.extend_len + 1) / 2) for r in plan)
-        tokens = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
-        taken = select_nodes(offers, tokens, self.spec_cost.predict_ms(rows, attended), budget)
+        taken = select_nodes(offers, tokens, step_ms, budget)
         keeps: dict[int, list[bool]] = {}
         for o in taken:
             keeps.setdefault(o.owner, [True] + [False] * (len(trees[o.owner][1]) - 1))[o.node] = (
@@ -178,9 +180,12 @@ class SpeculativeScheduling:
             r.draft_tree, r.draft, r.draft_mask = draft, draft.main, draft.mask
             r.extend_len += len(r.draft)
 
-    def _candidate_tree(self, r: Req, breadth: int, depth: int) -> CandidateTree | None:
-        """Request r's candidate tree (None: nothing to draft, or drafting raised: a draft is
-        optional, the request decodes on without one)."""
+    def _candidate_tree(
+        self, r: Req, breadth: int, depth: int, least: float
+    ) -> CandidateTree | None:
+        """Request r's candidate tree; None when nothing is found, when even its best first
+        token's probability could not beat `least` (no node of it would pay: the tree is not
+        built), or when drafting raised (a draft is optional: the request decodes on)."""
         state = r.draft_state
         if state is None:
             cfg = self.args.speculative
@@ -191,9 +196,10 @@ class SpeculativeScheduling:
         try:
             tokens = r.all_ids
             found = state.index.candidates(tokens, breadth)
-            if not found:
-                return None
-            return CandidateTree.build(tokens, found, depth, self.spec_accept, state.acceptance)
+            model, mine = self.spec_accept, state.acceptance
+            if max((model.prob(1, c.match, 1.0, mine) for c in found), default=0.0) <= least:
+                return None  # also when nothing is found
+            return CandidateTree.build(tokens, found, depth, model, mine)
         except Exception as e:
             log_internal_error(f"drafting for request {r.rid}", e)
             r.draft_state = None

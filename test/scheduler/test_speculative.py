@@ -10,12 +10,13 @@ pool pressure; `debug_invariants` checks the KV accounting after every step.
 from __future__ import annotations
 
 import pytest
+import torch
 from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import AbortReq
-from radixgen.runtime.speculative.draft_tree import CandidateTree, step_draft
+from radixgen.runtime.speculative.draft_tree import CandidateTree, step_draft, walk_grammar
 from radixgen.runtime.speculative.ngram import Candidate, NgramIndex, continuation
 from radixgen.runtime.speculative.policy import (
     NEXT_PRIOR,
@@ -208,6 +209,95 @@ def test_sampled_requests_draw_the_same_tokens_through_draft_trees():
         if spec:
             assert s.spec_stats.spec_branch_accepted_tokens > 0
     assert outs[0] == outs[1]
+
+
+class NoFives:
+    """A grammar that forbids the multiples of 5 (token ids), for the toy vocabulary."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def fill_next_token_bitmask(self, mask: torch.Tensor, row: int) -> None:
+        allowed = torch.tensor([t % 5 != 0 for t in range(64)])
+        bits = (allowed.view(2, 32).long() << torch.arange(32)).sum(dim=1)
+        mask[row] = (bits - (bits >= 2**31) * 2**32).to(torch.int32)
+
+    def accept_token(self, tok: int) -> bool:
+        if tok % 5 == 0:
+            return False
+        self.accepted.append(tok)
+        return True
+
+    def rollback(self, n: int) -> None:
+        del self.accepted[len(self.accepted) - n :]
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+class NoFivesGrammars:
+    """Stands in for the GrammarManager: every constrained request gets a `NoFives` grammar."""
+
+    bitmask_words = 2
+
+    def submit(self, req) -> None:
+        pass
+
+    def poll(self, reqs):
+        for r in reqs:
+            r.grammar = NoFives()
+        return list(reqs), []
+
+    def fill_mask(self, reqs):
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        mask = torch.empty((len(rows), 2), dtype=torch.int32)
+        for j, i in enumerate(rows):
+            reqs[i].grammar.fill_next_token_bitmask(mask, j)
+        return mask, torch.tensor(rows, dtype=torch.long)
+
+    def accept(self, req, token_id: int) -> None:
+        assert req.grammar.accept_token(token_id)
+
+    def jump_forward(self, req, max_output_len: int):
+        return None
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def test_the_grammar_walk_cuts_forbidden_subtrees_and_restores_the_matcher():
+    toks = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]  # continuations 4 5 2 and 9 1 2
+    tree = CandidateTree.build(
+        toks, NgramIndex(1, 3).candidates(toks, 4), 3, AcceptanceModel(), RequestAcceptance()
+    )
+    grammar = NoFives()
+    grammar.accepted = [7]
+    keep = [True] * len(tree)
+    mask = walk_grammar(grammar, tree, keep, 2)
+    assert grammar.accepted == [7]  # rolled back to where it started
+    kept = [tree.tokens[v] for v in range(1, len(tree)) if keep[v]]
+    assert sorted(kept) == [1, 2, 4, 9]  # 5 and its subtree (2) are cut
+    assert mask.shape == (len(tree), 2) and int(mask[0, 0]) & 1 == 0  # token 0 forbidden
+
+
+def test_a_grammar_cuts_draft_trees_and_masks_every_node():
+    # the segments hold multiples of 5, which the grammar forbids: branches through them are
+    # cut, and the model's forbidden choices become the grammar's (masked) ones at every node
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    outs, grammars = [], []
+    for spec in ({**SPEC, "speculative_break_even_tokens": 100}, {}):
+        g = NoFivesGrammars()
+        s, runner = make_scheduler(grammars=g, **spec)
+        runner.predict = earliest_copy_model
+        for i in range(4):
+            submit(s, f"r{i}", [3] * i + prompt, max_new_tokens=30, regex="x")
+        outs.append(run_to_end(s))
+        grammars.append(s.spec_stats)
+    assert outs[0] == outs[1]
+    assert all(t % 5 for ids, _ in outs[0].values() for t in ids)
+    st = grammars[0]
+    assert st.spec_branch_tokens > 0 and st.spec_accepted_tokens > 0
 
 
 def test_stop_tokens_and_max_new_tokens_cut_inside_an_accepted_draft():
