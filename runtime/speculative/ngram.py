@@ -2,16 +2,16 @@
 (scheduler process).
 
 A request's own prompt and output are its corpus: documents quoted into answers, JSON fields
-copied from the text, tool names repeated. Each request keeps an index from every n-gram
-(n in [min_n, max_n]) of its tokens to its latest occurrence, and from each occurrence to the
-one before it, grown incrementally as tokens arrive. A lookup walks the longest matching
-suffix's occurrences first, then shorter ones': the candidates a draft tree is built from
+copied from the text, tool names repeated. A lookup lists the earlier occurrences of the
+request's suffix, the longest matches first: the candidates a draft tree is built from
 (runtime/speculative/draft_tree.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+import numpy as np
 
 
 class Candidate(NamedTuple):
@@ -22,57 +22,64 @@ class Candidate(NamedTuple):
 
 
 class NgramIndex:
-    """Per-request n-gram index over a growing token list (prompt, then output)."""
+    """A request's tokens (prompt, then output) in a growing array, searched for earlier
+    occurrences of its suffixes.
 
-    __slots__ = ("_indexed", "_latest", "_prev", "max_n", "min_n")
+    No n-gram table is built: a lookup finds every earlier occurrence of the last token with one
+    vectorised comparison and extends each match backwards, a few vectorised steps (one per
+    further token matched, while any match is still growing). Appending costs nothing per
+    token, so a long prompt costs nothing until it is searched, and a search costs tens of
+    microseconds."""
+
+    __slots__ = ("_buf", "_len", "max_n", "min_n")
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n
-        # n-gram -> end (exclusive) of its latest occurrence that has a continuation
-        self._latest: dict[tuple[int, ...], int] = {}
-        # per n: end of the occurrence before the one ending at e (-1: none), indexed by e
-        self._prev: list[list[int]] = [[] for _ in range(max_n - min_n + 1)]
-        self._indexed = 0  # end positions < this are indexed
+        self._buf = np.empty(0, dtype=np.int64)
+        self._len = 0
 
-    def _extend(self, tokens: list[int]) -> None:
-        # NOTE: an occurrence ending at len(tokens) has no continuation yet: indexed next time
-        latest = self._latest
-        lo = self.min_n
-        for e in range(self._indexed, len(tokens)):
-            for j, prev in enumerate(self._prev):
-                n = lo + j
-                if n > e:
-                    prev.append(-1)
-                    continue
-                key = tuple(tokens[e - n : e])
-                prev.append(latest.get(key, -1))
-                latest[key] = e
-        self._indexed = max(self._indexed, len(tokens))
+    def _sync(self, tokens: list[int]) -> np.ndarray:
+        n = len(tokens)
+        if n > self._buf.size:
+            grown = np.empty(max(n, 2 * self._buf.size, 256), dtype=np.int64)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        if n > self._len:
+            self._buf[self._len : n] = tokens[self._len : n]
+        self._len = n
+        return self._buf[:n]
 
     def candidates(self, tokens: list[int], breadth: int) -> list[Candidate]:
-        """Up to `breadth` earlier occurrences of suffixes of `tokens`, best first: the longest
-        match first, the latest occurrence first within a length; each continuation start once.
+        """Up to `breadth` earlier occurrences of suffixes of `tokens` (at least min_n tokens
+        long, matched up to max_n), best first: the longest match first, the latest occurrence
+        first within a length.
 
         `tokens` must extend the list of the previous call (callers reset the index when a
         request's tokens are rewritten)."""
         end = len(tokens)
         if breadth <= 0 or end < self.min_n + 1:
             return []
-        self._extend(tokens)
-        out: list[Candidate] = []
-        seen: set[int] = set()
-        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
-            pos = self._latest.get(tuple(tokens[end - n :]), -1)
-            prev = self._prev[n - self.min_n]
-            while pos >= 0:
-                if pos not in seen:
-                    seen.add(pos)
-                    out.append(Candidate(n, pos))
-                    if len(out) == breadth:
-                        return out
-                pos = prev[pos]
-        return out
+        arr = self._sync(tokens)
+        # continuation starts e of occurrences ending at e (their last token arr[e - 1])
+        starts = np.flatnonzero(arr[: end - 1] == arr[end - 1]) + 1
+        if starts.size == 0:
+            return []
+        match = np.ones(starts.size, dtype=np.int64)
+        growing = np.ones(starts.size, dtype=bool)
+        for i in range(1, min(self.max_n, end - 1)):
+            at = starts - 1 - i
+            same = growing & (at >= 0)
+            same[same] = arr[at[same]] == arr[end - 1 - i]
+            match += same
+            growing = same
+            if not growing.any():
+                break
+        ok = match >= self.min_n
+        if not ok.all():
+            starts, match = starts[ok], match[ok]
+        order = np.lexsort((-starts, -match))[:breadth]
+        return [Candidate(int(match[j]), int(starts[j])) for j in order]
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the latest occurrence of the longest suffix of `tokens`

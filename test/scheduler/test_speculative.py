@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
 
 from radixgen.errors import InvalidRequestError
@@ -72,6 +74,31 @@ def test_ngram_index_lists_the_longest_latest_matches_first():
     assert idx.candidates(toks, 3) == [Candidate(3, 8)]  # [4] and [3, 4]: the same start
     assert NgramIndex(2, 3).candidates([5, 6, 7], 4) == []  # no earlier [6, 7]
     assert idx.candidates(toks, 0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    st.integers(1, 3),
+    st.integers(0, 5),
+    st.integers(1, 6),
+)
+def test_candidates_are_every_earlier_match_longest_then_latest(toks, min_n, extra, breadth):
+    """Against brute force: every earlier end of the last token, its match length (up to
+    max_n), at least min_n, sorted by length then recency, as the index grows token by token."""
+    max_n = min_n + extra
+    idx = NgramIndex(min_n, max_n)
+    for end in range(1, len(toks) + 1):
+        seq = toks[:end]
+        expect = []
+        for e in range(1, end):
+            m = 0
+            while m < max_n and m < e and seq[e - 1 - m] == seq[end - 1 - m]:
+                m += 1
+            if m >= min_n and end >= min_n + 1:
+                expect.append(Candidate(min(m, end - 1), e))
+        expect.sort(key=lambda c: (-c.match, -c.start))
+        assert idx.candidates(seq, breadth) == expect[:breadth], (seq, min_n, max_n)
 
 
 def test_a_repeating_suffix_continues_with_its_period():
