@@ -424,6 +424,36 @@ def test_drafts_that_do_not_pay_are_mostly_skipped():
     assert drafted[1] < drafted[10_000] / 2 and drafted[10_000] > 0
 
 
+def test_the_measured_step_cost_decides_how_much_is_drafted():
+    """With the step-cost model learning (the default), a runner whose rows are dear (each row
+    of a step costs 6x its fixed part) gets far fewer draft tokens than one whose rows are
+    nearly free (a fixed part 100x a row's), for the same requests; outputs unchanged."""
+    import time
+
+    reqs = [(f"r{i}", p, 40) for i, p in enumerate(prompts(4))]
+
+    def half_copy(ids: list[int]) -> int:
+        return copy_model(ids) if len(ids) % 4 else next_token(ids)
+
+    drafted = {}
+    for name, base_s, row_s in (("free rows", 0.005, 0.00005), ("dear rows", 0.0005, 0.003)):
+        s, runner = make_scheduler(speculative_algorithm="NGRAM")
+        toy_forward = runner.forward
+
+        def timed(batch, toy_forward=toy_forward, base_s=base_s, row_s=row_s):
+            time.sleep(base_s + row_s * batch.num_tokens)
+            return toy_forward(batch)
+
+        runner.forward = timed
+        runner.predict = half_copy
+        for rid, prompt, n in reqs:
+            submit(s, rid, prompt, max_new_tokens=n)
+        out = run_to_end(s)
+        assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
+        drafted[name] = s.spec_stats.spec_draft_tokens
+    assert drafted["dear rows"] < drafted["free rows"] / 3, drafted
+
+
 def test_sampled_verification_keeps_the_samples_and_their_distribution():
     """Sampled requests (temperature 0.25 over the toy logits: the copy token has probability
     e^4 / (e^4 + 49) ~ 0.53, every other token the rest shared evenly) with drafts of the copy
