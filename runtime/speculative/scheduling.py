@@ -34,6 +34,8 @@ from radixgen.runtime.speculative.draft_tree import (
     walk_grammar,
 )
 from radixgen.runtime.speculative.policy import (
+    COST_MAX_EXTEND,
+    COST_MAX_ROWS,
     AcceptanceModel,
     DraftState,
     NodeOffer,
@@ -276,8 +278,8 @@ class SpeculativeScheduling:
         """Teach the step-cost model one step's measured time (decode-like steps only)."""
         lens = batch.extend_lens
         rows = sum(lens)
-        if rows > 256 or max(lens, default=0) > 64:
-            return
+        if rows > COST_MAX_ROWS or max(lens, default=0) > COST_MAX_EXTEND:
+            return  # a prefill: its rows cost what a decode row does not
         attended = sum(e * (p + (e + 1) / 2) for p, e in zip(batch.prefix_lens, lens, strict=True))
         self.spec_cost.observe(rows, attended, seconds * 1e3)
 
