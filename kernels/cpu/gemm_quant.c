@@ -37,7 +37,7 @@
 #define QPANEL 48 /* output columns per panel */
 #define QGROUP 32 /* k per scale group */
 #define QTILE_M 4 /* rows per register tile (buffered path) */
-#define QPF 4 /* groups ahead the 8-row U4 tiles prefetch */
+#define QPF 4 /* groups ahead the U4 register tiles prefetch */
 #define QREG_MAX_M 16 /* U4 batches up to this many rows unpack in registers (qtile_u4) */
 #define QBLOCK_M 64 /* rows per work item */
 #define QFMT_U4 0
@@ -375,7 +375,9 @@ static inline __attribute__((always_inline)) void qtile_u4(
         const uint8_t* src = panel + g * gb;
         const uint8_t* qd = src + scale_bytes_of(fmt);
         const uint16_t* xg = x + g * QGROUP;
-        if (mr == 8) /* 8 rows compute long enough to hide a prefetch (fewer: it only costs) */
+        /* cold weights: prefetching QPF groups ahead pays from 3 rows on (M = 3..7 1.2-1.4x,
+         * 8 rows 1.07x, bench_qgemm_shapes.py --cold); the decode path (1-2 rows, qtile) has none */
+        if (mr >= 3)
             for (int64_t b = 0; b < gb; b += 64)
                 _mm_prefetch((const char*)src + QPF * gb + b, _MM_HINT_T0);
         __m512 part[8][3];
