@@ -226,8 +226,13 @@ def _serve(
     idle_ms = DP_ATTENTION_POLL_MS if dp_sync is not None else IDLE_POLL_MS
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
+    released_at = -1  # scheduler.forward_steps when step memory was last given back
     while True:
         if not scheduler.has_work:
+            if released_at != scheduler.forward_steps:  # the queue just emptied
+                # NOTE: after the last outputs went out, so no reply waits for it (~1 ms)
+                runner.release_idle_memory()
+                released_at = scheduler.forward_steps
             timeout = GRAMMAR_POLL_MS if scheduler.grammar_waiting else idle_ms
             poller.poll(timeout)
         while True:
