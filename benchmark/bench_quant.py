@@ -47,9 +47,9 @@ CONFIGS: tuple[tuple[str, str, dict[str, str]], ...] = (
 )
 
 
-# the scheduler gives its steps' transient memory back once its queue empties, right after it
-# sends the last outputs: its RSS is read when that has had time to finish (it takes ~1-20 ms)
-IDLE_SETTLE_S = 0.5
+# the scheduler gives its steps' transient memory back once its queue has been empty for a poll
+# period (1 s; scheduler_process.IDLE_RELEASE_S): its RSS is read once that is done
+IDLE_SETTLE_S = 1.5
 
 
 def scheduler_rss_mb() -> float:
