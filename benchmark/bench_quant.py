@@ -9,7 +9,8 @@ threads), throughput of 64 prompts x 128 output tokens, and the scheduler's RSS 
 `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36`). The machine's limit in
 the same run: weight bytes read per token / read bandwidth.
 
-    python benchmark/bench_quant.py [--quick] [--skip-llama-cpp] [--results benchmark/RESULTS.md]
+    python benchmark/bench_quant.py [--quick] [--skip-llama-cpp] [--rows bf16,q4_1]
+                                    [--results benchmark/RESULTS.md]
 
 Prints one JSON line per result, then a summary against the targets (Q4_1 single-stream >= 1.8x
 bf16 and >= 1.3x llama.cpp's best thread setting, >= 60 % of the bytes-per-token limit; batched
@@ -46,8 +47,15 @@ CONFIGS: tuple[tuple[str, str, dict[str, str]], ...] = (
 )
 
 
+# the scheduler gives its steps' transient memory back once its queue has been empty for a poll
+# period (1 s; scheduler_process.IDLE_RELEASE_S): its RSS is read once that is done
+IDLE_SETTLE_S = 1.5
+
+
 def scheduler_rss_mb() -> float:
-    """RSS of this process's scheduler child (the process holding the weights and KV pool)."""
+    """RSS of this process's scheduler child (the process holding the weights and KV pool),
+    idle after the run."""
+    time.sleep(IDLE_SETTLE_S)
     for child in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(child.cmdline())
@@ -89,7 +97,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens (smoke run)")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--results", default=None, help="append a Markdown section to this file")
+    names = [name for name, _, _ in CONFIGS]
+    ap.add_argument(
+        "--rows", default=",".join(names), help=f"comma-separated subset of {', '.join(names)}"
+    )
     args = ap.parse_args()
+    chosen = args.rows.split(",")
+    if unknown := set(chosen) - set(names):
+        ap.error(f"unknown rows {sorted(unknown)}")
     new_single = 32 if args.quick else 128
     new_batch = 16 if args.quick else 128
     n_prompts = 64
@@ -106,6 +121,8 @@ def main() -> int:
 
     rows: dict[str, dict[str, float]] = {}
     for name, quantization, env in CONFIGS:
+        if name not in chosen:
+            continue
         row: dict[str, float] = {}
         os.environ.update(env)  # the scheduler child inherits it
         for threads in sorted({1, cores}):
@@ -141,19 +158,24 @@ def main() -> int:
                      "tok_per_s": llama_cpp_single(default_model_file(), raw, new_single, threads)}
                 )["tok_per_s"]  # fmt: skip
 
-    q, b = rows["q4_1"], rows["bf16"]
-    summary: dict[str, Any] = {
-        "bench": "summary",
-        "q4_1_single_vs_bf16": q["single"] / b["single"],
-        "q4_1_batched_vs_bf16": q["batched"] / b["batched"],
-        "q4_1_rss_vs_bf16": q["rss_mb"] / b["rss_mb"],
-        "q4_1_share_of_bytes_limit": q.get("share_of_bytes_limit"),
-        "int8_single_vs_bf16": rows["int8"]["single"] / b["single"],
-        "q4_1_stack_vs_per_layer_single": q["single"] / rows["q4_1_per_layer"]["single"],
-        "q4_1_stack_vs_per_layer_batched": q["batched"] / rows["q4_1_per_layer"]["batched"],
-    }
-    if llama:
-        summary["q4_1_single_vs_llama_cpp_best"] = q["single"] / max(llama.values())
+    summary: dict[str, Any] = {"bench": "summary"}
+    # (summary key, row, metric, baseline row): each ratio whose two rows ran
+    ratios = (
+        ("q4_1_single_vs_bf16", "q4_1", "single", "bf16"),
+        ("q4_1_batched_vs_bf16", "q4_1", "batched", "bf16"),
+        ("q4_1_rss_vs_bf16", "q4_1", "rss_mb", "bf16"),
+        ("int8_single_vs_bf16", "int8", "single", "bf16"),
+        ("int8_rss_vs_bf16", "int8", "rss_mb", "bf16"),
+        ("q4_1_stack_vs_per_layer_single", "q4_1", "single", "q4_1_per_layer"),
+        ("q4_1_stack_vs_per_layer_batched", "q4_1", "batched", "q4_1_per_layer"),
+    )
+    for key, row_name, metric, base in ratios:
+        if row_name in rows and base in rows:
+            summary[key] = rows[row_name][metric] / rows[base][metric]
+    if "q4_1" in rows:
+        summary["q4_1_share_of_bytes_limit"] = rows["q4_1"].get("share_of_bytes_limit")
+        if llama:
+            summary["q4_1_single_vs_llama_cpp_best"] = rows["q4_1"]["single"] / max(llama.values())
     emit(summary)
     if args.results:
         write_results(args.results, rows, llama, limits, summary, " ".join(sys.argv))

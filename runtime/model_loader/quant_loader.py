@@ -101,18 +101,12 @@ def resolve_quantization(
 def release_freed_memory() -> None:
     """Collect, then return the C heap's free pages to the OS (glibc `malloc_trim`): freed dense
     weights and load-time temporaries otherwise stay in the process's RSS."""
-    import ctypes
-    import ctypes.util
     import gc
 
+    from radixgen.utils import return_free_heap_to_os
+
     gc.collect()
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:  # not glibc: nothing to trim
-        pass
+    return_free_heap_to_os()
 
 
 def _unpermute_order(rows: int, n_heads: int) -> np.ndarray:

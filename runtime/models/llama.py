@@ -332,6 +332,11 @@ class LlamaForCausalLM(nn.Module):
             self._stack_pool = backend.kv_pool
         return None if self._stack is None else (self._stack, layout)
 
+    def release_step_memory(self) -> None:
+        """Drop what steps keep for the next one (the native stack's workspace): for idle time."""
+        if self._stack is not None:
+            self._stack.release_workspace()
+
     _stack_kernels: NativeKernels | None = None  # set by `prepack` when the stack may run
     _stack: NativeDecoderStack | None = None
     _stack_pool: object = None  # the KV pool `_stack` was built over

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "RADIXGEN_NATIVE_STACK"  # "0": the per-layer path (comparisons)
-# NOTE: ~22 KB a row for the default model: a 512-token chunk's 12 MB stays, longer ones' go
+# NOTE: ~22 KB a row for the default model: a 512-token chunk's 12 MB stays while steps run
+# (`release_workspace` drops it when the scheduler goes idle), longer ones' go at once
 KEEP_WORKSPACE_BYTES = 16 << 20
 # the per-layer words of the table, in decoder_stack.c's enum order
 LAYER_WORDS = (
@@ -129,6 +130,10 @@ class NativeDecoderStack:
             (model.rotary.cos, model.rotary.sin),
             torch.empty(0, dtype=torch.uint8),
         )
+
+    def release_workspace(self) -> None:
+        """Free the kept workspace (the next step allocates one again)."""
+        self.work = torch.empty(0, dtype=torch.uint8)
 
     def forward(
         self,

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
 GRAMMAR_POLL_MS = 2
 DP_ATTENTION_POLL_MS = 5
+# NOTE: the queue empty this long: the step memory goes back to the OS (`release_idle_memory`);
+# within a stream of requests it stays (the next batch would fault the same pages back in)
+IDLE_RELEASE_S = 0.5
 
 
 def choose_num_threads(args: ServerArgs) -> int:
@@ -226,8 +229,17 @@ def _serve(
     idle_ms = DP_ATTENTION_POLL_MS if dp_sync is not None else IDLE_POLL_MS
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
+    released_at = -1  # scheduler.forward_steps when step memory was last given back
+    idle_since: float | None = None  # when the queue last became empty
     while True:
-        if not scheduler.has_work:
+        if scheduler.has_work:
+            idle_since = None
+        else:
+            now = time.monotonic()
+            idle_since = now if idle_since is None else idle_since
+            if released_at != scheduler.forward_steps and now - idle_since >= IDLE_RELEASE_S:
+                runner.release_idle_memory()  # ~1-25 ms
+                released_at = scheduler.forward_steps
             timeout = GRAMMAR_POLL_MS if scheduler.grammar_waiting else idle_ms
             poller.poll(timeout)
         while True:
