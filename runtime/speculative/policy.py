@@ -20,28 +20,32 @@ from .ngram import NgramIndex
 FIRST_PRIOR = (0.15, 0.3, 0.45, 0.55, 0.6)  # match lengths 1, 2, 3, 4, 5+
 NEXT_PRIOR = 0.75
 GLOBAL_WEIGHT = 8.0  # pseudo-observations behind each prior
-REQUEST_WEIGHT = 4.0  # pseudo-observations behind a request's own multiplier (1.0)
+# the global estimates weigh the last few hundred tested nodes (a server's mix of requests
+# changes: JSON extraction copies, stories do not), a request's own multiplier all of its own
+GLOBAL_DECAY = 0.995
+REQUEST_WEIGHT = 2.0  # pseudo-observations behind a request's own multiplier (1.0)
 MAX_PROB = 0.98
 
 
 @dataclass
 class Ratio:
-    """An estimate num / den that starts at a prior worth `weight` observations."""
+    """An estimate (num + weight * prior) / (den + weight): observations on top of a prior worth
+    `weight` of them; with `decay` < 1 older observations count less (it follows a changing
+    mix of requests)."""
 
-    num: float
-    den: float
-
-    @classmethod
-    def prior(cls, value: float, weight: float) -> Ratio:
-        return cls(value * weight, weight)
+    prior: float
+    weight: float
+    decay: float = 1.0
+    num: float = 0.0
+    den: float = 0.0
 
     @property
     def value(self) -> float:
-        return self.num / self.den
+        return (self.num + self.weight * self.prior) / (self.den + self.weight)
 
     def add(self, hit: float, expected: float) -> None:
-        self.num += hit
-        self.den += expected
+        self.num = self.num * self.decay + hit
+        self.den = self.den * self.decay + expected
 
 
 @dataclass
@@ -50,8 +54,8 @@ class RequestAcceptance:
     draft tokens and for continuations: JSON values copied from a document beat the average,
     a story that only echoes single words does worse."""
 
-    first: Ratio = field(default_factory=lambda: Ratio.prior(1.0, REQUEST_WEIGHT))
-    next: Ratio = field(default_factory=lambda: Ratio.prior(1.0, REQUEST_WEIGHT))
+    first: Ratio = field(default_factory=lambda: Ratio(1.0, REQUEST_WEIGHT))
+    next: Ratio = field(default_factory=lambda: Ratio(1.0, REQUEST_WEIGHT))
 
 
 class DraftState:
@@ -75,8 +79,8 @@ class AcceptanceModel:
     """
 
     def __init__(self) -> None:
-        self.first = [Ratio.prior(p, GLOBAL_WEIGHT) for p in FIRST_PRIOR]
-        self.next = Ratio.prior(NEXT_PRIOR, GLOBAL_WEIGHT)
+        self.first = [Ratio(p, GLOBAL_WEIGHT, GLOBAL_DECAY) for p in FIRST_PRIOR]
+        self.next = Ratio(NEXT_PRIOR, GLOBAL_WEIGHT, GLOBAL_DECAY)
 
     def _bucket(self, match: int) -> int:
         return min(max(match, 1), len(self.first)) - 1
