@@ -163,7 +163,10 @@ class SpeculativeScheduling:
             keeps.setdefault(o.owner, [True] + [False] * (len(trees[o.owner][1]) - 1))[o.node] = (
                 True
             )
-        free = self.kv_pool.available_size()
+        # NOTE: the step's own tokens are not allocated yet: the drafts get what they leave
+        free = self.kv_pool.available_size() - self.page_size * sum(
+            pages_needed(r, r.extend_len, self.page_size) for r in plan
+        )
         spare_rows = self.req_to_token_pool.available_size()
         for owner, keep in keeps.items():
             r, tree = trees[owner]

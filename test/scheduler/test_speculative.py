@@ -375,6 +375,19 @@ def test_a_short_pool_runs_drafts_only_where_they_fit():
         assert out[rid][0] == reference(prompt, n, copy_model)
 
 
+@pytest.mark.parametrize("pool", [186, 193])
+def test_drafts_take_only_what_the_steps_own_tokens_leave(pool):
+    """Two requests that outgrow the pool (retractions): the step's own tokens are not
+    allocated when drafts are planned, and drafts must not take their slots (they did: the
+    step failed with 'planner admitted more tokens than the pool holds')."""
+    n = pool // 2 + 5
+    reqs = [(f"r{i}", p[:20], n) for i, p in enumerate(prompts(2))]
+    out, s, _ = run(copy_model, reqs, pool_tokens=pool, **SPEC)
+    for rid, prompt, n in reqs:
+        assert out[rid] == (reference(prompt, n, copy_model), FinishReason.length(n))
+    assert s.spec_stats.spec_accepted_tokens > 0
+
+
 def test_penalised_and_greedy_only_sampled_requests_decode_without_drafts():
     s, runner = make_scheduler(**SPEC)
     runner.predict = copy_model
