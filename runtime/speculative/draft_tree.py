@@ -131,15 +131,6 @@ class StepDraft:
             u = v
         return path
 
-    @classmethod
-    def chain(cls, draft: list[int]) -> StepDraft:
-        """A single chain (a draft with one candidate), match lengths unknown."""
-        n = len(draft)
-        return cls(
-            [-1, *draft], [-1, *range(n)], list(range(n + 1)), [0] * (n + 1), [1.0] * (n + 1),
-            [list(range(1, n + 1))] if n else [],
-        )  # fmt: skip
-
 
 def step_draft(tree: CandidateTree, keep: list[bool], mask: torch.Tensor | None) -> StepDraft:
     """The kept nodes of `tree` (a kept node's parent is kept) as chains: each chain follows the

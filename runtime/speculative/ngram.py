@@ -81,12 +81,6 @@ class NgramIndex:
         order = np.lexsort((-starts, -match))[:breadth]
         return [Candidate(int(match[j]), int(starts[j])) for j in order]
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest occurrence of the longest suffix of `tokens`
-        seen earlier in it (the best candidate's continuation)."""
-        found = self.candidates(tokens, 1)
-        return continuation(tokens, found[0].start, k) if found and k > 0 else []
-
 
 def continuation(tokens: list[int], start: int, k: int) -> list[int]:
     """The k tokens from `start`, continuing periodically past the end: an occurrence that

@@ -160,9 +160,9 @@ class SpeculativeScheduling:
         taken = select_nodes(offers, tokens, step_ms, budget)
         keeps: dict[int, list[bool]] = {}
         for o in taken:
-            keeps.setdefault(o.owner, [True] + [False] * (len(trees[o.owner][1]) - 1))[o.node] = (
-                True
-            )
+            if o.owner not in keeps:
+                keeps[o.owner] = [True] + [False] * (len(trees[o.owner][1]) - 1)
+            keeps[o.owner][o.node] = True
         # NOTE: the step's own tokens are not allocated yet: the drafts get what they leave
         free = self.kv_pool.available_size() - self.page_size * sum(
             pages_needed(r, r.extend_len, self.page_size) for r in plan

@@ -68,7 +68,7 @@ def test_ngram_index_lists_the_longest_latest_matches_first():
     toks = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]
     # suffix [2, 3]: its latest occurrence (before 4), then the one before 9; then [3]'s others
     assert idx.candidates(toks, 4) == [Candidate(2, 7), Candidate(2, 3)]
-    assert idx.propose(toks, 3) == [4, 5, 2]
+    assert continuation(toks, idx.candidates(toks, 1)[0].start, 3) == [4, 5, 2]
     toks += [4]  # grows incrementally: [2, 3, 4] now matches at position 5
     assert idx.candidates(toks, 1) == [Candidate(3, 8)]
     assert idx.candidates(toks, 3) == [Candidate(3, 8)]  # [4] and [3, 4]: the same start
@@ -105,7 +105,8 @@ def test_a_repeating_suffix_continues_with_its_period():
     toks = [5, 1, 2, 1, 2]
     assert continuation(toks, 3, 5) == [1, 2, 1, 2, 1]  # overlaps the suffix: period 2
     assert continuation(toks, 1, 3) == [1, 2, 1]
-    assert NgramIndex(1, 4).propose([7, 7, 7], 4) == [7, 7, 7, 7]
+    sevens = [7, 7, 7]
+    assert continuation(sevens, NgramIndex(1, 4).candidates(sevens, 1)[0].start, 4) == [7] * 4
 
 
 def test_candidates_merge_into_a_tree_and_chains_cover_it():
