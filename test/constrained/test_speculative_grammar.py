@@ -21,7 +21,12 @@ pytestmark = pytest.mark.slow  # the real model decodes whole batches (minutes)
 
 
 def _scheduler(folder: str, speculative: bool) -> Scheduler:
-    flags = {"speculative_algorithm": "NGRAM"} if speculative else {}
+    # the fixed cost rule: the default one learns from measured step times (load-dependent)
+    flags = (
+        {"speculative_algorithm": "NGRAM", "speculative_break_even_tokens": 16}
+        if speculative
+        else {}
+    )
     args = ServerArgs.from_kwargs(
         dtype="bfloat16", max_total_tokens=24000, grammar_backend="xgrammar",
         debug_invariants=True, **flags,
