@@ -118,15 +118,39 @@ def travel_qa(s, question):  # the program of SGLang's test_stream_logprobs
     s += sgl.assistant(sgl.gen("answer", return_logprob=True))
 
 
-def _streamed_chunks(max_new_tokens: int) -> list[tuple[str, dict]]:
-    async def collect() -> list[tuple[str, dict]]:
+def _record_sent_chunks(backend, monkeypatch) -> list[tuple[str, dict]]:
+    """Record every (text, meta) chunk where SGLang's client receives it from the server."""
+    sent: list[tuple[str, dict]] = []
+    receive = backend.generate_stream
+
+    def recording(*args, **kwargs):
+        for chunk, meta in receive(*args, **kwargs):
+            sent.append((chunk, meta))
+            yield chunk, meta
+
+    monkeypatch.setattr(backend, "generate_stream", recording)
+    return sent
+
+
+def _streamed_chunks(sent: list[tuple[str, dict]], max_new_tokens: int) -> list[tuple[str, dict]]:
+    """The chunks the server sent for one streamed run, as the client received them (`sent`: the
+    list `_record_sent_chunks` fills).
+
+    NOTE: not the ones `text_async_iter` yields: SGLang's client joins two chunks that arrive
+    before the iterator wakes and keeps only the second's logprobs (see the test above), which
+    happens whenever a step is faster than the consumer's wake-up on a busy machine."""
+    sent.clear()
+
+    async def collect() -> list[str]:
         state = travel_qa.run(
             question=HAWAII, stream=True, temperature=0, max_new_tokens=max_new_tokens,
             ignore_eos=True,
         )  # fmt: skip
-        return [chunk async for chunk in state.text_async_iter("answer", return_meta_data=True)]
+        return [text async for text in state.text_async_iter("answer")]
 
-    return asyncio.run(collect())
+    texts = asyncio.run(collect())
+    assert "".join(texts) == "".join(text for text, _ in sent), "the iterator lost text"
+    return list(sent)
 
 
 def _check_stream_chunks(chunks: list[tuple[str, dict]]) -> None:
@@ -152,15 +176,7 @@ def test_sglang_test_stream_logprobs_itself(backend, monkeypatch):
     own failure is accepted only when they do (the merge happened in the client)."""
     from sglang.test import test_programs as sglang_programs
 
-    sent: list[tuple[str, dict]] = []
-    receive = backend.generate_stream
-
-    def recording(*args, **kwargs):
-        for chunk, meta in receive(*args, **kwargs):
-            sent.append((chunk, meta))
-            yield chunk, meta
-
-    monkeypatch.setattr(backend, "generate_stream", recording)
+    sent = _record_sent_chunks(backend, monkeypatch)
     try:
         sglang_programs.test_stream_logprobs()
     except AssertionError:
@@ -169,14 +185,15 @@ def test_sglang_test_stream_logprobs_itself(backend, monkeypatch):
     _check_stream_chunks(sent)
 
 
-def test_stream_logprobs_logic_ten_times(backend):
+def test_stream_logprobs_logic_ten_times(backend, monkeypatch):
     """SGLang's per-chunk assertions (every chunk has text, and exactly the entries of the tokens
     it adds), 10 runs of 16 tokens; the entries add up to the non-streamed request's."""
     whole = travel_qa.run(question=HAWAII, temperature=0, max_new_tokens=16, ignore_eos=True)
     expected = [tid for _, tid, _ in whole.get_meta_info("answer")["output_token_logprobs"]]
     assert len(expected) == 16
+    sent = _record_sent_chunks(backend, monkeypatch)
     for run in range(10):
-        chunks = _streamed_chunks(16)
+        chunks = _streamed_chunks(sent, 16)
         assert chunks, f"run {run}: no chunk"
         prev_tokens, ids = 0, []
         for text, meta in chunks:
