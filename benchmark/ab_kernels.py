@@ -1,4 +1,5 @@
-"""Two builds of the native CPU kernels inside one real decode, alternated call by call.
+"""Two builds of the native CPU kernels inside one real decode, alternated call by call or in
+blocks of steps.
 
 The default model decodes one request at a time in this process (an in-process scheduler, no
 server), and every call of the native decoder stack and of the LM head goes to the builds in
@@ -10,8 +11,13 @@ the minimum and median stack and head times, then the base/new ratios of the med
 decodes once with each build alone and says whether their tokens are identical (the kernels are
 deterministic, so a change to the arithmetic shows as a difference here, or as none at all).
 
+`--block N` alternates the builds every N whole scheduler steps instead, and also times the
+steps: a change that alters what the kernels leave in the caches (e.g. non-temporal weight
+loads) moves the rest of the step too (Python, sampling, small torch ops), which call-by-call
+turns hide. The first step of each block is not counted (the caches are the other build's).
+
     python benchmark/ab_kernels.py [--base HEAD] [--quantization gguf] [--tokens 256]
-                                   [--rounds 4]
+                                   [--rounds 4] [--block N]
 """
 
 from __future__ import annotations
@@ -60,10 +66,13 @@ def compile_build(rev: str | None, out_dir: Path) -> NativeKernels:
 
 
 def alternate(
-    builds: dict[str, NativeKernels], times: dict[str, dict[str, list[float]]]
+    builds: dict[str, NativeKernels],
+    times: dict[str, dict[str, list[float]]],
+    block: Callable[[], str | None],
 ) -> list[str]:
-    """Route the decoder stack's and the LM head's calls to the builds in turn, timing each.
-    Returns the list of builds taking turns (change it in place to run one build alone)."""
+    """Route the decoder stack's and the LM head's calls to the builds in turn, timing each;
+    to `block()`'s build when it names one (the block mode). Returns the list of builds taking
+    turns (change it in place to run one build alone)."""
     names = list(builds)
     turn = {"stack": 0, "head": 0}
 
@@ -71,7 +80,7 @@ def alternate(
         part: str, fn: Callable[..., Any], set_kernels: Callable[[Any, NativeKernels], None]
     ):
         def call(self: Any, *args: Any) -> Any:
-            name = names[turn[part] % len(names)]
+            name = block() or names[turn[part] % len(names)]
             turn[part] += 1
             set_kernels(self, builds[name])
             start = time.perf_counter()
@@ -97,6 +106,9 @@ def main() -> None:
     ap.add_argument("--quantization", default="gguf", help="gguf (Q4_1 kept), int8, unquant")
     ap.add_argument("--tokens", type=int, default=256, help="greedy tokens per round")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--block", type=int, default=0, help="alternate every N scheduler steps (0: every call)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,10 +120,14 @@ def main() -> None:
             "stack": defaultdict(list),
             "head": defaultdict(list),
         }
+        if args.block:
+            times["step"] = defaultdict(list)
+        current: list[str | None] = [None]  # the block mode's build for this step
         server_args = ServerArgs.from_kwargs(max_total_tokens=8192, quantization=args.quantization)
         scheduler = build_scheduler(server_args, resolve_model_path(None))
         ids = scheduler.tokenizer.encode(PROMPT, add_special_tokens=False)
-        turns = alternate(builds, times)
+        turns = alternate(builds, times, lambda: current[0])
+        names = list(builds)
 
         def decode(rid: str, tokens: int) -> list[int]:
             params = {"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True}
@@ -122,11 +138,20 @@ def main() -> None:
                 )
             )  # fmt: skip
             out: list[int] = []
+            step = 0
             while scheduler.has_work:
-                for batch in scheduler.step():
+                if args.block and len(turns) > 1:
+                    current[0] = names[(step // args.block) % len(names)]
+                start = time.perf_counter()
+                sent = scheduler.step()
+                if args.block and len(turns) > 1 and step % args.block:
+                    times["step"][current[0] or ""].append(time.perf_counter() - start)
+                step += 1
+                for batch in sent:
                     for i, r in enumerate(batch.rids):
                         if r == rid:
                             out.extend(batch.new_token_ids[i])
+            current[0] = None
             return out
 
         decode("warm-up", 8)
@@ -139,6 +164,10 @@ def main() -> None:
                 part.clear()
             outputs.append(decode(f"round-{rnd}", args.tokens))
             for part, per_build in times.items():
+                if args.block:  # the block's first step is not counted: drop its calls too
+                    if part != "step":
+                        for b, t in per_build.items():
+                            per_build[b] = [x for i, x in enumerate(t) if i % args.block]
                 # the first calls of a round run the prefill (and its first decode steps)
                 med = {b: statistics.median(t[4:]) * 1e3 for b, t in per_build.items()}
                 low = {b: min(t[4:]) * 1e3 for b, t in per_build.items()}

@@ -19,6 +19,9 @@ from .build import NativeBuildError
 CType = type[ctypes.c_void_p] | type[ctypes.c_int64] | type[ctypes.c_int] | type[ctypes.c_float]
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+# decoder_stack_forward: layers, n_layers, dims, eps, scale, cos, sin, x, final_norm, rows, M,
+# out, pos, loc, N, kv_indices, kv_indptr, q_indptr, q_pos0, R, work
+_STACK_ARGS = (_P, _I32, _P, _F32, _F32, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P)  # fmt: skip
 
 # name -> (restype, argtypes) of every exported function; None is a void result.
 SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
@@ -54,6 +57,7 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "silu_mul": (None, (_P, _P, _I64, _I64, _I32, _I32)),
     "greedy_refine_bf16": (None, (_P, _I64, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P)),
     "refine_near_max_f32": (None, (_P, _I64, _P, _I64, _P, _I64, _I64, _I64)),
+    "argmax_f32": (None, (_P, _I64, _P, _I64, _I64, _P, _I64, _P)),
     "gemm_bf16_packed_elems": (_I64, (_I64, _I64)),
     "gemm_bf16_available": (_I32, ()),
     "gemm_bf16_pack": (None, (_P, _I64, _I64, _P)),
@@ -65,10 +69,7 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
     "decoder_stack_words": (_I32, ()),
     "decoder_stack_workspace_bytes": (_I64, (_I64, _I64, _I32, _I32, _I32, _I64)),
-    "decoder_stack_forward": (
-        _I32,
-        (_P, _I32, _P, _F32, _F32, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P),
-    ),
+    "decoder_stack_forward": (_I32, _STACK_ARGS),
 }
 
 QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
@@ -140,6 +141,7 @@ class NativeKernels:
         self._silu_mul = bind(lib, "silu_mul")
         self._greedy = bind(lib, "greedy_refine_bf16")
         self._refine = bind(lib, "refine_near_max_f32")
+        self._argmax = bind(lib, "argmax_f32")
         self._gemm_elems = bind(lib, "gemm_bf16_packed_elems")
         self._gemm_pack = bind(lib, "gemm_bf16_pack")
         self._gemm = bind(lib, "gemm_bf16")
@@ -289,6 +291,30 @@ class NativeKernels:
         )  # fmt: skip
         ids: list[int] = out.tolist()
         return ids
+
+    def argmax(
+        self,
+        logits: torch.Tensor,
+        rows: list[int],
+        vocab: int,
+        bitmask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """torch's argmax of each given float32 logits row over its first `vocab` tokens, [R]
+        long; with a bitmask (int32 [R, W], row r for rows[r]) over the allowed tokens only."""
+        assert logits.dtype == torch.float32 and logits.stride(1) == 1
+        out = torch.empty(len(rows), dtype=torch.long)
+        every = rows == list(range(len(rows)))
+        idx = None if every else torch.tensor(rows, dtype=torch.long)
+        masks, words = 0, 0
+        if bitmask is not None:
+            assert bitmask.dtype == torch.int32 and bitmask.shape[0] == len(rows)
+            bitmask = bitmask.contiguous()
+            masks, words = bitmask.data_ptr(), bitmask.shape[1]
+        self._argmax(
+            logits.data_ptr(), logits.stride(0), 0 if idx is None else idx.data_ptr(), len(rows),
+            vocab, masks, words, out.data_ptr(),
+        )  # fmt: skip
+        return out
 
     def refine_near_max(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor
@@ -446,22 +472,25 @@ class NativeKernels:
         scale: float,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        h0: torch.Tensor,
-        residual: torch.Tensor,
+        x: torch.Tensor,
+        final_norm: torch.Tensor,
+        rows: torch.Tensor | None,
         out: torch.Tensor,
         positions: torch.Tensor,
         out_cache_loc: torch.Tensor,
         ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         work: torch.Tensor,
     ) -> None:
-        """Every layer over h0's rows (decoder_stack.c): `residual` is updated in place and
-        `out` gets the last layer's MLP output. layers: int64 [L, decoder_stack_words]; dims:
-        int64 [hidden, H, Hkv, D, inter, kv code]; ragged: the attention layout."""
+        """Every layer over the embeddings x (bf16 [N, hidden]), then `out` (bf16 [M, hidden])
+        gets the final norm of `rows` (int64 [M]; None: every row) (decoder_stack.c). layers:
+        int64 [L, decoder_stack_words]; dims: int64 [hidden, H, Hkv, D, inter, kv code];
+        ragged: the attention layout."""
         kv_indices, kv_indptr, q_indptr, q_pos0 = ragged
         rc = self._stack(
             layers.data_ptr(), layers.shape[0], dims.data_ptr(), eps, scale, cos.data_ptr(),
-            sin.data_ptr(), h0.data_ptr(), residual.data_ptr(), out.data_ptr(),
-            positions.data_ptr(), out_cache_loc.data_ptr(), h0.shape[0], kv_indices.data_ptr(),
+            sin.data_ptr(), x.data_ptr(), final_norm.data_ptr(),
+            0 if rows is None else rows.data_ptr(), out.shape[0], out.data_ptr(),
+            positions.data_ptr(), out_cache_loc.data_ptr(), x.shape[0], kv_indices.data_ptr(),
             kv_indptr.data_ptr(), q_indptr.data_ptr(), q_pos0.data_ptr(), q_indptr.numel() - 1,
             work.data_ptr(),
         )  # fmt: skip

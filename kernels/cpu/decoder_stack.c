@@ -12,10 +12,11 @@
  */
 #include <stdint.h>
 
+#include "cpu_common.h"
 #include "radixgen_kernels.h"
 
 enum {
-    W_IN_NORM,    /* bf16 [hidden]: this layer's input RMSNorm weight (unused for layer 0) */
+    W_IN_NORM,    /* bf16 [hidden]: this layer's input RMSNorm weight */
     W_POST_NORM,  /* bf16 [hidden]: the post-attention RMSNorm weight */
     W_QKV,        /* packed weight, its format (-1: gemm_bf16's layout, else qgemm's fmt), bias */
     W_QKV_FMT,
@@ -42,7 +43,9 @@ int decoder_stack_words(void) { return STACK_WORDS; }
 int64_t decoder_stack_workspace_bytes(int64_t N, int64_t hidden, int H, int Hkv, int D,
                                       int64_t inter) {
     int64_t qkv = (int64_t)(H + 2 * Hkv) * D, q = (int64_t)H * D;
-    int64_t floats = N * (qkv + 2 * inter), halves = N * (2 * q + hidden + inter);
+    /* float32: qkv, gate_up, the residual stream and the MLP's output; bf16: q, the attention
+     * output, a norm's output, the MLP's activation */
+    int64_t floats = N * (qkv + 2 * inter + 2 * hidden), halves = N * (2 * q + hidden + inter);
     return floats * 4 + halves * 2 + 64;
 }
 
@@ -56,41 +59,44 @@ static int project(const uint16_t* x, int64_t m, int64_t k, const int64_t* w, in
     return qgemm(x, m, k, (const uint8_t*)weight, n, k, fmt, bias, y, n, 1);
 }
 
-/* Every layer over N rows. h0: layer 0's normed input (bf16 [N, hidden]); residual (float32
- * [N, hidden]) holds layer 0's input and is updated in place; out (float32 [N, hidden]) gets
- * the last layer's MLP output, which the caller adds and norms (the final norm). dims: hidden,
+/* Every layer over N rows, and the final norm of the rows the logits need. x: the embeddings
+ * (bf16 [N, hidden]): the residual stream starts as them, layer 0's input norm included. Then
+ * out (bf16 [M, hidden]) gets final_norm(residual + the last MLP output) of rows[0..M) (rows:
+ * NULL for every row, M = N), which is what the per-layer path computes for them. dims: hidden,
  * H, Hkv, D, inter, kv_dtype (kv_quant.h's codes). pos / loc: each row's position and KV slot;
  * kv_indices ... R: the ragged attention layout (ragged_attention.c). work:
  * decoder_stack_workspace_bytes. Returns 0, or the first failing kernel's code. */
 int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
-                          float scale, const float* cos_t, const float* sin_t, const void* h0,
-                          float* residual, float* out, const int64_t* pos, const int64_t* loc,
-                          int64_t N, const int64_t* kv_indices, const int64_t* kv_indptr,
+                          float scale, const float* cos_t, const float* sin_t, const uint16_t* x,
+                          const void* final_norm, const int64_t* rows, int64_t M, void* out,
+                          const int64_t* pos, const int64_t* loc, int64_t N,
+                          const int64_t* kv_indices, const int64_t* kv_indptr,
                           const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work) {
     const int64_t hidden = dims[0], inter = dims[4];
     const int H = (int)dims[1], Hkv = (int)dims[2], D = (int)dims[3], kv_dtype = (int)dims[5];
     const int64_t qkv_n = (int64_t)(H + 2 * Hkv) * D, q_n = (int64_t)H * D;
     float* qkv = (float*)work;          /* [N, qkv_n] */
     float* gate_up = qkv + N * qkv_n;   /* [N, 2 inter] */
-    uint16_t* q = (uint16_t*)(gate_up + N * 2 * inter);  /* [N, H, D] */
+    float* residual = gate_up + N * 2 * inter;  /* [N, hidden] */
+    float* mlp = residual + N * hidden;  /* [N, hidden]: the MLP's output */
+    uint16_t* q = (uint16_t*)(mlp + N * hidden);  /* [N, H, D] */
     uint16_t* attn = q + N * q_n;       /* [N, H * D] */
     uint16_t* h = attn + N * q_n;       /* [N, hidden]: a norm's output */
     uint16_t* act = h + N * hidden;     /* [N, inter] */
-    float* o = out;                     /* o_proj's output shares the MLP's: each is added first */
+    float* o = mlp;                     /* o_proj's output shares the MLP's: each is added first */
     int rc;
+#pragma omp parallel for if (N * hidden >= 65536) schedule(static)
+    for (int64_t i = 0; i < N * hidden; ++i) residual[i] = bf16f(x[i]);
     for (int i = 0; i < n_layers; ++i) {
         const int64_t* w = layers + (int64_t)i * STACK_WORDS;
         void* k_pool = (void*)(intptr_t)w[W_K_POOL];
         void* v_pool = (void*)(intptr_t)w[W_V_POOL];
         float* k_scale = (float*)(intptr_t)w[W_K_SCALE];
         float* v_scale = (float*)(intptr_t)w[W_V_SCALE];
-        const uint16_t* x = h0;
-        if (i > 0) {
-            add_rmsnorm(out, residual, (const void*)(intptr_t)w[W_IN_NORM], h, N, hidden, eps, 1,
-                        0);
-            x = h;
-        }
-        if ((rc = project(x, N, hidden, w, W_QKV, qkv_n, qkv))) return rc;
+        /* layer 0 norms the embeddings alone, the others add the MLP's output first */
+        add_rmsnorm(i ? mlp : NULL, residual, (const void*)(intptr_t)w[W_IN_NORM], h, N, hidden,
+                    eps, 1, 0);
+        if ((rc = project(h, N, hidden, w, W_QKV, qkv_n, qkv))) return rc;
         rope_store_kv(qkv, qkv_n, pos, cos_t, sin_t, q, k_pool, v_pool, loc, N, H, Hkv, D, 1, 0,
                       kv_dtype, k_scale, v_scale);
         rc = ragged_attention(q, q_n, k_pool, v_pool, kv_indices, kv_indptr, q_indptr, q_pos0, R,
@@ -100,7 +106,12 @@ int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* di
         add_rmsnorm(o, residual, (const void*)(intptr_t)w[W_POST_NORM], h, N, hidden, eps, 1, 0);
         if ((rc = project(h, N, hidden, w, W_GATE_UP, 2 * inter, gate_up))) return rc;
         silu_mul(gate_up, act, N, inter, 1, 0);
-        if ((rc = project(act, N, inter, w, W_DOWN, hidden, out))) return rc;
+        if ((rc = project(act, N, inter, w, W_DOWN, hidden, mlp))) return rc;
+    }
+    for (int64_t j = 0; j < M; ++j) {
+        int64_t r = rows ? rows[j] : j;
+        add_rmsnorm(mlp + r * hidden, residual + r * hidden, final_norm,
+                    (uint16_t*)out + j * hidden, 1, hidden, eps, 1, 0);
     }
     return 0;
 }

@@ -247,8 +247,6 @@ static float exact_dot(const uint16_t* h, const uint16_t* w, int64_t H) {
  * products of the row's hidden state [*, H] with the token's weight row [V, H]. */
 static inline float near_max_tolerance(float mx) { return fabsf(mx) * (2.0f / 128.0f) + 1e-6f; }
 
-/* Greedy choice over bf16 logits [M, V] (row stride ld) after re-scoring: the best candidate
- * (lowest id on ties). rows: which logits rows; hidden rows follow the same indices. */
 /* Token v is allowed by a packed grammar bitmask row of W int32 words (NULL: every token). */
 static inline int allowed(const int32_t* mask, int64_t W, int64_t v) {
     if (!mask) return 1;
@@ -318,6 +316,66 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
         for (; v < V; ++v) {
             if (bf16f(row[v]) < floor_ || !allowed(mask, W, v)) continue;
             float x = exact_dot(hidden + rows[r] * H, weight + v * H, H);
+            if (x > best) {
+                best = x;
+                best_id = v;
+            }
+        }
+        out_ids[r] = best_id;
+    }
+}
+
+/* Greedy choice over exact float32 logits [*, V] (row stride ld; a quantized LM head's): the
+ * first allowed maximum of each given row, as torch's argmax over the row with the disallowed
+ * tokens at -inf (a row whose allowed values are all -inf, or that allows nothing, yields 0;
+ * a NaN wins, the first one). rows: NULL for rows 0 .. R-1; masks as greedy_refine_bf16's. */
+void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R, int64_t V,
+                const int32_t* masks, int64_t W, int64_t* out_ids) {
+#pragma omp parallel for if (R >= 4) schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+        const float* row = logits + (rows ? rows[r] : r) * ld;
+        const int32_t* mask = masks ? masks + r * W : NULL;
+        float best = -INFINITY;
+        int64_t best_id = 0, v = 0, nan_at = -1;
+#ifdef __AVX512F__
+        /* per lane: the first maximum of its tokens; then the lowest id among the lanes' best */
+        __m512 bv = _mm512_set1_ps(-INFINITY);
+        __m512i bi = _mm512_setzero_si512();
+        __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i step = _mm512_set1_epi32(16);
+        for (; v + 16 <= V && V < (1LL << 31); v += 16) {
+            __mmask16 ok = allowed16(mask, W, v);
+            __m512 x = _mm512_maskz_loadu_ps(ok, row + v);
+            if (_mm512_mask_cmp_ps_mask(ok, x, x, _CMP_UNORD_Q)) {
+                nan_at = v;
+                break;
+            }
+            __mmask16 up = _mm512_mask_cmp_ps_mask(ok, x, bv, _CMP_GT_OQ);
+            bv = _mm512_mask_mov_ps(bv, up, x);
+            bi = _mm512_mask_mov_epi32(bi, up, idx);
+            idx = _mm512_add_epi32(idx, step);
+        }
+        if (nan_at < 0) {
+            float lanes[16];
+            int32_t ids[16];
+            _mm512_storeu_ps(lanes, bv);
+            _mm512_storeu_si512(ids, bi);
+            for (int l = 0; l < 16; ++l)
+                if (lanes[l] > best || (lanes[l] == best && lanes[l] > -INFINITY && ids[l] < best_id)) {
+                    best = lanes[l];
+                    best_id = ids[l];
+                }
+        } else {
+            v = nan_at; /* the scalar loop below finds that block's first NaN */
+        }
+#endif
+        for (; v < V; ++v) {
+            if (!allowed(mask, W, v)) continue;
+            float x = row[v];
+            if (x != x) {
+                best_id = v;
+                break;
+            }
             if (x > best) {
                 best = x;
                 best_id = v;

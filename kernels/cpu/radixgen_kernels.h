@@ -37,6 +37,10 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
                         const uint16_t* weight, const int64_t* rows, int64_t R, int64_t V,
                         int64_t H, const int32_t* masks, int64_t W, int64_t* out_ids);
 
+/* fused_ops.c: greedy token of exact float32 logits rows (torch's argmax, under grammar masks). */
+void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R, int64_t V,
+                const int32_t* masks, int64_t W, int64_t* out_ids);
+
 /* fused_ops.c: near-max candidates of float32 rows (converted from bf16) re-scored exactly. */
 void refine_near_max_f32(float* logits, int64_t ld, const uint16_t* hidden, int64_t hld,
                          const uint16_t* weight, int64_t R, int64_t V, int64_t H);
@@ -84,11 +88,13 @@ int decoder_stack_words(void);
 int64_t decoder_stack_workspace_bytes(int64_t N, int64_t hidden, int H, int Hkv, int D,
                                       int64_t inter);
 
-/* decoder_stack.c: every layer of a Llama-family decoder over N rows (0 = ok). */
+/* decoder_stack.c: every layer of a Llama-family decoder over N rows from their embeddings, and
+ * the final norm of the M rows the logits need (0 = ok). */
 int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
-                          float scale, const float* cos_t, const float* sin_t, const void* h0,
-                          float* residual, float* out, const int64_t* pos, const int64_t* loc,
-                          int64_t N, const int64_t* kv_indices, const int64_t* kv_indptr,
+                          float scale, const float* cos_t, const float* sin_t, const uint16_t* x,
+                          const void* final_norm, const int64_t* rows, int64_t M, void* out,
+                          const int64_t* pos, const int64_t* loc, int64_t N,
+                          const int64_t* kv_indices, const int64_t* kv_indptr,
                           const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work);
 
 #endif /* RADIXGEN_KERNELS_H */

@@ -388,6 +388,8 @@ class LogitsOutput:
         self.vocab_size = vocab_size
         self.native = native if raw.dtype == torch.bfloat16 else None
         self.exact = raw.dtype == torch.float32
+        # float32 logits on the host (a quantized head): greedy rows by the native argmax
+        self.native_argmax = native if self.exact and raw.device.type == "cpu" else None
 
     @property
     def device(self) -> torch.device:
@@ -422,8 +424,10 @@ class LogitsOutput:
         """Refined argmax of the given rows, [len(rows)] long on the logits' device; over the
         tokens a packed grammar bitmask allows (int32 [len(rows), W], row r for rows[r]) when
         one is given. Nothing waits for the device here."""
-        if self.exact and bitmask is None and self.raw.device.type == "cpu":
+        if self.native_argmax is not None:
             # float32 logits (a quantized head): the argmax straight from them, no copy
+            return self.native_argmax.argmax(self.raw, rows, self.vocab_size, bitmask)
+        if self.exact and bitmask is None and self.raw.device.type == "cpu":
             best = self.raw[:, : self.vocab_size].argmax(dim=-1)
             return best if rows == list(range(best.shape[0])) else best[rows]
         if self.native is not None and self.raw.is_contiguous():

@@ -56,6 +56,9 @@ class RMSNorm(nn.Module):
         if self.native is not None and residual is not None:
             out = self.native.add_rmsnorm(x.contiguous(), residual, self.weight, self.eps)
             return out, residual  # the residual was updated in place
+        if self.native is not None and x.dim() == 2 and x.is_cpu:
+            # the native stack's layer-0 norm: its per-layer path is bitwise the stack's
+            return self.native.add_rmsnorm(None, x.float().contiguous(), self.weight, self.eps)
         if residual is not None:
             x = residual + x.float()
             residual = x
@@ -293,15 +296,12 @@ class LlamaForCausalLM(nn.Module):
         else:
             x = self.embed_tokens(input_ids)
         native = self._native_stack(batch)
-        if native is not None:  # every layer in one native call, bitwise the loop below
-            stack, layout = native
-            residual = x.float()
-            h0 = self.layers[0].input_layernorm.forward(x)
-            x = stack.forward(h0, residual, positions, batch.out_cache_loc, layout)
-        else:
-            residual = None
-            for layer in self.layers:
-                x, residual = layer.forward(x, residual, positions, self.rotary, batch)
+        if native is not None:  # every layer and the final norm in one native call, bitwise
+            stack, layout = native  # the loop below
+            return stack.forward(x, positions, batch.out_cache_loc, layout, batch.logits_indices)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual, positions, self.rotary, batch)
         idx = batch.logits_indices
         if idx is not None:
             x, residual = x[idx], residual[idx]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "RADIXGEN_NATIVE_STACK"  # "0": the per-layer path (comparisons)
-# NOTE: ~22 KB a row for the default model: a 512-token chunk's 12 MB stays while steps run
+# NOTE: ~27 KB a row for the default model: a 512-token chunk's 14 MB stays while steps run
 # (`release_workspace` drops it when the scheduler goes idle), longer ones' go at once
 KEEP_WORKSPACE_BYTES = 16 << 20
 # the per-layer words of the table, in decoder_stack.c's enum order
@@ -70,6 +70,7 @@ class NativeDecoderStack:
     eps: float
     scale: float
     rotary: tuple[torch.Tensor, torch.Tensor]  # the model's float32 cos / sin tables
+    final_norm: torch.Tensor  # bf16 [hidden]: the model's final RMSNorm weight
     work: torch.Tensor  # uint8 workspace, grown to the largest step seen (up to a cap)
 
     @classmethod
@@ -116,6 +117,11 @@ class NativeDecoderStack:
             row += [0, 0] if scales is None else [scales[0].data_ptr(), scales[1].data_ptr()]
             row.append(attn.info.sliding_window or 0)
             rows.append(row)
+        final = model.norm
+        if type(final) is not RMSNorm or final.weight.dtype != torch.bfloat16:
+            return None
+        if final.eps != first.input_layernorm.eps:  # the stack norms with one epsilon
+            return None
         kv_code = KV_CODES[pool.get_kv_buffer(0)[0].dtype]
         dims = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim]
         dims += [first.mlp.inter, kv_code]
@@ -128,6 +134,7 @@ class NativeDecoderStack:
             float(first.input_layernorm.eps),
             float(first.self_attn.info.scaling),
             (model.rotary.cos, model.rotary.sin),
+            final.weight.detach(),
             torch.empty(0, dtype=torch.uint8),
         )
 
@@ -137,15 +144,15 @@ class NativeDecoderStack:
 
     def forward(
         self,
-        h0: torch.Tensor,
-        residual: torch.Tensor,
+        x: torch.Tensor,
         positions: torch.Tensor,
         out_cache_loc: torch.Tensor,
         ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The last layer's MLP output (float32 [N, hidden]) from layer 0's normed input h0;
-        `residual` (float32, layer 0's input) is updated in place as the layers add to it."""
-        n = h0.shape[0]
+        """The final-normed hidden states (bf16 [M, hidden]) of `rows` (None: all) from the
+        embeddings x (bf16 [N, hidden]): what the per-layer path and the final norm give."""
+        n = x.shape[0]
         hidden = self.geometry[0]
         need = self.kernels.decoder_stack_workspace_bytes(n, *self.geometry)
         work = self.work
@@ -153,9 +160,10 @@ class NativeDecoderStack:
             work = torch.empty(need, dtype=torch.uint8)
             if need <= KEEP_WORKSPACE_BYTES:  # decode-sized: kept; a long prefill's is freed
                 self.work = work
-        out = torch.empty((n, hidden), dtype=torch.float32)
+        out = torch.empty((n if rows is None else rows.shape[0], hidden), dtype=torch.bfloat16)
         self.kernels.decoder_stack_forward(
-            self.layers, self.dims, self.eps, self.scale, *self.rotary, h0.contiguous(), residual,
-            out, positions.contiguous(), out_cache_loc.contiguous(), ragged, work,
+            self.layers, self.dims, self.eps, self.scale, *self.rotary, x.contiguous(),
+            self.final_norm, None if rows is None else rows.contiguous(), out,
+            positions.contiguous(), out_cache_loc.contiguous(), ragged, work,
         )  # fmt: skip
         return out

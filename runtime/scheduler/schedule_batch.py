@@ -123,9 +123,12 @@ def build_step_batch(
         layouts.append(lay)
 
     pos = torch.tensor(positions, dtype=torch.long)
-    row_of_token = torch.repeat_interleave(
-        torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens)
-    )
+    if len(positions) == len(rows):  # decode: one token a request (no torch op to spread rows)
+        row_of_token = torch.tensor(rows, dtype=torch.long)
+    else:
+        row_of_token = torch.repeat_interleave(
+            torch.tensor(rows, dtype=torch.long), torch.tensor(extend_lens)
+        )
     req_to_token_pool.write(row_of_token, pos, out_cache_loc)
     if branch_slots is not None:
         for req, lay in zip(reqs, layouts, strict=True):

@@ -161,6 +161,38 @@ def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens():
     ]
 
 
+def test_float32_argmax_is_torchs_with_ties_nans_infs_and_masks():
+    """The quantized head's greedy rows: torch's argmax (first maximum, first NaN), and under a
+    grammar mask the argmax of the row with the disallowed tokens at -inf."""
+    torch.manual_seed(6)
+    v, ld = 500, 512  # not a multiple of 16; rows padded past the vocabulary
+    logits = torch.randn(9, ld)
+    logits[:, v:] = 1e9  # padding the argmax must not read
+    logits[1, [3, 40, 41, 480]] = 7.0  # ties: the first one wins, in a lane or across lanes
+    logits[2, [17, 33]] = 7.0  # ties in two different lanes: the lower id
+    logits[3] = float("-inf")  # every value -inf: token 0
+    logits[4, [100, 300]] = float("nan")  # the first NaN wins
+    logits[5, 497] = 50.0  # the maximum in the scalar tail
+    logits[6, 2] = float("inf")
+    logits[7, 150:] = float("nan")
+    logits[7, 149] = 1e6
+    rows = list(range(9))
+    want = logits[:, :v].argmax(dim=-1)
+    assert torch.equal(native.argmax(logits, rows, v), want)
+    picked = [8, 4, 1, 5]
+    assert torch.equal(native.argmax(logits, picked, v), want[picked])
+    allowed = torch.rand(4, v) < 0.3
+    allowed[0] = False  # nothing allowed: token 0
+    allowed[1, 300] = True
+    allowed[1, 100] = False  # the allowed NaN wins, the disallowed one not
+    allowed[2] = False
+    allowed[2, [3, 41, 480]] = True  # ties among allowed tokens
+    masked = logits[picked, :v].masked_fill(~allowed, float("-inf"))
+    got = native.argmax(logits, picked, v, _pack(allowed))
+    assert torch.equal(got, masked.argmax(dim=-1))
+    assert got.tolist()[:3] == [0, 300, 3]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_vector_body_and_scalar_tail(dtype):
     torch.manual_seed(5)
