@@ -210,11 +210,15 @@ def load_sharded_model(
         shard = tensor_shard(cfg, tp.rank, tp.size)
     model = LlamaForCausalLM.create(shard_config(cfg, shard), dtype, device, max_positions)
     model.load_weights(shard_checkpoint(iter_weights(folder), cfg, shard))
+    from radixgen.runtime.model_loader.quant_loader import release_freed_memory
+
     if dp_attention:
         sync = parallelize_dp_attention(model, tp)
         model.prepack(native, gemm)
+        release_freed_memory()  # the packed layers' dense copies
         return ShardedModel(model, shard.num_kv_heads, None, sync)
     parallelize_model(model, tp, shard)
     model.prepack(native, gemm)
+    release_freed_memory()
     head = ParallelLMHead(model.lm_head_weight, tp, cfg.vocab_size)
     return ShardedModel(model, shard.num_kv_heads, head, None)

@@ -82,7 +82,6 @@ def load_model(
         if quantization in ("w8a16", "int8"):
             assert kernels is not None
             quant_loader.quantize_int8(model, kernels)
-    if quantization != "unquant":
-        quant_loader.release_freed_memory()  # the dense copies are gone: give their pages back
     model.prepack(native, gemm)
+    quant_loader.release_freed_memory()  # the dense copies are gone: give their pages back
     return model

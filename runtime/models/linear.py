@@ -94,8 +94,22 @@ class Linear(nn.Linear):
         `prepack_weight`. A quantized weight (`set_quantized`) stays as it is."""
         if isinstance(self.packed, QuantLinearWeight):
             return
+        if self.dense_released:
+            if gemm is self.gemm:
+                return  # packed for these kernels already
+            raise RuntimeError("this layer's dense weight was released: reload it to repack")
         self.gemm = gemm
         self.packed = prepack_weight(self.weight, self.bias, gemm)
+
+    @property
+    def dense_released(self) -> bool:
+        return self.packed is not None and self.weight.numel() == 0
+
+    def release_dense(self) -> None:
+        """Free the dense weight when a packed copy serves every call (the native GEMM's or
+        oneDNN's layout): a bf16 model otherwise holds its linear layers twice."""
+        if isinstance(self.packed, (PackedLinearWeight, torch.Tensor)):
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def set_quantized(self, packed: QuantLinearWeight, kernels: NativeKernels) -> None:
         """Serve this layer from a quantized weight (gemm_quant.c); the dense weight is freed."""

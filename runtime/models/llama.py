@@ -369,10 +369,12 @@ class LlamaForCausalLM(nn.Module):
         """Once the checkpoint is loaded: lay matmul weights out (for the native GEMM `gemm`,
         else oneDNN) and attach the fused layer ops `native` (rotary + KV store, add + RMSNorm,
         SiLU-mul: the native CPU kernels, or the Triton ones on CUDA). Both are the model
-        runner's choice; None means the torch path."""
+        runner's choice; None means the torch path. A linear layer's dense weight is freed once
+        a packed copy serves it (the tied embedding / LM head stays dense)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack(gemm)
+                module.release_dense()
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.native = native
         if self._head_quant is None:

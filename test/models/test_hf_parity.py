@@ -151,16 +151,36 @@ def test_model_config_reads_hf_configs(saved: Any) -> None:
     assert cfg.rope_scaling is None and torch.isfinite(torch.tensor(cfg.rope_theta))
 
 
-def test_load_model_builds_the_runner_weights(saved: Any) -> None:
+def test_load_model_builds_the_runner_weights(saved: Any, monkeypatch: Any) -> None:
     """`load_model` (one allocation in the target dtype, no init) fills every parameter exactly
-    as the runner's loader does, and leaves no parameter uninitialised."""
+    as the runner's loader does, and leaves no parameter uninitialised (checked with the dense
+    copies kept); by default a bf16 model's packed linear layers then free their dense copies
+    and compute bitwise what they computed with them."""
     from radixgen.runtime.model_loader.weights import load_model
+    from radixgen.runtime.models.linear import Linear
     from radixgen.runtime.models.model_config import ModelArchConfig
 
     _, folder = saved("llama_mha_bias")
     runner = make_runner(folder)
+    cfg = ModelArchConfig.from_folder(folder)
+    with monkeypatch.context() as keep:
+        keep.setattr(Linear, "release_dense", lambda self: None)
+        kept = load_model(folder, cfg, torch.bfloat16, "cpu", 1001)
+    released = load_model(folder, cfg, torch.bfloat16, "cpu", 1001)
+    pairs = [
+        (a, b)
+        for a, b in zip(kept.modules(), released.modules(), strict=True)
+        if isinstance(a, Linear) and a.packed is not None
+    ]
+    assert pairs, "no layer was packed"
+    for a, b in pairs:
+        assert b.weight.numel() == 0 and a.weight.numel() > 0
+        x_in = torch.randn(3, a.in_features).bfloat16()
+        assert torch.equal(a.forward(x_in), b.forward(x_in))
     for dtype in (torch.float32, torch.bfloat16):
-        built = load_model(folder, ModelArchConfig.from_folder(folder), dtype, "cpu", 1001)
+        with monkeypatch.context() as keep:
+            keep.setattr(Linear, "release_dense", lambda self: None)
+            built = load_model(folder, cfg, dtype, "cpu", 1001)
         ours = dict(built.named_parameters())
         for name, param in runner.model.named_parameters():
             assert ours[name].dtype == dtype and not ours[name].requires_grad
