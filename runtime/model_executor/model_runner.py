@@ -173,6 +173,7 @@ class ModelRunner:
         # the model, its linear layers, the attention backend and the logits are handed it.
         self.native: NativeKernels | None = select_native_kernels(self.device, self.dtype)
         gemm = select_linear_gemm(self.native)
+        self.linear_gemm = gemm  # the GEMM the linear layers were packed for (None: oneDNN)
         # GPU hook: the decoder's fused layer ops are the native CPU kernels, else on CUDA the
         # Triton ones (None: torch ops); attention and logits keep `self.native` (CPU only).
         self.layer_ops: FusedLayerOps | None = (

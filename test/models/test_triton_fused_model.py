@@ -51,7 +51,8 @@ def runner_with_layer_ops(folder: Path, dtype: str, fused: bool) -> ModelRunner:
         if not fused:
             runner.model.prepack(None, None)
         return runner
-    runner.model.prepack(TritonFusedOps() if fused else None, None)
+    # NOTE: the runner's GEMM: its linear layers hold only their packed weights now
+    runner.model.prepack(TritonFusedOps() if fused else None, runner.linear_gemm)
     runner.attn_backend = TorchAttentionBackend(
         runner.kv_pool, runner.req_to_token_pool, native=None
     )
