@@ -30,6 +30,9 @@ class ForwardBatch:
     extend_start_loc: list[int]
     logits_indices: torch.Tensor | None  # flat positions whose logits are needed
     attn_backend: AttentionBackend | None = None  # set by ModelRunner.forward
+    # per request row, whether it verifies a speculative draft (None: no row does): each of its
+    # tokens stands where a decode step would have put it, not in a prompt chunk
+    draft_rows: list[bool] | None = None
 
     def to_device(self, device: torch.device) -> ForwardBatch:
         """This batch with its tensors on `device`, moved in one non-blocking copy (itself on CPU).

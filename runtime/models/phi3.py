@@ -6,6 +6,9 @@ factors (both scaled by the attention factor), stacked in one buffer: a request 
 (cached prefix + this step's tokens) is longer than original_max_position_embeddings reads the
 long half, as transformers switches its frequencies by the current sequence length.
 
+A speculative draft's tokens are decode tokens run ahead: each reads the table by its own
+position, as the decode step that would otherwise have computed it does.
+
 NOTE: keys already cached keep the factors they were computed with (as in vLLM and SGLang):
 a request crossing the original context mid-generation, a prompt whose first prefill chunk ends
 below it, or a cached prefix shared across it, differs from transformers' `generate`, which
@@ -69,6 +72,12 @@ class Phi3RotaryEmbedding(RotaryEmbedding):
             per_req = torch.tensor([end > self.original for end in ends])
             counts = torch.tensor(batch.extend_lens)
             long = upload(torch.repeat_interleave(per_req, counts), positions.device)
+            if batch.draft_rows is not None:
+                # a draft's tokens decode ahead: each reads the table as its decode step would
+                # (so speculation changes no greedy output across the original context)
+                drafted = torch.repeat_interleave(torch.tensor(batch.draft_rows), counts)
+                drafted = upload(drafted, positions.device)
+                long = torch.where(drafted, positions >= self.original, long)
         return positions + long.to(positions.dtype) * self.max_positions
 
 

@@ -92,6 +92,7 @@ def build_step_batch(
     rows: list[int] = []
     logits_idx: list[int] = []
     layouts: list[RowLayout] = []
+    draft_rows: list[bool] = []
     for req in reqs:
         a, n = req.kv_len, req.extend_len
         b = a + n
@@ -102,6 +103,7 @@ def build_step_batch(
         assert req.req_pool_idx is not None
         rows.append(req.req_pool_idx)
         drafted = len(req.draft)
+        draft_rows.append(drafted > 0)
         input_ids.extend(token_slice(req, a, b - drafted))
         if drafted:
             input_ids.extend(req.draft)
@@ -137,6 +139,7 @@ def build_step_batch(
                               prefix_lens, extend_lens, rows, logits_idx)  # fmt: skip
         out_cache_loc = torch.cat([out_cache_loc, branch_slots])
         pos = torch.tensor(positions, dtype=torch.long)
+        draft_rows += [True] * (len(rows) - len(draft_rows))  # the branches' pseudo-requests
     fb = ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=pos,
@@ -146,6 +149,7 @@ def build_step_batch(
         extend_lens=extend_lens,
         extend_start_loc=starts,
         logits_indices=torch.tensor(logits_idx, dtype=torch.long),
+        draft_rows=draft_rows if any(draft_rows) else None,
     )
     return StepBatch(reqs, fb, layouts)
 

@@ -157,6 +157,36 @@ def test_configs_parse(saved: Any) -> None:
     assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 16
 
 
+def test_longrope_rows_of_a_draft_are_those_of_its_decode_steps(saved: Any) -> None:
+    """Phi-3's long factors start past the original context: a prompt chunk reads them when its
+    request's sequence is longer, a speculative draft's tokens (verified in one extend) when
+    each token's own position is, as the decode steps they stand for do; so speculation changes
+    no greedy output across the boundary."""
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
+    from radixgen.runtime.models.model_config import ModelArchConfig
+    from radixgen.runtime.models.phi3 import Phi3RotaryEmbedding
+
+    rotary = Phi3RotaryEmbedding(ModelArchConfig.from_folder(saved("phi3_longrope")[1]), 64)
+    orig, long = PHI3_ORIG_CTX, 64  # a long row reads position + max_positions
+
+    def rows(prefix: list[int], extend: list[int], drafts: list[bool] | None) -> list[int]:
+        pos = torch.tensor([p + k for p, e in zip(prefix, extend, strict=True) for k in range(e)])
+        batch = ForwardBatch(
+            pos, pos, pos, list(range(len(prefix))), prefix, extend, [], None, draft_rows=drafts
+        )
+        return rotary.table_rows(pos, batch).tolist()
+
+    decode = [rows([p], [1], None)[0] for p in range(orig - 3, orig + 2)]
+    assert decode == [orig - 3, orig - 2, orig - 1, orig + long, orig + 1 + long]
+    # a draft row from position orig - 3 over the boundary, beside a prompt chunk ending past it
+    both = rows([0, orig - 3], [orig + 1, 5], [False, True])
+    chunk, draft = both[: orig + 1], both[orig + 1 :]
+    assert chunk == [p + long for p in range(orig + 1)]  # its sequence is longer: all long
+    assert draft == decode
+    # without the flag the draft row would read the long half for all five tokens
+    assert rows([orig - 3], [5], None) == [p + long for p in range(orig - 3, orig + 2)]
+
+
 def test_bf16_runs_close_to_hf(saved: Any) -> None:
     """bf16 (native GEMM and kernels where the CPU has them) stays near HF's float32 at every
     position; MoE models may flip one expert at a router near-tie (HF's own bf16 does too), so
