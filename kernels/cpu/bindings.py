@@ -90,6 +90,15 @@ def _scale_ptrs(scales: KVScales, rows: int, heads: int) -> tuple[int, int]:
     return scales[0].data_ptr(), scales[1].data_ptr()
 
 
+def _row_masks(bitmask: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A packed grammar bitmask (int32 [rows, W], one row per logits row) laid out for the
+    greedy kernels; None stays None (every token allowed)."""
+    if bitmask is None:
+        return None
+    assert bitmask.dtype == torch.int32 and bitmask.shape[0] == rows
+    return bitmask.contiguous()
+
+
 def bind(lib: ctypes.CDLL, name: str) -> Callable[..., Any]:
     """`lib`'s function `name` with its types from SIGNATURES."""
     restype, argtypes = SIGNATURES[name]
@@ -280,11 +289,8 @@ class NativeKernels:
         assert logits.stride(1) == 1 and hidden.is_contiguous() and weight.is_contiguous()
         idx = torch.tensor(rows, dtype=torch.long)
         out = torch.empty(len(rows), dtype=torch.long)
-        masks, words = 0, 0
-        if bitmask is not None:
-            assert bitmask.dtype == torch.int32 and bitmask.shape[0] == len(rows)
-            bitmask = bitmask.contiguous()
-            masks, words = bitmask.data_ptr(), bitmask.shape[1]
+        bitmask = _row_masks(bitmask, len(rows))
+        masks, words = (0, 0) if bitmask is None else (bitmask.data_ptr(), bitmask.shape[1])
         self._greedy(
             logits.data_ptr(), logits.stride(0), hidden.data_ptr(), weight.data_ptr(),
             idx.data_ptr(), len(rows), vocab, hidden.shape[1], masks, words, out.data_ptr(),
@@ -305,11 +311,8 @@ class NativeKernels:
         out = torch.empty(len(rows), dtype=torch.long)
         every = rows == list(range(len(rows)))
         idx = None if every else torch.tensor(rows, dtype=torch.long)
-        masks, words = 0, 0
-        if bitmask is not None:
-            assert bitmask.dtype == torch.int32 and bitmask.shape[0] == len(rows)
-            bitmask = bitmask.contiguous()
-            masks, words = bitmask.data_ptr(), bitmask.shape[1]
+        bitmask = _row_masks(bitmask, len(rows))
+        masks, words = (0, 0) if bitmask is None else (bitmask.data_ptr(), bitmask.shape[1])
         self._argmax(
             logits.data_ptr(), logits.stride(0), 0 if idx is None else idx.data_ptr(), len(rows),
             vocab, masks, words, out.data_ptr(),

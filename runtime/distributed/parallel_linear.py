@@ -208,10 +208,10 @@ def load_sharded_model(
         shard = dp_attention_shard(cfg, tp.rank, tp.size)
     else:
         shard = tensor_shard(cfg, tp.rank, tp.size)
-    model = LlamaForCausalLM.create(shard_config(cfg, shard), dtype, device, max_positions)
-    model.load_weights(shard_checkpoint(iter_weights(folder), cfg, shard))
     from radixgen.runtime.model_loader.quant_loader import release_freed_memory
 
+    model = LlamaForCausalLM.create(shard_config(cfg, shard), dtype, device, max_positions)
+    model.load_weights(shard_checkpoint(iter_weights(folder), cfg, shard))
     if dp_attention:
         sync = parallelize_dp_attention(model, tp)
         model.prepack(native, gemm)
