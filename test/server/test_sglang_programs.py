@@ -13,11 +13,8 @@ the installed sglang is either run here or listed there.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 import time
-import types
 
 import pytest
 
@@ -61,6 +58,14 @@ EXCLUDED = {
         "does not run it either)"
     ),
     "test_chat_completion_speculative": "as test_completion_speculative",
+    "test_gen_min_new_tokens": (
+        "min_tokens bans the stop tokens until that many tokens are generated; this test counts "
+        "the tokens of the decoded text encoded again, which is not the same count: measured over "
+        "200 sampled answers here, 31 re-encoded to a different length (19 one token fewer). An "
+        "answer that stops right at 64 + EOS then fails, a fault of the count, not of the server "
+        "(CI saw 63 once). test_min_tokens_holds_off_the_stop_token runs the same program and "
+        "counts the generated tokens"
+    ),
     "test_parallel_decoding": (
         "protocol only (the summary is a str), but its fixed 5x16 + 5x64 + 512 tokens take ~50 s "
         "on 2 cores, most of this module's budget; its fork / gen-in-forks / join path runs here "
@@ -118,28 +123,6 @@ def no_program_errors(recwarn):
     assert not errors, errors[0]
 
 
-@pytest.fixture
-def sglang_get_tokenizer(monkeypatch):
-    """test_gen_min_new_tokens counts tokens with SGLang's `get_tokenizer`, which lives in its
-    server package (sglang.srt): the frontend-only install cannot import it (sglang.srt.configs
-    needs torchvision). In its place, the loader it wraps, `AutoTokenizer.from_pretrained`, on
-    the server's `model_path`."""
-    name = "sglang.srt.utils.hf_transformers_utils"
-    try:
-        importlib.import_module(name)
-        return
-    except ImportError:
-        pass
-    from transformers import AutoTokenizer
-
-    def get_tokenizer(path: str, **_: object) -> object:
-        return AutoTokenizer.from_pretrained(path)
-
-    module = types.ModuleType(name)
-    module.get_tokenizer = get_tokenizer  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, name, module)
-
-
 def test_select(runtime):
     sglang_programs.test_select(check_answer=False)
 
@@ -160,8 +143,26 @@ def test_stream(runtime):
     sglang_programs.test_stream()
 
 
-def test_gen_min_new_tokens(runtime, sglang_get_tokenizer):
-    sglang_programs.test_gen_min_new_tokens()
+MIN_TOKENS = 64
+
+
+def test_min_tokens_holds_off_the_stop_token(runtime):
+    """In place of SGLang's test_gen_min_new_tokens (see EXCLUDED): the same short question under
+    min_tokens=64, sampled four times, and each answer's generated tokens counted from the
+    server's meta_info. Without the ban the model mostly stops after 12 tokens."""
+
+    @sgl.function
+    def capital(s):
+        s += sgl.user("What is the capital of the United States?")
+        s += sgl.assistant(sgl.gen("answer", min_tokens=MIN_TOKENS, max_tokens=2 * MIN_TOKENS))
+
+    states = capital.run_batch([{}] * 4)
+    for state in states:
+        meta = state.get_meta_info("answer")
+        finish = meta["finish_reason"]
+        # a stop token ends the completion and is counted in completion_tokens
+        generated = meta["completion_tokens"] - (finish["type"] == "stop")
+        assert generated >= MIN_TOKENS, (meta, state["answer"])
 
 
 @needs_grammar
