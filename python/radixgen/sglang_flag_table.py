@@ -60,7 +60,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule", "speculative-algorithm", "speculative-num-draft-tokens",
     "speculative-ngram-max-bfs-breadth", "speculative-ngram-min-match-window-size",
-    "speculative-ngram-max-match-window-size",
+    "speculative-ngram-max-match-window-size", "speculative-ngram-capacity",
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
     "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
@@ -369,7 +369,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         "speculative-draft-model-quantization= enable-multi-layer-eagle speculative-adaptive "
         "speculative-adaptive-config= spec-trace-dir= speculative-ngram-min-bfs-breadth= "
         "speculative-ngram-match-type= "
-        "speculative-ngram-max-trie-depth= speculative-ngram-capacity= "
+        "speculative-ngram-max-trie-depth= "
         "speculative-ngram-external-corpus-path= speculative-ngram-external-sam-budget= "
         "speculative-ngram-external-corpus-max-tokens= speculative-domino-candidate-pool-size= "
         "speculative-use-block-verification speculative-draft-sink-size=",

@@ -49,6 +49,14 @@ class SpeculativeConfig:
         "(merged where they agree; verification follows the branch the model takes). 1: one "
         "chain. Trees need --page-size 1 (with larger pages a draft is one chain).",
     )
+    speculative_ngram_capacity: int = _f(
+        65536,
+        "Tokens of finished requests' outputs (each with its prompt's last few tokens) kept to "
+        "draft from when a request's own tokens offer fewer continuations than the tree's "
+        "breadth: repeated agent turns, extractions that answer alike, a question asked again. "
+        "The oldest outputs go first; the cache flush empties it; 0: a request drafts from its "
+        "own tokens only. (SGLang counts its n-gram trie's nodes here; this counts tokens.)",
+    )
     speculative_break_even_tokens: int = _f(
         0,
         "0 (default): which draft tokens run is decided from step times measured as the server "
@@ -77,6 +85,10 @@ class SpeculativeConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", name)
+        if self.speculative_ngram_capacity < 0:
+            raise InvalidRequestError(
+                "speculative_ngram_capacity must be >= 0", "speculative_ngram_capacity"
+            )
         if self.speculative_break_even_tokens < 0:
             raise InvalidRequestError(
                 "speculative_break_even_tokens must be >= 0", "speculative_break_even_tokens"

@@ -249,6 +249,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 f"({len(self.running)} running, {len(self.waiting) + len(self.grammar_waiting)} waiting)",
             )
         self.cache.reset()
+        self.spec_corpus.clear()
         self.kv_pool.clear()
         self.req_to_token_pool.clear()
         return FlushCacheOut(True, "cache flushed")
@@ -394,7 +395,9 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             req.sent_output_len = keep
 
     def _release(self, req: Req) -> None:
-        """Give a finished or aborted request's KV to the cache and drop it from the running set."""
+        """Give a finished or aborted request's KV to the cache and drop it from the running set
+        (and its output to the shared draft corpus)."""
+        self._remember_output(req)
         if req.req_pool_idx is not None:
             self.cache.cache_finished_req(req)
         if req in self.running:

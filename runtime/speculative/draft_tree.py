@@ -56,7 +56,10 @@ class CandidateTree:
             w = model.first_weight(cand.match)
             tree.weight[ROOT] += w
             u = ROOT
-            for tok in continuation(tokens, cand.start, depth):
+            follow = cand.follow
+            for tok in (
+                follow[:depth] if follow is not None else continuation(tokens, cand.start, depth)
+            ):
                 v = tree.children[u].get(tok)
                 if v is None:
                     v = tree._add(u, tok, cand.match)

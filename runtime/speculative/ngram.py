@@ -1,22 +1,28 @@
 """N-gram drafting: the tokens that followed earlier occurrences of a request's suffix
 (scheduler process).
 
-A request's own prompt and output are its corpus: documents quoted into answers, JSON fields
-copied from the text, tool names repeated. A lookup lists the earlier occurrences of the
-request's suffix, the longest matches first: the candidates a draft tree is built from
+A request's own prompt and output are its first corpus: documents quoted into answers, JSON
+fields copied from the text, tool names repeated. The recent outputs of finished requests are
+the second (`SharedCorpus`): an agent program's repeated turns, a batch of extractions answering
+alike, the same question asked again. A lookup lists the earlier occurrences of the request's
+suffix, the longest matches first: the candidates a draft tree is built from
 (runtime/speculative/draft_tree.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import deque
+from itertools import islice
+from typing import Any, NamedTuple
 
 
 class Candidate(NamedTuple):
-    """An earlier occurrence of the request's suffix: `match` tokens long, continuing at `start`."""
+    """An earlier occurrence of the request's suffix: `match` tokens long, continuing at `start`
+    in the request's own tokens, or (from the shared corpus) with its continuation `follow`."""
 
     match: int
     start: int
+    follow: list[int] | None = None
 
 
 class NgramIndex:
@@ -98,3 +104,120 @@ def continuation(tokens: list[int], start: int, k: int) -> list[int]:
     while len(out) < k:
         out.append(out[len(out) - period])
     return out
+
+
+SEPARATOR = -1  # before each of the shared corpus's sequences: equal to no token
+
+
+class SharedCorpus:
+    """The recent outputs of finished requests (each after the last few tokens of its prompt,
+    so that a new request's first output tokens can match), searched like a request's own
+    tokens for a suffix of the request being drafted; at most `capacity` tokens, the oldest
+    sequences dropped first. A common pair of tokens can end thousands of times in the corpus:
+    the longest matches are looked for among its `SCAN` latest occurrences.
+
+    Where each token and pair of tokens ended is kept per key in order, so dropping a sequence
+    pops its entries from the fronts (as cheap as adding them); the separator before each
+    sequence stops a match, and a continuation, at a sequence's edge."""
+
+    SCAN = 64
+
+    def __init__(self, capacity: int, min_n: int, max_n: int) -> None:
+        self.capacity = capacity
+        self.min_n = min_n
+        self.max_n = max_n
+        self.clear()
+
+    def clear(self) -> None:
+        self._buf: list[int] = []  # sequences, each after a SEPARATOR
+        self._off = 0  # absolute position of _buf[0]
+        self._seqs: deque[tuple[int, int]] = deque()  # (separator position, end) per sequence
+        self._size = 0  # tokens held
+        self._token_ends: dict[int, deque[int]] = {}
+        self._pair_ends: dict[tuple[int, int], deque[int]] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, tokens: list[int]) -> None:
+        """Keep a finished request's tokens (its prompt's tail, then its output)."""
+        tokens = tokens[-self.capacity :] if self.capacity > 0 else []
+        if not tokens:
+            return
+        while self._seqs and self._size + len(tokens) > self.capacity:
+            self._drop_oldest()
+        sep = self._off + len(self._buf)
+        self._buf.append(SEPARATOR)
+        self._buf.extend(tokens)
+        prev = SEPARATOR
+        for e, tok in enumerate(tokens, sep + 2):  # e: the end of the occurrence ending at tok
+            self._token_ends.setdefault(tok, deque()).append(e)
+            if prev != SEPARATOR:
+                self._pair_ends.setdefault((prev, tok), deque()).append(e)
+            prev = tok
+        self._seqs.append((sep, sep + 1 + len(tokens)))
+        self._size += len(tokens)
+
+    def _drop_oldest(self) -> None:
+        sep, end = self._seqs.popleft()
+        buf, off = self._buf, self._off
+        prev = SEPARATOR
+        for pos in range(sep + 1, end):
+            tok = buf[pos - off]
+            _pop_front(self._token_ends, tok)
+            if prev != SEPARATOR:
+                _pop_front(self._pair_ends, (prev, tok))
+            prev = tok
+        self._size -= end - sep - 1
+        del buf[: end - off]
+        self._off = end
+
+    def candidates(self, tokens: list[int], breadth: int, depth: int) -> list[Candidate]:
+        """Up to `breadth` occurrences of suffixes of `tokens` in the corpus (at least min_n
+        tokens long, matched up to max_n), ordered as `NgramIndex.candidates` orders them, each
+        with its next `depth` tokens (fewer at its sequence's end; an occurrence with nothing
+        after it is none)."""
+        end = len(tokens)
+        if breadth <= 0 or depth <= 0 or end < max(self.min_n, 1) or not self._seqs:
+            return []
+        buf, off = self._buf, self._off
+        top = min(self.max_n, end)  # the longest match counted
+        found: list[Candidate] = []
+        if top >= 2:
+            ends = self._pair_ends.get((tokens[end - 2], tokens[end - 1]), ())
+            for e in islice(reversed(ends), self.SCAN):
+                if not _has_next(buf, e - off):
+                    continue
+                m = 2  # the separator before every sequence ends a match
+                while m < top and buf[e - off - 1 - m] == tokens[end - 1 - m]:
+                    m += 1
+                if m >= self.min_n:
+                    found.append(Candidate(m, e))
+            found.sort(key=lambda c: -c.match)  # stable: the latest first within a length
+            del found[breadth:]
+        if len(found) < breadth and self.min_n <= 1:
+            before = tokens[end - 2] if top >= 2 else None
+            for e in reversed(self._token_ends.get(tokens[end - 1], ())):
+                if buf[e - off - 2] == before or not _has_next(buf, e - off):
+                    continue  # a longer match listed above, or nothing follows
+                found.append(Candidate(1, e))
+                if len(found) == breadth:
+                    break
+        return [Candidate(c.match, c.start, self._follow(c.start, depth)) for c in found]
+
+    def _follow(self, start: int, depth: int) -> list[int]:
+        out = self._buf[start - self._off : start - self._off + depth]
+        if SEPARATOR in out:
+            del out[out.index(SEPARATOR) :]
+        return out
+
+
+def _has_next(buf: list[int], at: int) -> bool:
+    return at < len(buf) and buf[at] != SEPARATOR
+
+
+def _pop_front(index: dict[Any, deque[int]], key: Any) -> None:
+    ends = index[key]
+    ends.popleft()
+    if not ends:
+        del index[key]

@@ -33,6 +33,7 @@ from radixgen.runtime.speculative.draft_tree import (
     step_draft,
     walk_grammar,
 )
+from radixgen.runtime.speculative.ngram import SharedCorpus
 from radixgen.runtime.speculative.policy import (
     COST_MAX_EXTEND,
     COST_MAX_ROWS,
@@ -103,6 +104,7 @@ class SpeculativeScheduling:
     spec_accept: AcceptanceModel
     spec_cost: StepCostModel
     spec_branch_rows: list[int]
+    spec_corpus: SharedCorpus
 
     def _init_speculation(self) -> None:
         cfg = self.args.speculative
@@ -110,6 +112,11 @@ class SpeculativeScheduling:
         self.spec_stats = SpecStats()
         self.spec_accept = AcceptanceModel()
         self.spec_branch_rows = []
+        self.spec_corpus = SharedCorpus(
+            cfg.speculative_ngram_capacity,
+            cfg.speculative_ngram_min_match_window_size,
+            cfg.speculative_ngram_max_match_window_size,
+        )
         fixed = cfg.speculative_break_even_tokens
         if fixed:  # a fixed rule: a step costs (fixed + rows) token-times, rows alike
             self.spec_cost = StepCostModel(float(fixed), 1.0, 0.0, learn=False)
@@ -201,6 +208,8 @@ class SpeculativeScheduling:
         try:
             tokens = r.all_ids
             found = state.index.candidates(tokens, breadth)
+            if len(found) < breadth and self.spec_corpus.capacity:
+                found += self.spec_corpus.candidates(tokens, breadth - len(found), depth)
             model, mine = self.spec_accept, state.acceptance
             if max((model.prob(1, c.match, 1.0, mine) for c in found), default=0.0) <= least:
                 return None  # also when nothing is found
@@ -222,6 +231,13 @@ class SpeculativeScheduling:
             log_internal_error(f"walking the draft of request {r.rid}", e)
             r.draft_state = None
             return None
+
+    def _remember_output(self, r: Req) -> None:
+        """A finished request's output (after its prompt's last few tokens) joins the shared
+        corpus later requests draft from."""
+        if self.spec_enabled and self.spec_corpus.capacity and r.output_ids:
+            tail = self.args.speculative.speculative_ngram_max_match_window_size
+            self.spec_corpus.add(r.origin_input_ids[-tail:] + r.output_ids)
 
     def _may_draft(self, r: Req) -> bool:
         """Requests whose step ends at their sequence's end and whose next tokens depend on the

@@ -19,7 +19,7 @@ from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import AbortReq
 from radixgen.runtime.speculative.draft_tree import CandidateTree, step_draft, walk_grammar
-from radixgen.runtime.speculative.ngram import Candidate, NgramIndex, continuation
+from radixgen.runtime.speculative.ngram import Candidate, NgramIndex, SharedCorpus, continuation
 from radixgen.runtime.speculative.policy import (
     NEXT_PRIOR,
     AcceptanceModel,
@@ -104,6 +104,67 @@ def test_candidates_are_every_earlier_match_longest_then_latest(toks, min_n, ext
                 expect.append(Candidate(min(m, end - 1), e))
         expect.sort(key=lambda c: (-c.match, -c.start))
         assert idx.candidates(seq, breadth) == expect[:breadth], (seq, min_n, max_n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), max_size=6),
+    st.lists(st.integers(0, 3), min_size=1, max_size=10),
+    st.integers(1, 2),
+    st.integers(0, 4),
+    st.integers(1, 5),
+    st.integers(4, 40),
+)
+def test_the_shared_corpus_lists_matches_within_the_outputs_it_holds(
+    seqs, toks, min_n, extra, breadth, capacity
+):
+    """Against brute force: the sequences still held (the oldest dropped while the new one would
+    not fit), every occurrence of the request's suffix in one of them with a token after it,
+    longest then latest first, each with the tokens after it in its own sequence only."""
+    max_n, depth = min_n + extra, 3
+    corpus = SharedCorpus(capacity, min_n, max_n)
+    held: list[list[int]] = []
+    for seq in seqs:
+        corpus.add(seq)
+        seq = seq[-capacity:]
+        if seq:
+            while held and sum(map(len, held)) + len(seq) > capacity:
+                held.pop(0)
+            held.append(seq)
+    assert len(corpus) == sum(map(len, held))
+    expect = []  # (match, order, follow)
+    order = 0
+    for seq in held:
+        for e in range(1, len(seq)):  # an occurrence ending at e, continuing at seq[e]
+            order += 1
+            m = 0
+            while m < min(max_n, len(toks)) and m < e and seq[e - 1 - m] == toks[-1 - m]:
+                m += 1
+            if m >= max(min_n, 1):
+                expect.append((m, order, seq[e : e + depth]))
+    expect.sort(key=lambda x: (-x[0], -x[1]))
+    got = corpus.candidates(toks, breadth, depth)
+    assert [(c.match, c.follow) for c in got] == [(m, f) for m, _, f in expect[:breadth]]
+
+
+def test_a_request_asked_again_drafts_from_the_first_ones_output():
+    """The toy model's answer seldom repeats its prompt, so a request's own tokens draft little;
+    the same prompt asked again finds the first answer in the shared corpus (until the flush
+    empties it) and verifies it in a few steps."""
+    prompt, n = prompts(1)[0], 40
+    steps = {}
+    for capacity in (0, 4096):
+        s, runner = make_scheduler(**SPEC, speculative_ngram_capacity=capacity)
+        submit(s, "first", prompt, max_new_tokens=n)
+        assert run_to_end(s)["first"][0] == reference(prompt, n)
+        before = len(runner.batches)
+        submit(s, "again", prompt, max_new_tokens=n)
+        assert run_to_end(s)["again"][0] == reference(prompt, n)
+        steps[capacity] = len(runner.batches) - before
+        # each: its prompt's last 8 tokens (the longest match window), then its output
+        assert len(s.spec_corpus) == (0 if capacity == 0 else 2 * (8 + n))
+        assert s.flush_cache().success and len(s.spec_corpus) == 0
+    assert steps[4096] <= n // 4 < steps[0] / 2, steps
 
 
 def test_a_repeating_suffix_continues_with_its_period():
