@@ -234,10 +234,15 @@ class SpeculativeScheduling:
 
     def _remember_output(self, r: Req) -> None:
         """A finished request's output (after its prompt's last few tokens) joins the shared
-        corpus later requests draft from."""
-        if self.spec_enabled and self.spec_corpus.capacity and r.output_ids:
-            tail = self.args.speculative.speculative_ngram_max_match_window_size
+        corpus later requests draft from (a failure here costs drafts, never the release)."""
+        if not (self.spec_enabled and self.spec_corpus.capacity and r.output_ids):
+            return
+        tail = self.args.speculative.speculative_ngram_max_match_window_size
+        try:
             self.spec_corpus.add(r.origin_input_ids[-tail:] + r.output_ids)
+        except Exception as e:
+            log_internal_error(f"keeping the output of request {r.rid} to draft from", e)
+            self.spec_corpus.clear()
 
     def _may_draft(self, r: Req) -> bool:
         """Requests whose step ends at their sequence's end and whose next tokens depend on the
