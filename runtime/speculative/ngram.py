@@ -12,6 +12,7 @@ suffix, the longest matches first: the candidates a draft tree is built from
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -73,27 +74,54 @@ class NgramIndex:
             return []
         self._sync(tokens)
         top = min(self.max_n, end - 1)  # the longest match counted
-        found: list[Candidate] = []
-        if top >= 2:
-            for e in reversed(self._pair_ends.get((tokens[end - 2], tokens[end - 1]), ())):
-                if e == end:
-                    continue  # the suffix itself
-                m = 2
-                while m < top and m < e and tokens[e - 1 - m] == tokens[end - 1 - m]:
-                    m += 1
-                if m >= self.min_n:
-                    found.append(Candidate(m, e))
-            found.sort(key=lambda c: -c.match)  # stable: the latest first within a length
-            del found[breadth:]
-        if len(found) < breadth and self.min_n <= 1:
-            before = tokens[end - 2] if top >= 2 else None
-            for e in reversed(self._token_ends.get(tokens[end - 1], ())):
-                if e == end or (e > 1 and tokens[e - 2] == before):
-                    continue  # the suffix itself, or a longer match listed above
-                found.append(Candidate(1, e))
-                if len(found) == breadth:
-                    break
-        return found
+        return _ranked_matches(
+            tokens, 0, tokens, top, self.min_n, breadth,
+            reversed(self._pair_ends.get((tokens[end - 2], tokens[end - 1]), ())),
+            reversed(self._token_ends.get(tokens[end - 1], ())),
+            lambda e: e != end,  # not the suffix itself
+        )  # fmt: skip
+
+
+def _ranked_matches(
+    text: list[int],
+    off: int,
+    tokens: list[int],
+    top: int,
+    min_n: int,
+    breadth: int,
+    pair_ends: Iterable[int],
+    token_ends: Iterable[int],
+    usable: Callable[[int], bool],
+) -> list[Candidate]:
+    """The search both indexes run: occurrences in `text` (whose first element is at absolute
+    position `off`) of the suffix of `tokens`, given the ends of its last pair and of its last
+    token, latest first. Pair ends are extended backwards to their match length (up to `top`,
+    at least `min_n`) and ranked longest first; single-token ends fill up what is left of
+    `breadth`. `usable(e)` rules an end out (the suffix itself, nothing after it)."""
+    end = len(tokens)
+    found: list[Candidate] = []
+    if top >= 2:
+        for e in pair_ends:
+            if not usable(e):
+                continue
+            at = e - off
+            m = 2
+            while m < top and m < at and text[at - 1 - m] == tokens[end - 1 - m]:
+                m += 1
+            if m >= min_n:
+                found.append(Candidate(m, e))
+        found.sort(key=lambda c: -c.match)  # stable: the latest first within a length
+        del found[breadth:]
+    if len(found) < breadth and min_n <= 1:
+        before = tokens[end - 2] if top >= 2 else None
+        for e in token_ends:
+            at = e - off
+            if (at > 1 and text[at - 2] == before) or not usable(e):
+                continue  # a longer match listed above, or ruled out
+            found.append(Candidate(1, e))
+            if len(found) == breadth:
+                break
+    return found
 
 
 def continuation(tokens: list[int], start: int, k: int) -> list[int]:
@@ -182,27 +210,12 @@ class SharedCorpus:
             return []
         buf, off = self._buf, self._off
         top = min(self.max_n, end)  # the longest match counted
-        found: list[Candidate] = []
-        if top >= 2:
-            ends = self._pair_ends.get((tokens[end - 2], tokens[end - 1]), ())
-            for e in islice(reversed(ends), self.SCAN):
-                if not _has_next(buf, e - off):
-                    continue
-                m = 2  # the separator before every sequence ends a match
-                while m < top and buf[e - off - 1 - m] == tokens[end - 1 - m]:
-                    m += 1
-                if m >= self.min_n:
-                    found.append(Candidate(m, e))
-            found.sort(key=lambda c: -c.match)  # stable: the latest first within a length
-            del found[breadth:]
-        if len(found) < breadth and self.min_n <= 1:
-            before = tokens[end - 2] if top >= 2 else None
-            for e in reversed(self._token_ends.get(tokens[end - 1], ())):
-                if buf[e - off - 2] == before or not _has_next(buf, e - off):
-                    continue  # a longer match listed above, or nothing follows
-                found.append(Candidate(1, e))
-                if len(found) == breadth:
-                    break
+        found = _ranked_matches(
+            buf, off, tokens, top, self.min_n, breadth,
+            islice(reversed(self._pair_ends.get((tokens[end - 2], tokens[end - 1]), ())), self.SCAN),
+            reversed(self._token_ends.get(tokens[end - 1], ())),
+            lambda e: _has_next(buf, e - off),  # a token follows it in its sequence
+        )  # fmt: skip
         return [Candidate(c.match, c.start, self._follow(c.start, depth)) for c in found]
 
     def _follow(self, start: int, depth: int) -> list[int]:
