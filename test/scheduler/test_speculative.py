@@ -482,6 +482,8 @@ def test_flags_are_checked():
             speculative_ngram_min_match_window_size=4,
             speculative_ngram_max_match_window_size=2,
         )
+    with pytest.raises(InvalidRequestError, match="speculative_ngram_capacity must be >= 0"):
+        ServerArgs.from_kwargs(speculative_algorithm="NGRAM", speculative_ngram_capacity=-1)
 
 
 def test_drafts_that_do_not_pay_are_mostly_skipped():
