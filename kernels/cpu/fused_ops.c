@@ -13,6 +13,7 @@
 #include "cpu_common.h"
 #include "kv_quant.h"
 #include "radixgen_kernels.h"
+#include "simd.h"
 
 static inline float load(const void* p, int64_t i, int dtype) {
     return dtype ? bf16f(((const uint16_t*)p)[i]) : ((const float*)p)[i];
@@ -59,6 +60,32 @@ static void add_rmsnorm_row16(const void* x, float* r, const void* weight, void*
         }
     }
 }
+#elif defined(SIMD_W)
+/* One row of add_rmsnorm over simd.h (H a multiple of SIMD_W): the AVX-512 row's arithmetic at
+ * this width (float64 sum of squares reduced in a fixed order, so batch-invariant). */
+static void add_rmsnorm_row_simd(const void* x, float* r, const void* weight, void* out,
+                                 int64_t H, float eps, int dtype, int x_dtype) {
+    vd ss0 = vd_zero(), ss1 = vd_zero();
+    for (int64_t h = 0; h < H; h += SIMD_W) {
+        vf v = vf_load(r + h);
+        if (x) {
+            v = vf_add(v, x_dtype ? vf_load_bf16((const uint16_t*)x + h)
+                                  : vf_load((const float*)x + h));
+            vf_store(r + h, v);
+        }
+        vd_sqacc(v, &ss0, &ss1);
+    }
+    double ss = vd_hsum2(ss0, ss1);
+    vf inv = vf_set1(1.0f / sqrtf((float)(ss / (double)H) + eps));
+    for (int64_t h = 0; h < H; h += SIMD_W) {
+        vf v = vf_mul(vf_load(r + h), inv);
+        if (dtype)
+            vf_store_bf16((uint16_t*)out + h,
+                          vf_mul(vf_round_bf16(v), vf_load_bf16((const uint16_t*)weight + h)));
+        else
+            vf_store((float*)out + h, vf_mul(v, vf_load((const float*)weight + h)));
+    }
+}
 #endif
 
 /* residual (float32, [N, H]) += x (x_dtype, may be NULL); out = (norm(residual) rounded) * w
@@ -73,6 +100,11 @@ void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, 
 #ifdef __AVX512F__
         if (H % 16 == 0) {
             add_rmsnorm_row16(xr, r, weight, o, H, eps, dtype, x_dtype);
+            continue;
+        }
+#elif defined(SIMD_W)
+        if (H % SIMD_W == 0) {
+            add_rmsnorm_row_simd(xr, r, weight, o, H, eps, dtype, x_dtype);
             continue;
         }
 #endif
@@ -224,6 +256,26 @@ void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype, i
             else
                 _mm512_storeu_ps((float*)out + oi, _mm512_mul_ps(a, u));
         }
+#elif defined(SIMD_W)
+        const vf one = vf_set1(1.0f);
+        for (; i + SIMD_W <= I; i += SIMD_W) {
+            int64_t gi = n * 2 * I + i, ui = gi + I, oi = n * I + i;
+            vf g, u;
+            if (in_dtype) {
+                g = vf_load_bf16((const uint16_t*)gate_up + gi);
+                u = vf_load_bf16((const uint16_t*)gate_up + ui);
+            } else {
+                g = vf_load((const float*)gate_up + gi);
+                u = vf_load((const float*)gate_up + ui);
+            }
+            vf a = vf_div(g, vf_add(one, vf_exp(vf_sub(vf_zero(), g))));
+            if (bf16_math)
+                vf_store_bf16((uint16_t*)out + oi, vf_mul(vf_round_bf16(a), u));
+            else if (dtype)
+                vf_store_bf16((uint16_t*)out + oi, vf_mul(a, u));
+            else
+                vf_store((float*)out + oi, vf_mul(a, u));
+        }
 #endif
         for (; i < I; ++i) {
             float g = load(gate_up, n * 2 * I + i, in_dtype);
@@ -261,6 +313,13 @@ static inline __mmask16 allowed16(const int32_t* mask, int64_t W, int64_t v) {
     int64_t w = v >> 5;
     return w < W ? (__mmask16)(((uint32_t)mask[w] >> (v & 31)) & 0xffffu) : 0;
 }
+#elif defined(SIMD_W)
+/* The mask bits of tokens v .. v + SIMD_W - 1 (v a multiple of SIMD_W), as lanes. */
+static inline vm allowed_w(const int32_t* mask, int64_t W, int64_t v) {
+    if (!mask) return vm_from_bits((1u << SIMD_W) - 1u);
+    int64_t w = v >> 5;
+    return vm_from_bits(w < W ? ((uint32_t)mask[w] >> (v & 31)) & ((1u << SIMD_W) - 1u) : 0u);
+}
 #endif
 
 /* Largest allowed value of a bf16 row (-inf if none is allowed). */
@@ -272,6 +331,12 @@ static float row_max_bf16(const uint16_t* row, int64_t V, const int32_t* mask, i
     for (; v + 16 <= V; v += 16)
         m = _mm512_mask_max_ps(m, allowed16(mask, W, v), m, load16_bf16(row + v));
     mx = _mm512_reduce_max_ps(m);
+#elif defined(SIMD_W)
+    vf m = vf_set1(-INFINITY);
+    const vf ninf = m;
+    for (; v + SIMD_W <= V; v += SIMD_W)
+        m = vf_max(m, vf_select(allowed_w(mask, W, v), vf_load_bf16(row + v), ninf));
+    mx = vf_hmax(m);
 #endif
     for (; v < V; ++v) {
         float x = bf16f(row[v]);
@@ -302,6 +367,20 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
         for (; v + 16 <= V; v += 16) {
             __mmask16 hit = _mm512_mask_cmp_ps_mask(allowed16(mask, W, v), load16_bf16(row + v),
                                                     fl, _CMP_GE_OQ);
+            while (hit) {
+                int lane = __builtin_ctz(hit);
+                hit &= hit - 1;
+                float x = exact_dot(hidden + rows[r] * H, weight + (v + lane) * H, H);
+                if (x > best) {
+                    best = x;
+                    best_id = v + lane;
+                }
+            }
+        }
+#elif defined(SIMD_W)
+        const vf fl = vf_set1(floor_);
+        for (; v + SIMD_W <= V; v += SIMD_W) {
+            uint32_t hit = vm_bits(vm_and(allowed_w(mask, W, v), vf_ge(vf_load_bf16(row + v), fl)));
             while (hit) {
                 int lane = __builtin_ctz(hit);
                 hit &= hit - 1;
@@ -362,6 +441,38 @@ void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R,
             _mm512_storeu_ps(lanes, bv);
             _mm512_storeu_si512(ids, bi);
             for (int l = 0; l < 16; ++l)
+                if (lanes[l] > best || (lanes[l] == best && lanes[l] > -INFINITY && ids[l] < best_id)) {
+                    best = lanes[l];
+                    best_id = ids[l];
+                }
+        } else {
+            v = nan_at; /* the scalar loop below finds that block's first NaN */
+        }
+#elif defined(SIMD_W)
+        int64_t nan_at = -1;
+        /* as the AVX-512 path: per lane the first maximum, then the lowest id among the lanes */
+        const vf ninf = vf_set1(-INFINITY);
+        vf bv = ninf;
+        vi bi = vi_set1(0), idx = vi_iota();
+        const vi step = vi_set1(SIMD_W);
+        for (; v + SIMD_W <= V && V < (1LL << 31); v += SIMD_W) {
+            vm ok = allowed_w(mask, W, v);
+            vf x = vf_select(ok, vf_load(row + v), ninf);
+            if (vm_bits(vf_isnan(x))) {
+                nan_at = v;
+                break;
+            }
+            vm up = vf_gt(x, bv);
+            bv = vf_select(up, x, bv);
+            bi = vi_select(up, idx, bi);
+            idx = vi_add(idx, step);
+        }
+        if (nan_at < 0) {
+            float lanes[SIMD_W];
+            int32_t ids[SIMD_W];
+            vf_store(lanes, bv);
+            memcpy(ids, &bi, sizeof(ids));
+            for (int l = 0; l < SIMD_W; ++l)
                 if (lanes[l] > best || (lanes[l] == best && lanes[l] > -INFINITY && ids[l] < best_id)) {
                     best = lanes[l];
                     best_id = ids[l];
