@@ -171,11 +171,20 @@ DEFINE_BLOCK_KVQ(block_kvq_i8, int8_t, load16_i8)
 DEFINE_BLOCK_KVQ(block_kvq_fp8, uint8_t, load16_fp8)
 #endif /* __AVX512F__ */
 
+#include "attention_simd.h"
+
 /* One (row, kv head, key block) task over a pool stored as `kind` (not q's dtype). */
 static void run_block_kvq(const void* q, int q_dtype, const void* k, const void* v, int kind,
                           const float* ks, const float* vs, int64_t Hkv, int h, int D,
                           const int64_t* idx, int64_t n, int G, float scale, float* acc,
                           float* m, float* l, float* scores) {
+#if defined(SIMD_W) && !defined(__AVX512F__)
+    if (D % SIMD_W == 0) {
+        block_simd(q, q_dtype, k, v, kind, ks, vs, Hkv, h, D, idx, n, G, scale, acc, m, l,
+                   scores);
+        return;
+    }
+#endif
     float qf[MAX_GROUP * MAX_DIM];
     kvq_load_q(q, q_dtype, G, D, scale, qf);
     const int64_t tok_stride = Hkv * D;

@@ -129,6 +129,12 @@ static void run_block(const void* q, int64_t qoff, const void* k, const void* v,
                               l, scores);
         return;
     }
+#elif defined(SIMD_W)
+    if (D % SIMD_W == 0) {
+        block_simd((const char*)q + qoff * (dtype ? 2 : 4), dtype, k, v, dtype, NULL, NULL,
+                   tok_stride / D, h, D, idx, n, G, scale, acc, m, l, scores);
+        return;
+    }
 #endif
     if (dtype == 0)
         block_f32((const float*)q + qoff, D, (const float*)k + h * D, (const float*)v + h * D, idx,
