@@ -188,6 +188,38 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                     }
                 }
             }
+#elif defined(SIMD_W)
+            if (half % SIMD_W == 0) {
+                for (; d < D; d += SIMD_W) {
+                    int partner = d < half ? d + half : d - half;
+                    vf xv, pv;
+                    if (in_dtype) {
+                        xv = vf_load_bf16((const uint16_t*)qkv + src + d);
+                        pv = vf_load_bf16((const uint16_t*)qkv + src + partner);
+                    } else {
+                        xv = vf_load((const float*)qkv + src + d);
+                        pv = vf_load((const float*)qkv + src + partner);
+                    }
+                    vf rot = d < half ? vf_sub(vf_zero(), pv) : pv;
+                    vf cv = vf_load(c + d), sv = vf_load(s + d);
+                    if (bf16_math) {
+                        vf a = vf_round_bf16(vf_mul(xv, vf_round_bf16(cv)));
+                        vf b = vf_round_bf16(vf_mul(rot, vf_round_bf16(sv)));
+                        if (tmp)
+                            vf_store(tmp + d, vf_round_bf16(vf_add(a, b)));
+                        else
+                            vf_store_bf16((uint16_t*)dst + doff + d, vf_add(a, b));
+                    } else {
+                        vf o = vf_fma(xv, cv, vf_mul(rot, sv));
+                        if (tmp)
+                            vf_store(tmp + d, dtype ? vf_round_bf16(o) : o);
+                        else if (dtype)
+                            vf_store_bf16((uint16_t*)dst + doff + d, o);
+                        else
+                            vf_store((float*)dst + doff + d, o);
+                    }
+                }
+            }
 #endif
             for (; d < D; ++d) {
                 float xv = load(qkv, src + d, in_dtype);
