@@ -367,7 +367,8 @@ static float row_max_bf16(const uint16_t* row, int64_t V, const int32_t* mask, i
     vf m = vf_set1(-INFINITY);
     const vf ninf = m;
     for (; v + SIMD_W <= V; v += SIMD_W)
-        m = vf_max(m, vf_select(allowed_w(mask, W, v), vf_load_bf16(row + v), ninf));
+        m = vf_max(m, mask ? vf_select(allowed_w(mask, W, v), vf_load_bf16(row + v), ninf)
+                           : vf_load_bf16(row + v));
     mx = vf_hmax(m);
 #endif
     for (; v < V; ++v) {
@@ -412,7 +413,8 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
 #elif defined(SIMD_W)
         const vf fl = vf_set1(floor_);
         for (; v + SIMD_W <= V; v += SIMD_W) {
-            uint32_t hit = vm_bits(vm_and(allowed_w(mask, W, v), vf_ge(vf_load_bf16(row + v), fl)));
+            vm ge = vf_ge(vf_load_bf16(row + v), fl);
+            uint32_t hit = vm_bits(mask ? vm_and(allowed_w(mask, W, v), ge) : ge);
             while (hit) {
                 int lane = __builtin_ctz(hit);
                 hit &= hit - 1;
@@ -488,8 +490,8 @@ void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R,
         vi bi = vi_set1(0), idx = vi_iota();
         const vi step = vi_set1(SIMD_W);
         for (; v + SIMD_W <= V && V < (1LL << 31); v += SIMD_W) {
-            vm ok = allowed_w(mask, W, v);
-            vf x = vf_select(ok, vf_load(row + v), ninf);
+            vf x = vf_load(row + v);
+            if (mask) x = vf_select(allowed_w(mask, W, v), x, ninf);
             if (vm_bits(vf_isnan(x))) {
                 nan_at = v;
                 break;
