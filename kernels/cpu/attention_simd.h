@@ -5,8 +5,8 @@
  *
  * Same contract as the block_* functions of ragged_attention.c (unnormalised output, running
  * max and sum), and the same float operations for a row whatever the batch (a prefill chunk's
- * rows run one by one here): q.k per key in two float32 accumulators over D (even and odd
- * SIMD_W-lane chunks) summed by vf_hsum, times the key's scale; exp by vf_exp, SIMD_W keys at a
+ * rows run one by one here): q.k per key in one float32 accumulator over D, SIMD_W keys' sums
+ * taken at once by vf_reduce_w, times the keys' scales; exp by vf_exp, SIMD_W keys at a
  * time (the block's tail padded with -inf); each weight times its value row's scale; the value
  * rows accumulated in key order.
  */
@@ -33,36 +33,56 @@ static inline __attribute__((always_inline)) void block_simd_body(
     const float* ks, const float* vs, int64_t Hkv, int h, const int64_t* idx, int64_t n,
     int64_t row_bytes, int pf_bytes, float* acc, float* m_out, float* l_out, float* scores) {
     if (G < 1 || G > MAX_GROUP || C < 1 || C > MAX_DIM / SIMD_W) __builtin_unreachable();
-    const int D = C * SIMD_W;
-    float m[MAX_GROUP];
-    for (int g = 0; g < G; ++g) m[g] = -INFINITY;
+    vf qv[MAX_GROUP * (MAX_DIM / SIMD_W)];
+#pragma GCC unroll 64
+    for (int i = 0; i < G * C; ++i) qv[i] = vf_load(qf + i * SIMD_W);
+    vf mx[MAX_GROUP];
+    for (int g = 0; g < G; ++g) mx[g] = vf_set1(-INFINITY);
     /* NOTE: zero-filled once (see value_pass in attention_block.h: -Wmaybe-uninitialized) */
     vf kv[MAX_DIM / SIMD_W] = {0};
-    for (int64_t j = 0; j < n; ++j) {
-        const char* kr = k + idx[j] * row_bytes;
-        if (j + 16 < n) {
-            const char* pf = k + idx[j + 16] * row_bytes;
-            for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
-        }
-        float sk = ks ? ks[idx[j] * Hkv + h] : 1.0f;
-#pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) kv[c] = simd_kv_load(kind, kr, c * SIMD_W);
-#pragma GCC unroll 16
-        for (int g = 0; g < G; ++g) {
-            const float* q = qf + g * D;
-            vf s0 = vf_mul(vf_load(q), kv[0]), s1 = vf_zero();
-#pragma GCC unroll 16
-            for (int c = 1; c < C; ++c) {
-                if (c & 1)
-                    s1 = vf_fma(vf_load(q + c * SIMD_W), kv[c], s1);
-                else
-                    s0 = vf_fma(vf_load(q + c * SIMD_W), kv[c], s0);
+    vf part[MAX_GROUP][SIMD_W];
+    float sk[SIMD_W], sc[SIMD_W];
+    for (int64_t j0 = 0; j0 < n; j0 += SIMD_W) {
+        const int nj = n - j0 < SIMD_W ? (int)(n - j0) : SIMD_W;
+        for (int jj = 0; jj < SIMD_W; ++jj) {
+            if (jj >= nj) {
+                sk[jj] = 0.f;
+                for (int g = 0; g < G; ++g) part[g][jj] = vf_zero();
+                continue;
             }
-            float s = vf_hsum(vf_add(s0, s1)) * sk;
-            scores[g * n + j] = s;
-            if (s > m[g]) m[g] = s;
+            const int64_t j = j0 + jj;
+            const char* kr = k + idx[j] * row_bytes;
+            if (j + 16 < n) {
+                const char* pf = k + idx[j + 16] * row_bytes;
+                for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
+            }
+            sk[jj] = ks ? ks[idx[j] * Hkv + h] : 1.0f;
+#pragma GCC unroll 16
+            for (int c = 0; c < C; ++c) kv[c] = simd_kv_load(kind, kr, c * SIMD_W);
+#pragma GCC unroll 16
+            for (int g = 0; g < G; ++g) {
+                vf s = vf_mul(qv[g * C], kv[0]);
+#pragma GCC unroll 16
+                for (int c = 1; c < C; ++c) s = vf_fma(qv[g * C + c], kv[c], s);
+                part[g][jj] = s;
+            }
+        }
+        const vf skv = vf_load(sk);
+        for (int g = 0; g < G; ++g) {
+            vf s = vf_mul(vf_reduce_w(part[g]), skv);
+            if (nj == SIMD_W) {
+                vf_store(scores + g * n + j0, s);
+                mx[g] = vf_max(mx[g], s);
+            } else { /* the block's tail: the lanes beyond it at -inf */
+                vf_store(sc, s);
+                for (int jj = nj; jj < SIMD_W; ++jj) sc[jj] = -INFINITY;
+                for (int jj = 0; jj < nj; ++jj) scores[g * n + j0 + jj] = sc[jj];
+                mx[g] = vf_max(mx[g], vf_load(sc));
+            }
         }
     }
+    float m[MAX_GROUP];
+    for (int g = 0; g < G; ++g) m[g] = vf_hmax(mx[g]);
     const int64_t body = n - n % SIMD_W;
     for (int g = 0; g < G; ++g) {
         float* sc = scores + g * n;

@@ -12,6 +12,8 @@
  * - vi_load (SIMD_W int32), vi_load_i16 (SIMD_W int16 sign-extended to int32), vi_set1,
  *   vi_and, vi_srli / vi_slli (constant counts), vi_to_f (int32 -> float, exact below 2^24);
  * - vf_hsum: the sum of the lanes in a fixed order (per ISA); vf_hmax: the largest lane;
+ *   vf_reduce_w(v): SIMD_W vectors -> lane j = the sum of v[j]'s lanes (a transposing add tree,
+ *   fixed order per ISA);
  * - vf_sub, vf_div, vf_max (max(a, b) returns b when either is NaN, as maxps), vf_min,
  *   vf_round (to nearest even), vf_round_bf16 (to bf16 precision, staying in float32 lanes,
  *   bit for bit rbf), vf_exp (exp512's series over any width: within ~2 ulp over [-87, 88]);
@@ -106,6 +108,22 @@ static inline vf vi_as_f(vi v) { return _mm512_castsi512_ps(v); }
 static inline vi vf_as_i(vf v) { return _mm512_castps_si512(v); }
 static inline vi vi_iota(void) {
     return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+static inline vf vf_reduce_w(const vf* v) {
+    vf t[8], u[4], w[2];
+    for (int i = 0; i < 8; ++i)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                         _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
 }
 typedef __m512d vd;
 static inline vd vd_zero(void) { return _mm512_setzero_pd(); }
@@ -220,6 +238,13 @@ static inline vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
 static inline vf vi_as_f(vi v) { return _mm256_castsi256_ps(v); }
 static inline vi vf_as_i(vf v) { return _mm256_castps_si256(v); }
 static inline vi vi_iota(void) { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+static inline vf vf_reduce_w(const vf* v) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
 typedef __m256d vd;
 static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
 static inline void vd_sqacc(vf v, vd* lo, vd* hi) {
@@ -324,6 +349,9 @@ static inline vi vf_as_i(vf v) { return vreinterpretq_s32_f32(v); }
 static inline vi vi_iota(void) {
     const int32x4_t i = {0, 1, 2, 3};
     return i;
+}
+static inline vf vf_reduce_w(const vf* v) {
+    return vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]));
 }
 typedef float64x2_t vd;
 static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
