@@ -218,7 +218,7 @@ def test_every_format_row_by_row_equals_every_batch(native, qtype) -> None:
         [native.linear_quant(x[i : i + 1], packed, torch.float32) for i in range(len(x))]
     )
     _assert_float32_close(alone, x, ref, b)
-    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 100, 131):
+    for m in (1, 2, 3, 4, 5, 8, 9, 17, 33, 64, 65, 131):  # each path, tile and block edge
         assert torch.equal(native.linear_quant(x[:m], packed, torch.float32), alone[:m]), m
         assert torch.equal(native.linear_quant(x[:m], packed), alone[:m].bfloat16()), m
     tail = native.linear_quant(x[5:], packed, torch.float32)
