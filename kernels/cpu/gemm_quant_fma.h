@@ -41,12 +41,6 @@
 #define QB_TR 4
 #define QR_NV(mr) ((mr) == 1 ? 12 : (mr) == 2 ? 6 : (mr) <= 4 ? 4 : 3)
 #endif
-#ifndef QF_PF
-#define QF_PF QPF_ROW
-#endif
-#ifndef QF_PF_LOC
-#define QF_PF_LOC 3
-#endif
 #define QB_FLOATS (QGROUP * QPANEL + 2 * QPANEL) /* unpacked group: q[32][48], d[48], m[48] */
 
 int qgemm_available(void) { return 1; }
@@ -110,8 +104,9 @@ static inline __attribute__((always_inline)) void qreg_tile(
         const uint8_t* qd = src + sb;
         const float* xg = xp + g * QGROUP;
         /* decode streams the weights: fetch QPF_ROW groups ahead (past the panel's end is this
-         * thread's next panel) */
-        for (int64_t b = 0; b < gb; b += 64) __builtin_prefetch(src + QF_PF * gb + b, 0, QF_PF_LOC);
+         * thread's next panel): the default model's 30 Q4_1 layers at M = 1 with every weight
+         * cold, 8.3 ms against 10.4 without (AVX2, one thread); 1-4 groups ahead within noise */
+        for (int64_t b = 0; b < gb; b += 64) __builtin_prefetch(src + QPF_ROW * gb + b, 0, 3);
         vf part[QREG_ROWS][QV];
 #pragma GCC unroll 32
         for (int m = 0; m < mr; ++m)
