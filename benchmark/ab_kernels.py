@@ -37,6 +37,7 @@ import torch
 
 from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.kernels.cpu import NativeKernels, build
+from radixgen.kernels.cpu.isa import chosen_isa
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.runtime.models import llama, native_stack
 from radixgen.runtime.scheduler.scheduler_process import build_scheduler
@@ -45,6 +46,10 @@ from radixgen.server_args import ServerArgs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a long story about a dragon who learns to code."
+
+
+# the kernel variant this CPU runs best (or RADIXGEN_CPU_ISA's): every build here uses its flags
+ISA = chosen_isa()[0] or "avx2"
 
 
 def compile_build(rev: str | None, out_dir: Path) -> NativeKernels:
@@ -60,9 +65,9 @@ def compile_build(rev: str | None, out_dir: Path) -> NativeKernels:
         (out_dir / name).write_bytes(data)
     compiler = build.find_compiler()
     out = out_dir / "kernels.so"
-    cmd = [compiler.path, *build.CFLAGS, *(str(out_dir / s) for s in build.SOURCES)]
+    cmd = [compiler.path, *build.variant_cflags(ISA), *(str(out_dir / s) for s in build.SOURCES)]
     subprocess.run([*cmd, "-o", str(out), *build.LDLIBS], check=True)
-    return NativeKernels(ctypes.CDLL(str(out)))
+    return NativeKernels(ctypes.CDLL(str(out)), ISA)
 
 
 def alternate(

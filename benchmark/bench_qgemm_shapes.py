@@ -22,10 +22,15 @@ from pathlib import Path
 import torch
 
 from radixgen.kernels.cpu import NativeKernels, build
+from radixgen.kernels.cpu.isa import chosen_isa
 
 SHAPES = (("qkv", 960, 576, "u4"), ("o", 576, 576, "u4"), ("gate_up", 3072, 576, "u4"),
           ("down", 576, 1536, "u4"), ("head", 49152, 576, "i8"))  # fmt: skip
 LAYERS = 30
+
+
+# the kernel variant this CPU runs best (or RADIXGEN_CPU_ISA's): every build here uses its flags
+ISA = chosen_isa()[0] or "avx2"
 
 
 def compile_variant(gemm_quant_source: str, out_dir: Path) -> NativeKernels:
@@ -35,11 +40,11 @@ def compile_variant(gemm_quant_source: str, out_dir: Path) -> NativeKernels:
     (out_dir / "gemm_quant.c").write_text(gemm_quant_source)
     compiler = build.find_compiler()
     out = out_dir / "kernels.so"
-    cmd = [compiler.path, *build.CFLAGS, *(str(out_dir / s) for s in build.SOURCES)]
+    cmd = [compiler.path, *build.variant_cflags(ISA), *(str(out_dir / s) for s in build.SOURCES)]
     subprocess.run([*cmd, "-o", str(out), *build.LDLIBS], check=True)
     import ctypes
 
-    return NativeKernels(ctypes.CDLL(str(out)))
+    return NativeKernels(ctypes.CDLL(str(out)), ISA)
 
 
 def random_quant(native: NativeKernels, n: int, k: int, fmt: str):

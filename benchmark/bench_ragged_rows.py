@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from radixgen.kernels.cpu import NativeKernels, build, load_native_kernels
+from radixgen.kernels.cpu.isa import chosen_isa
 
 # (name, requests, rows per request, context length of each request's last row)
 CASES = [
@@ -28,6 +29,10 @@ CASES = [
     ("1 req x 512-row prefill chunk, ctx 1536", 1, 512, 1536),
 ]
 H, HKV, D = 9, 3, 64  # SmolLM2-135M
+
+
+# the kernel variant this CPU runs best (or RADIXGEN_CPU_ISA's): every build here uses its flags
+ISA = chosen_isa()[0] or "avx2"
 
 
 def baseline_kernels(rev: str, tmp: Path) -> NativeKernels:
@@ -49,10 +54,10 @@ def baseline_kernels(rev: str, tmp: Path) -> NativeKernels:
             (tmp / name).write_bytes(src.stdout)
     compiler = build.find_compiler()
     out = tmp / "baseline.so"
-    flags = [*build.CFLAGS]
+    flags = [*build.variant_cflags(ISA)]
     sources = [str(tmp / s) for s in build.SOURCES]
     subprocess.run([compiler.path, *flags, *sources, "-o", str(out), *build.LDLIBS], check=True)
-    return NativeKernels(ctypes.CDLL(str(out)))
+    return NativeKernels(ctypes.CDLL(str(out)), ISA)
 
 
 def make_case(nreq: int, rows: int, ctx: int, dtype: torch.dtype = torch.bfloat16):

@@ -19,7 +19,7 @@ import pytest
 from radixgen.package_layout import PACKAGE_ROOTS
 
 ROOT = Path(__file__).resolve().parents[1]
-# source folder -> its path inside the wheel: the product's fixed layout (DESIGN.md), written out
+# source folder -> its path inside the wheel: the product's fixed layout (docs/design.md's code map), written out
 # here so that a change to package_layout.py (which setup.py reads) has to be a deliberate one
 MAPPING = {
     "python/radixgen": "radixgen",

@@ -142,8 +142,9 @@ class QuantLinearWeight:
 class NativeKernels:
     """Typed Python entry points over the compiled library."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, isa: str) -> None:
         self._lib = lib
+        self.isa = isa  # the instruction-set variant the library was built for (isa.py)
         self._ragged = bind(lib, "ragged_attention")
         self._add_rmsnorm = bind(lib, "add_rmsnorm")
         self._rope = bind(lib, "rope_store_kv")

@@ -1,5 +1,6 @@
-"""Compile the native CPU kernels with the host's C compiler, once per cache key, into the
-per-machine cache (the scheduler process does it when the model runner loads them)."""
+"""Compile the native CPU kernels with the host's C compiler, one library per instruction-set
+variant (isa.py) and cache key, into the per-machine cache (the scheduler process does it when
+the model runner loads them)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from radixgen.utils import cache_root
 
-from .cpu_features import cpu_signature
+from .isa import BY_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,10 @@ HEADERS = (
 )
 # NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
 # and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.
+# Every variant adds its own -march level (isa.py): never -march=native, so a library built on
+# one machine runs on any other with the variant's features.
 CFLAGS = (
-    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast",
-    "-Wall",
+    "-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast", "-Wall",
 )  # fmt: skip
 LDLIBS = ("-lm",)
 
@@ -78,20 +80,26 @@ def find_compiler() -> Compiler:
     return Compiler(path, os.path.realpath(path), version)
 
 
+def variant_cflags(isa: str) -> tuple[str, ...]:
+    """The full compiler flags of variant `isa`'s library."""
+    return (*CFLAGS, *BY_NAME[isa].cflags)
+
+
 def cache_key(compiler: Compiler, cflags: Sequence[str] = CFLAGS) -> str:
-    """Hash of everything the library's bytes depend on: sources, flags, compiler and CPU."""
+    """Hash of everything the library's bytes depend on: sources, flags (the variant's -march
+    level among them) and compiler; not the CPU it was built on."""
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes())
     h.update(" ".join(cflags).encode())
     h.update(compiler.identity.encode())
-    h.update(cpu_signature().encode())
     return h.hexdigest()
 
 
-def library_path(key: str) -> Path:
-    """Where the library built for `key` lives in the per-machine cache."""
-    return cache_root() / "kernels" / f"radixgen_cpu_{key[:16]}.so"
+def library_path(key: str, isa: str = "") -> Path:
+    """Where the library built for `key` (of variant `isa`) lives in the per-machine cache."""
+    prefix = f"radixgen_cpu_{isa}_" if isa else "radixgen_cpu_"
+    return cache_root() / "kernels" / f"{prefix}{key[:16]}.so"
 
 
 def compile_command(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> list[str]:
@@ -120,16 +128,18 @@ def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS)
     return proc.stderr.strip()
 
 
-def open_library() -> ctypes.CDLL:
-    """The compiled library for this source, flags, compiler and CPU, built on first use."""
+def open_library(isa: str) -> ctypes.CDLL:
+    """Variant `isa`'s compiled library for these sources, flags and compiler, built on first
+    use (the caller checks that this CPU runs the variant)."""
     compiler = find_compiler()
+    cflags = variant_cflags(isa)
     try:  # NOTE: a cache directory that cannot be written (or read) is a build failure too
-        path = library_path(cache_key(compiler))
-        warnings = None if path.exists() else build_library(compiler, path)
+        path = library_path(cache_key(compiler, cflags), isa)
+        warnings = None if path.exists() else build_library(compiler, path, cflags)
     except OSError as e:
         raise NativeBuildError(f"building the native kernels in {cache_root()} failed: {e}") from e
     if warnings:
-        logger.warning("native CPU kernels compiled with warnings:\n%s", warnings[:2000])
+        logger.warning("native CPU kernels (%s) compiled with warnings:\n%s", isa, warnings[:2000])
     try:
         return ctypes.CDLL(str(path))
     except OSError as e:

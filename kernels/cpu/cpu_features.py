@@ -1,9 +1,8 @@
-"""This CPU's feature flags, read once per process from /proc/cpuinfo: the kernel cache key, the
+"""This CPU's feature flags, read once per process from /proc/cpuinfo: the kernel variant, the
 model dtype and the GEMM choice (all in the scheduler process) ask here."""
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from pathlib import Path
 def _cpu_flags_line() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            # x86: "flags : ...", aarch64: "Features : ..."
+            if line.startswith(("flags", "Features")):
                 return line
     except OSError:
         pass
@@ -22,11 +22,6 @@ def _cpu_flags_line() -> str:
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     return frozenset(_cpu_flags_line().partition(":")[2].split())
-
-
-def cpu_signature() -> str:
-    """What `-march=native` builds for: the flags line, or the machine name without one."""
-    return _cpu_flags_line() or os.uname().machine
 
 
 def has_amx_bf16() -> bool:

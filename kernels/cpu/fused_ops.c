@@ -336,8 +336,9 @@ void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R,
         const float* row = logits + (rows ? rows[r] : r) * ld;
         const int32_t* mask = masks ? masks + r * W : NULL;
         float best = -INFINITY;
-        int64_t best_id = 0, v = 0, nan_at = -1;
+        int64_t best_id = 0, v = 0;
 #ifdef __AVX512F__
+        int64_t nan_at = -1;
         /* per lane: the first maximum of its tokens; then the lowest id among the lanes' best */
         __m512 bv = _mm512_set1_ps(-INFINITY);
         __m512i bi = _mm512_setzero_si512();

@@ -1,5 +1,6 @@
 """The native-or-torch decision for the CPU kernels, made once by the model runner (scheduler
-process): load (building on first use) and bind the library, or say why not."""
+process): pick the instruction-set variant (isa.py), load (building on first use) and bind its
+library, or say why not."""
 
 from __future__ import annotations
 
@@ -12,24 +13,41 @@ import torch
 from .bindings import NativeKernels
 from .build import NativeBuildError, open_library
 from .cpu_features import has_amx_bf16
+from .isa import chosen_isa, why_not_runnable
 
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "RADIXGEN_DISABLE_NATIVE"  # "1": always the torch path
 REQUIRE_ENV = "RADIXGEN_REQUIRE_NATIVE"  # "1": a failed build is an error, not a fallback
-GEMM_ENV = "RADIXGEN_NATIVE_GEMM"  # "0": oneDNN serves the linear layers (for comparisons)
+# "0": oneDNN serves the linear layers (for comparisons); "1": the native GEMM serves them on AMX
+# CPUs too (where oneDNN is the default); unset: native unless the CPU has AMX
+GEMM_ENV = "RADIXGEN_NATIVE_GEMM"
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @cache
+def load_kernels_for_isa(isa: str) -> NativeKernels:
+    """Variant `isa`'s kernels (built on first use); NativeBuildError when this CPU cannot run
+    it or it cannot be built or loaded."""
+    reason = why_not_runnable(isa)
+    if reason is not None:
+        raise NativeBuildError(reason)
+    return NativeKernels(open_library(isa), isa)
+
+
+@cache
 def load_native_kernels() -> NativeKernels | None:
-    """The compiled kernels, or None: disabled (RADIXGEN_DISABLE_NATIVE=1, which wins), or
-    unavailable (no compiler, a compile or a load error; logged). Under
-    RADIXGEN_REQUIRE_NATIVE=1 unavailable raises NativeBuildError instead."""
+    """The kernels of the variant this CPU runs best (or RADIXGEN_CPU_ISA's), or None: disabled
+    (RADIXGEN_DISABLE_NATIVE=1, which wins), no variant for this CPU, or unavailable (no
+    compiler, a compile or a load error); logged once. Under RADIXGEN_REQUIRE_NATIVE=1 anything
+    but disabled raises NativeBuildError instead."""
     if os.environ.get(DISABLE_ENV) == "1":
         return None
     try:
-        return NativeKernels(open_library())
+        isa, why = chosen_isa()
+        if isa is None:
+            raise NativeBuildError(why)
+        kernels = load_kernels_for_isa(isa)
     except NativeBuildError as e:
         if os.environ.get(REQUIRE_ENV) == "1":
             raise NativeBuildError(
@@ -37,6 +55,8 @@ def load_native_kernels() -> NativeKernels | None:
             ) from e
         logger.warning("native CPU kernels unavailable, using the torch path: %s", str(e)[:2000])
         return None
+    logger.info("native CPU kernels: variant %s (%s)", isa, why)
+    return kernels
 
 
 def select_native_kernels(device: str, dtype: torch.dtype) -> NativeKernels | None:
@@ -48,9 +68,12 @@ def select_native_kernels(device: str, dtype: torch.dtype) -> NativeKernels | No
 
 
 def select_linear_gemm(native: NativeKernels | None) -> NativeKernels | None:
-    """`native` when its bf16 GEMM should serve the linear layers, else None (oneDNN): it needs
-    AVX512-BF16, loses to oneDNN's tile path on AMX CPUs, and RADIXGEN_NATIVE_GEMM=0 turns it
-    off."""
-    if native is None or not native.has_bf16_gemm or has_amx_bf16():
+    """`native` when its bf16 GEMM should serve the dense linear layers, else None (oneDNN): it
+    needs AVX512-BF16, loses to oneDNN's tile path on AMX CPUs for large batches (unless
+    RADIXGEN_NATIVE_GEMM=1), and RADIXGEN_NATIVE_GEMM=0 turns it off."""
+    if native is None or not native.has_bf16_gemm:
         return None
-    return None if os.environ.get(GEMM_ENV, "1") == "0" else native
+    choice = os.environ.get(GEMM_ENV)
+    if choice == "0" or (choice != "1" and has_amx_bf16()):
+        return None
+    return native

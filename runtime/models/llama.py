@@ -17,11 +17,12 @@ from torch import nn
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo, kv_scales
+from radixgen.kernels.cpu import NativeKernels
 from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
 from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
-    from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
+    from radixgen.kernels.cpu import QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
@@ -380,8 +381,10 @@ class LlamaForCausalLM(nn.Module):
         if self._head_quant is None:
             self._lm_head_packed = prepack_weight(self.lm_head_weight, None, gemm)
             self._lm_head_gemm = gemm
-        # NOTE: the stack's table holds the packed weights' pointers: rebuilt after a prepack
-        self._stack_kernels = gemm if gemm is not None and native is gemm else None
+        # NOTE: the stack's table holds the packed weights' pointers: rebuilt after a prepack.
+        # It runs whenever the native kernels serve the layers: a layer packed for oneDNN (no
+        # native bf16 GEMM: AMX or AVX2 CPUs) makes `NativeDecoderStack.build` decline the model
+        self._stack_kernels = native if isinstance(native, NativeKernels) else None
         self._stack, self._stack_pool = None, None
 
     # --- weights ----------------------------------------------------------------------------

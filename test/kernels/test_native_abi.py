@@ -79,9 +79,11 @@ def test_binding_types_match_the_prototype(name: str) -> None:
 
 def test_the_library_exports_exactly_the_header() -> None:
     """No exported function escapes the header (helpers stay `static`)."""
-    if load_native_kernels() is None or shutil.which("nm") is None:
+    kernels = load_native_kernels()
+    if kernels is None or shutil.which("nm") is None:
         pytest.skip("no native library or no nm")
-    lib_path = build.library_path(build.cache_key(build.find_compiler()))
+    cflags = build.variant_cflags(kernels.isa)
+    lib_path = build.library_path(build.cache_key(build.find_compiler(), cflags), kernels.isa)
     out = subprocess.run(
         ["nm", "-D", "--defined-only", str(lib_path)], capture_output=True, text=True, check=True
     ).stdout

@@ -10,6 +10,7 @@ import torch
 from model_harness import Session, build_hf_model, random_ids, save_hf_model, tiny_config
 
 from radixgen.kernels.cpu import load_native_kernels
+from radixgen.kernels.cpu.loader import GEMM_ENV
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.server_args import ServerArgs
 from radixgen.utils import return_free_heap_to_os
@@ -40,7 +41,11 @@ def _steps(runner: ModelRunner, release: bool) -> list[torch.Tensor]:
 
 
 @pytest.mark.skipif(native is None or not native.has_bf16_gemm, reason="CPU without AVX512-BF16")
-def test_release_drops_the_stack_workspace_and_keeps_the_logits(tmp_path: Path) -> None:
+def test_release_drops_the_stack_workspace_and_keeps_the_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the dense bf16 layers on the native GEMM on AMX CPUs too (oneDNN's there by default)
+    monkeypatch.setenv(GEMM_ENV, "1")
     save_hf_model(build_hf_model(tiny_config("llama_gqa"), seed=5), tmp_path)
     kept = _runner(str(tmp_path))
     want = _steps(kept, release=False)

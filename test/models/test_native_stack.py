@@ -16,6 +16,7 @@ import torch
 from model_harness import Session, build_hf_model, random_ids, save_hf_model, tiny_config
 
 from radixgen.kernels.cpu import load_native_kernels
+from radixgen.kernels.cpu.loader import GEMM_ENV
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.models.native_stack import DISABLE_ENV
 from radixgen.server_args import ServerArgs
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.skipif(
 
 def _runner(folder: str, stack: bool, monkeypatch: pytest.MonkeyPatch, **kw) -> ModelRunner:
     monkeypatch.setenv(DISABLE_ENV, "1" if stack else "0")
+    # the dense bf16 layers on the native GEMM on AMX CPUs too (oneDNN's there by default)
+    monkeypatch.setenv(GEMM_ENV, "1")
     args = ServerArgs.from_kwargs(dtype="bfloat16", max_total_tokens=4096, **kw)
     return ModelRunner(folder, args, context_length=1000)
 
