@@ -24,6 +24,7 @@ from radixgen.runtime.mem_cache.memory_pool import (
     TokenToKVPool,
     kv_capacity_tokens,
 )
+from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.model_loader.quant_loader import resolve_quantization
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.distributed.parallel_linear import ParallelLMHead
     from radixgen.runtime.distributed.parallel_state import TensorParallelGroup
     from radixgen.runtime.distributed.tp_worker import StepChannel
-    from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -300,11 +300,6 @@ class ModelRunner:
                 self.attention_backend,
             )
             return None
-        from radixgen.runtime.model_executor.cuda_graph_runner import (
-            CudaGraphRunner,
-            capture_batch_sizes,
-        )
-
         sizes = capture_batch_sizes(
             graphs.cuda_graph_max_bs,
             graphs.cuda_graph_bs,
