@@ -28,6 +28,7 @@ from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
+from radixgen.runtime.launch.worker_node import run_worker_node
 from radixgen.server_args import ServerArgs, dashboard_enabled, resolve_api_key
 from radixgen.sglang_flags import FlagNote, log_flag_notes
 from radixgen.version import __version__
@@ -132,8 +133,6 @@ def run_server(args: ServerArgs, flag_notes: Sequence[FlagNote] = ()) -> int:
     """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code.
     `flag_notes`: SGLang launch flags given that have no effect here, logged once now."""
     if args.parallel.node_rank > 0:  # another machine's ranks of a multi-node group: no API
-        from radixgen.runtime.launch.worker_node import run_worker_node
-
         log_flag_notes(flag_notes)
         return run_worker_node(args)
     configure_logging(args.http.log_level, "server")

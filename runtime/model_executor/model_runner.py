@@ -19,6 +19,8 @@ from radixgen.kernels.cpu import (
 )
 from radixgen.kernels.kv_quant import resolve_kv_cache_format
 from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
+from radixgen.runtime.distributed.parallel_linear import load_sharded_model
+from radixgen.runtime.distributed.parallel_state import CollectiveError
 from radixgen.runtime.mem_cache.memory_pool import (
     ReqToTokenPool,
     TokenToKVPool,
@@ -31,6 +33,7 @@ from radixgen.runtime.model_loader.quant_loader import resolve_quantization
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
+from radixgen.utils import return_free_heap_to_os
 
 if TYPE_CHECKING:
     from radixgen.runtime.distributed.dp_attention import DPAttentionSync
@@ -195,8 +198,6 @@ class ModelRunner:
             )  # fmt: skip
             local_kv_heads = self.cfg.num_kv_heads
         else:
-            from radixgen.runtime.distributed.parallel_linear import load_sharded_model
-
             sharded = load_sharded_model(
                 model_folder, self.cfg, self.dtype, self.device, context_length + 1,
                 self.layer_ops, gemm, tp, args.parallel.enable_dp_attention,
@@ -253,8 +254,6 @@ class ModelRunner:
         """Give back what only running steps need (the process loop calls this when the queue
         empties): the model's step workspace, and the C heap's free pages, which hold the
         freed transients of the last steps (logits, activations; ~20-35 MB after a batch)."""
-        from radixgen.utils import return_free_heap_to_os
-
         self.model.release_step_memory()
         return_free_heap_to_os()
 
@@ -318,8 +317,6 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         if self.tp is None:
             return self._forward_local(batch)
-        from radixgen.runtime.distributed.parallel_state import CollectiveError
-
         try:
             if self.dp_sync is None:
                 return self._forward_tp(batch)
