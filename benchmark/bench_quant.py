@@ -37,13 +37,17 @@ from bench_offline import (  # type: ignore[import-not-found]
 
 import radixgen
 
-# name, --quantization, environment: the last row is Q4_1 without the native decoder stack
-# (runtime/models/native_stack.py), each layer's kernels called from Python as before it
-CONFIGS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("bf16", "unquant", {}),
-    ("q4_1", "gguf", {}),
-    ("int8", "int8", {}),
-    ("q4_1_per_layer", "gguf", {"RADIXGEN_NATIVE_STACK": "0"}),
+# name, --quantization, --dtype, environment: `f32` is the dequantized float32 path (what CPUs
+# without a quantized GEMM ran before their ISA variant had one); the last row is Q4_1 without
+# the native decoder stack (runtime/models/native_stack.py), each layer's kernels called from
+# Python as before it. RADIXGEN_CPU_ISA=avx2 (say) in the environment runs every row on that
+# kernel variant.
+CONFIGS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    ("bf16", "unquant", "bfloat16", {}),
+    ("f32", "unquant", "float32", {}),
+    ("q4_1", "gguf", "bfloat16", {}),
+    ("int8", "int8", "bfloat16", {}),
+    ("q4_1_per_layer", "gguf", "bfloat16", {"RADIXGEN_NATIVE_STACK": "0"}),
 )
 
 
@@ -75,6 +79,7 @@ def weight_bytes(folder: Path) -> dict[str, int]:
     params = bf16 // 2
     return {
         "bf16": bf16,
+        "f32": 2 * bf16,
         "q4_1": packed.stat().st_size if packed.exists() else 0,
         "int8": params * 34 // 32,  # int8 plus a float16 scale per 32
     }
@@ -98,7 +103,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per figure (the best is kept)")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--results", default=None, help="append a Markdown section to this file")
-    names = [name for name, _, _ in CONFIGS]
+    names = [name for name, _, _, _ in CONFIGS]
     ap.add_argument(
         "--rows", default=",".join(names), help=f"comma-separated subset of {', '.join(names)}"
     )
@@ -121,7 +126,7 @@ def main() -> int:
     bandwidth = limits["read_gb_per_s"] * 1e9
 
     rows: dict[str, dict[str, float]] = {}
-    for name, quantization, env in CONFIGS:
+    for name, quantization, dtype, env in CONFIGS:
         if name not in chosen:
             continue
         row: dict[str, float] = {}
@@ -129,8 +134,11 @@ def main() -> int:
         for threads in sorted({1, cores}):
             with radixgen.Engine(
                 num_threads=threads, grammar_backend="none", log_level="warning",
-                quantization=quantization, max_total_tokens=8192,
+                quantization=quantization, dtype=dtype, max_total_tokens=8192,
             ) as eng:  # fmt: skip
+                if threads == cores:  # what ran (the variant a CPU picks, or RADIXGEN_CPU_ISA's)
+                    emit({"bench": "config", "weights": name, "kernel_isa":
+                          eng.get_server_info()["kernel_isa"]})  # fmt: skip
                 # NOTE: the best of --repeats runs: these shared VMs vary by 10-30 % run to run
                 for _ in range(args.repeats):
                     single = ours_single_stream(eng, prompts[0], new_single)
@@ -168,6 +176,8 @@ def main() -> int:
     # (summary key, row, metric, baseline row): each ratio whose two rows ran
     ratios = (
         ("q4_1_single_vs_bf16", "q4_1", "single", "bf16"),
+        ("q4_1_single_vs_f32", "q4_1", "single", "f32"),
+        ("q4_1_batched_vs_f32", "q4_1", "batched", "f32"),
         ("q4_1_batched_vs_bf16", "q4_1", "batched", "bf16"),
         ("q4_1_rss_vs_bf16", "q4_1", "rss_mb", "bf16"),
         ("int8_single_vs_bf16", "int8", "single", "bf16"),
@@ -188,6 +198,18 @@ def main() -> int:
     return 0
 
 
+def cpu_kind() -> str:
+    """The CPU's model name and the features the kernel variants turn on."""
+    from radixgen.kernels.cpu import cpu_flags
+
+    name = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+         if ln.startswith("model name")), "unknown CPU",
+    )  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "asimd")
+    return f"{name} ({', '.join(f for f in wanted if f in cpu_flags())})"
+
+
 def write_results(
     path: str,
     rows: dict[str, dict[str, float]],
@@ -201,7 +223,8 @@ def write_results(
         "## Quantized weights, full run (bench_quant.py)",
         "",
         f"`python {command}` ({time.strftime('%Y-%m-%d')}; read bandwidth "
-        f"{limits['read_gb_per_s']:.1f} GB/s)",
+        f"{limits['read_gb_per_s']:.1f} GB/s; CPU {cpu_kind()}; kernel variant "
+        f"{os.environ.get('RADIXGEN_CPU_ISA') or 'the best this CPU runs'})",
         "",
         "| weights | single-stream tok/s | share of bytes/token limit | 64x128 tok/s | "
         "scheduler RSS MB |",

@@ -32,6 +32,8 @@ HEADERS = (
     "attention_block.h",
     "attention_kvq.h",
     "attention_rows.h",
+    "simd.h",
+    "gemm_quant_fma.h",
 )
 # NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
 # and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.

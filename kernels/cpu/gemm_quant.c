@@ -1,6 +1,8 @@
 /* Linear layers on weights kept quantized (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K, int8
- * weight-only), on CPUs with AVX512-BF16 (without it every entry point reports "unavailable"
- * and the model is dequantized).
+ * weight-only). The qgemm below is the AVX512-BF16 variant; AVX2 + FMA, AVX-512F without BF16
+ * and aarch64 NEON builds get gemm_quant_fma.h's float32 FMA variant (the same packed layout,
+ * packing and row lookup); any other build reports "unavailable" and the model is
+ * dequantized.
  *
  * y[M, N] = x[M, K] W[N, K]^T (+ bias), x bf16, y bf16 or float32. W is stored per group of 32
  * along k as small integers q with a scale d (and a min m): w = d * q + m, exactly as GGUF
@@ -579,7 +581,13 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
     return failed ? -3 : 0;
 }
 
-#else /* no AVX512-BF16: report unavailable */
+#elif (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__) || \
+    (defined(__aarch64__) && defined(__ARM_NEON))
+
+/* AVX2 + FMA, AVX-512F without BF16, aarch64 NEON: float32 FMAs, one width-generic source */
+#include "gemm_quant_fma.h"
+
+#else /* no SIMD variant: report unavailable */
 
 int qgemm_available(void) { return 0; }
 

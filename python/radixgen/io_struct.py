@@ -99,6 +99,10 @@ class SchedulerReadyOut:
     startup_seconds: float
     dtype: str
     dp_rank: int = 0  # which data-parallel replica (0 with --dp-size 1)
+    # what runs, not the flags given: `--quantization` as resolved (gguf, unquant, w8a16, ...)
+    # and the native CPU kernels' instruction-set variant (None: the torch path, or CUDA)
+    quantization: str = "unquant"
+    kernel_isa: str | None = None
 
 
 @dataclass

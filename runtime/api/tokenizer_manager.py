@@ -528,4 +528,7 @@ class TokenizerManager:
             "max_total_num_tokens": self.max_total_tokens,
             "vocab_size": self.vocab_size,
             "dtype": self.ready.dtype,
+            # as chosen at load (flags, CPU features, model file), not the flags given
+            "quantization": self.ready.quantization,
+            "kernel_isa": self.ready.kernel_isa,
         }

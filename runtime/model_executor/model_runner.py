@@ -29,7 +29,7 @@ from radixgen.runtime.mem_cache.memory_pool import (
 from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
-from radixgen.runtime.model_loader.quant_loader import resolve_quantization
+from radixgen.runtime.model_loader.quant_loader import keeps_quantized, resolve_quantization
 from radixgen.runtime.model_loader.weights import load_model
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.server_args import ServerArgs
@@ -127,9 +127,13 @@ def resolve_attention_backend(
     return name
 
 
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str, kept_quantized: bool = False) -> torch.dtype:
+    """`--dtype`: auto is bf16 on CUDA, on CPUs that multiply bf16 fast (AVX512-BF16, AMX),
+    and wherever the weights are kept quantized (the native quantized GEMM takes bf16
+    activations and accumulates in float32 on every ISA: AVX2 and AVX-512F too); else
+    float32 (MKL's GEMM on dequantized weights)."""
     if dtype == "auto":
-        if device.startswith("cuda") or cpu_has_bf16():
+        if device.startswith("cuda") or cpu_has_bf16() or kept_quantized:
             return torch.bfloat16
         return torch.float32
     return _DTYPES[dtype]
@@ -165,8 +169,13 @@ class ModelRunner:
         self.device = resolve_device(args.model.device)
         # NOTE: the one device decision: every tensor the step reads is placed on it here
         self.torch_device = torch.device(self.device)
-        self.dtype = resolve_dtype(args.model.dtype, self.device)
         self.cfg = arch if arch is not None else ModelArchConfig.from_folder(model_folder)
+        # NOTE: TP shards dense weights, so a GGUF runs dequantized there (ServerArgs refuses
+        # any other --quantization with --tp-size > 1)
+        kept = tp is None and keeps_quantized(
+            args.model.quantization, model_folder, self.device, self.cfg.architecture
+        )
+        self.dtype = resolve_dtype(args.model.dtype, self.device, kept)
         self.attention_backend = resolve_attention_backend(
             args.model.attention_backend, self.device, self.cfg, self.dtype
         )
@@ -185,8 +194,6 @@ class ModelRunner:
         )
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
-        # NOTE: TP shards dense weights, so a GGUF runs dequantized there (ServerArgs refuses
-        # any other --quantization with --tp-size > 1)
         self.quantization = "unquant" if tp is not None else resolve_quantization(
             args.model.quantization, model_folder, self.device, self.dtype, self.native,
             self.cfg.architecture,
@@ -244,7 +251,7 @@ class ModelRunner:
             self.dtype,
             self.kv_pool.size,
             self.kv_format.name,
-            "native" if self.native is not None else "torch",
+            f"native {self.native.isa}" if self.native is not None else "torch",
             self.attention_backend,
             ", native GEMM" if gemm is not None else "",
             self.quantization,

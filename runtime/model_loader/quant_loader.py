@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from radixgen.errors import InvalidRequestError
-from radixgen.kernels.cpu import QuantLinearWeight
+from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
     QuantPlanes,
@@ -55,6 +55,19 @@ def gguf_source(folder: str | Path) -> Path | None:
     return source if source.exists() else None
 
 
+def keeps_quantized(requested: str | None, folder: str, device: str, architecture: str) -> bool:
+    """Whether `--quantization` (None: auto) will keep this model's weights quantized with
+    `--dtype auto`: a Llama-family model, the native quantized GEMM on this CPU (any ISA
+    variant that has it), and a GGUF source or an explicit w8a16 / int8 / gguf. The model
+    runner asks before it picks the dtype (the quantized GEMM takes bf16 activations)."""
+    if device != "cpu" or requested == "unquant" or architecture not in QUANT_ARCHITECTURES:
+        return False
+    native = load_native_kernels()
+    if native is None or not native.has_quant_gemm:
+        return False
+    return requested is not None or gguf_source(folder) is not None
+
+
 def resolve_quantization(
     requested: str | None,
     folder: str,
@@ -66,14 +79,11 @@ def resolve_quantization(
     """The quantization this model runs with, or a precise refusal.
 
     None (auto): gguf for a Llama-family model converted from a GGUF where the native quantized
-    GEMM runs (CPU, bf16, AVX512-BF16), else unquant (the dequantized path)."""
+    GEMM runs (CPU, bf16, a kernel variant that has it: AVX512-BF16, AVX-512F, AVX2, NEON),
+    else unquant (the dequantized path)."""
     arch_ok = architecture in QUANT_ARCHITECTURES
-    kernels_ok = (
-        device == "cpu"
-        and dtype == torch.bfloat16
-        and native is not None
-        and bool(getattr(native, "has_quant_gemm", False))
-    )
+    has_gemm = native is not None and bool(getattr(native, "has_quant_gemm", False))
+    kernels_ok = device == "cpu" and dtype == torch.bfloat16 and has_gemm
     if requested is None:
         auto = kernels_ok and arch_ok and gguf_source(folder) is not None
         return "gguf" if auto else "unquant"
@@ -87,10 +97,10 @@ def resolve_quantization(
         )
     if not kernels_ok:
         raise InvalidRequestError(
-            f"--quantization {requested} needs the native CPU kernels with AVX512-BF16 and "
-            f"bfloat16 weights (here: device {device}, dtype {str(dtype).removeprefix('torch.')}"
-            f", quantized GEMM {'available' if native is not None else 'unavailable'}); "
-            "use --quantization unquant",
+            f"--quantization {requested} needs the native CPU kernels' quantized GEMM (AVX2, "
+            "AVX-512 or NEON) and bfloat16 activations (here: device "
+            f"{device}, dtype {str(dtype).removeprefix('torch.')}, quantized GEMM "
+            f"{'available' if has_gemm else 'unavailable'}); use --quantization unquant",
             "quantization",
         )
     if requested == "gguf" and gguf_source(folder) is None:

@@ -213,6 +213,8 @@ def _serve(
             startup_seconds=time.perf_counter() - t0,
             dtype=str(runner.dtype).replace("torch.", ""),
             dp_rank=dp_rank,
+            quantization=runner.quantization,
+            kernel_isa=runner.native.isa if runner.native is not None else None,
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})

@@ -10,6 +10,7 @@ from wait_helpers import wait_until
 
 import radixgen
 from radixgen.errors import InvalidRequestError
+from radixgen.kernels.cpu import load_native_kernels
 from radixgen.runtime.model_executor.model_runner import cpu_has_bf16
 
 pytestmark = pytest.mark.slow  # starts an Engine (real model, real processes)
@@ -253,9 +254,14 @@ def test_server_info(engine):
     info = engine.get_server_info()
     assert info["max_total_num_tokens"] > 0
     assert info["internal_states"][0]["max_total_num_tokens"] == info["max_total_num_tokens"]
-    # --dtype auto: bf16 only where the CPU multiplies bf16 fast (AVX512-BF16 or AMX-BF16)
-    expected = "bfloat16" if cpu_has_bf16() else "float32"
-    assert info["dtype"] == expected
+    # what runs, not the flags: the default GGUF stays quantized wherever the native quantized
+    # GEMM runs (any ISA variant that has it), with bf16 activations; --dtype auto is bf16 there
+    # and where the CPU multiplies bf16 fast (AVX512-BF16 or AMX-BF16), else float32
+    native = load_native_kernels()
+    kept = native is not None and native.has_quant_gemm
+    assert info["quantization"] == ("gguf" if kept else "unquant")
+    assert info["dtype"] == ("bfloat16" if kept or cpu_has_bf16() else "float32")
+    assert info["kernel_isa"] == (native.isa if native is not None else None)
 
 
 def test_duplicate_rids_are_refused_before_anything_runs(engine):

@@ -1,5 +1,7 @@
 """The quantized GEMM (gemm_quant.c): the dequantize-then-matmul oracle to float32 rounding for
-every kept GGUF type and int8 weight-only, batch-invariant rows, exact embedding rows."""
+every kept GGUF type and int8 weight-only, batch-invariant rows, exact embedding rows; for every
+instruction-set variant this CPU runs (isa.py: the AVX512-BF16 kernel and gemm_quant_fma.h's
+AVX-512F and AVX2 ones), the others skipped with the reason."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.kernels.cpu import NativeBuildError, NativeKernels, QuantLinearWeight
+from radixgen.kernels.cpu.isa import VARIANTS, why_not_runnable
+from radixgen.kernels.cpu.loader import load_kernels_for_isa
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
     QuantPlanes,
@@ -23,10 +27,29 @@ from radixgen.runtime.model_loader.gguf_blocks import (
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from gguf_blocks import random_k_blocks, ref_dequantize  # independent block decoders
 
-native = load_native_kernels()
-pytestmark = pytest.mark.skipif(
-    native is None or not native.has_quant_gemm, reason="CPU without AVX512-BF16"
-)
+
+def _variants() -> list:
+    """Every variant, those this CPU cannot run skipped with why_not_runnable's reason (it names
+    the missing CPU features, or the other architecture)."""
+    params = []
+    for v in VARIANTS:
+        reason = why_not_runnable(v.name)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(v.name, marks=marks, id=v.name))
+    return params
+
+
+@pytest.fixture(scope="module", params=_variants())
+def native(request) -> NativeKernels:
+    try:
+        kernels = load_kernels_for_isa(request.param)
+    except NativeBuildError as e:
+        pytest.skip(str(e))
+    if not kernels.has_quant_gemm:
+        pytest.skip(f"variant {request.param} has no quantized GEMM")
+    return kernels
+
+
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]  # the gguf package quantizes these; Q4_K blocks are drawn
 
@@ -49,7 +72,9 @@ def _planes(qtype: Q, n: int, k: int, seed: int) -> tuple[QuantPlanes, np.ndarra
     return split_blocks(raw, int(qtype), n, k), ref_dequantize(raw, qtype, k)
 
 
-def _pack(p: QuantPlanes, bias: torch.Tensor | None = None) -> QuantLinearWeight:
+def _pack(
+    native: NativeKernels, p: QuantPlanes, bias: torch.Tensor | None = None
+) -> QuantLinearWeight:
     m = None if p.m is None else torch.from_numpy(p.m)
     return native.pack_quant(torch.from_numpy(p.q), torch.from_numpy(p.d), m, p.fmt, bias)
 
@@ -82,10 +107,10 @@ def test_planes_decode_to_the_reference(qtype: Q) -> None:
     ("m", "n", "k"), [(1, 48, 256), (2, 100, 512), (5, 61, 1536), (70, 200, 512)]
 )
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
-def test_k_quants_match_the_oracle_and_are_batch_invariant(qtype, m, n, k) -> None:
+def test_k_quants_match_the_oracle_and_are_batch_invariant(native, qtype, m, n, k) -> None:
     planes, ref = _planes(qtype, n, k, seed=m + n)
     assert planes.fmt == K_FORMATS[qtype] and planes.d.dtype == np.float32
-    packed = _pack(planes)
+    packed = _pack(native, planes)
     x = torch.randn(m, k).bfloat16()
     y = native.linear_quant(x, packed, torch.float32)
     _assert_float32_close(y, x, ref)
@@ -103,32 +128,32 @@ def test_k_quants_match_the_oracle_and_are_batch_invariant(qtype, m, n, k) -> No
     [(1, 48, 64, False), (2, 100, 96, True), (3, 130, 576, False), (9, 61, 1536, True),
      (70, 960, 576, False)],
 )  # fmt: skip
-def test_matches_the_dequantize_then_matmul_oracle(qtype: Q, m, n, k, bias) -> None:
+def test_matches_the_dequantize_then_matmul_oracle(native, qtype: Q, m, n, k, bias) -> None:
     planes, ref = _planes(qtype, n, k, seed=m + n + k)
     torch.manual_seed(m)
     x = torch.randn(m, k).bfloat16()
     b = torch.randn(n) if bias else None
-    packed = _pack(planes, b)
+    packed = _pack(native, planes, b)
     y32 = native.linear_quant(x, packed, torch.float32)
     assert y32.shape == (m, n) and y32.dtype == torch.float32
     _assert_float32_close(y32, x, ref, b)
     assert torch.equal(native.linear_quant(x, packed), y32.bfloat16())  # one rounding apart
 
 
-def test_int8_weight_only_matches_its_oracle() -> None:
+def test_int8_weight_only_matches_its_oracle(native) -> None:
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((200, 576)) * 0.05).astype(np.float32)
     planes = quantize_int8_per_channel(w)
     deq = planes.dequantize()
     assert np.abs(deq - w).max() <= np.abs(w).max(axis=1).max() / 254 * 1.01  # half a step
     x = torch.randn(5, 576).bfloat16()
-    _assert_float32_close(native.linear_quant(x, _pack(planes), torch.float32), x, deq)
+    _assert_float32_close(native.linear_quant(x, _pack(native, planes), torch.float32), x, deq)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_each_row_is_bitwise_the_same_alone_or_in_any_batch(qtype: Q) -> None:
+def test_each_row_is_bitwise_the_same_alone_or_in_any_batch(native, qtype: Q) -> None:
     planes, _ = _planes(qtype, 200, 1536, seed=9)
-    packed = _pack(planes)
+    packed = _pack(native, planes)
     torch.manual_seed(1)
     x = torch.randn(130, 1536).bfloat16()
     alone = torch.cat(
@@ -141,10 +166,10 @@ def test_each_row_is_bitwise_the_same_alone_or_in_any_batch(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_rows_lookup_is_the_bf16_rounded_dequantized_row(qtype: Q) -> None:
+def test_rows_lookup_is_the_bf16_rounded_dequantized_row(native, qtype: Q) -> None:
     planes, ref = _planes(qtype, 99, 64, seed=3)
     ids = torch.tensor([0, 98, 47, 48, 5, 5])
-    rows = native.quant_rows(_pack(planes), ids)
+    rows = native.quant_rows(_pack(native, planes), ids)
     assert torch.equal(rows, torch.from_numpy(ref[ids.numpy()]).bfloat16())
 
 
@@ -158,9 +183,9 @@ def test_fused_rows_and_permuted_rows_stay_exact() -> None:
         concat_rows([a, _planes(Q.Q8_0, 32, 64, seed=3)[0]])
 
 
-def test_strided_rows_empty_input_and_bad_shapes() -> None:
+def test_strided_rows_empty_input_and_bad_shapes(native) -> None:
     planes, _ = _planes(Q.Q4_1, 96, 64, seed=2)
-    packed = _pack(planes)
+    packed = _pack(native, planes)
     wide = torch.randn(6, 100).bfloat16()
     view = wide[:, 10:74]
     assert torch.equal(
@@ -169,3 +194,32 @@ def test_strided_rows_empty_input_and_bad_shapes() -> None:
     assert native.linear_quant(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 96)
     with pytest.raises(ValueError, match="multiple of 32"):
         split_blocks(np.zeros(4 * 18, np.uint8), int(Q.Q4_0), 4, 48)
+
+
+@pytest.mark.parametrize("qtype", [*TYPES, *K_TYPES, "int8"], ids=lambda q: getattr(q, "name", q))
+def test_every_format_row_by_row_equals_every_batch(native, qtype) -> None:
+    """All five packed formats (Q4_0 / Q4_1 u4, Q8_0 and int8 i8, Q4_K u4f, Q5_K i8m, Q6_K i8h),
+    100 outputs (a partial panel), a bias, rows read with a stride wider than k: each row alone
+    is the oracle to float32 rounding, and every batch of 1 to 131 rows gives the same bits in
+    float32 and the bf16 rounding of them."""
+    n, k = 100, 512
+    if qtype == "int8":
+        rng = np.random.default_rng(7)
+        planes = quantize_int8_per_channel((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+        ref = planes.dequantize()
+    else:
+        planes, ref = _planes(qtype, n, k, seed=11)
+    torch.manual_seed(2)
+    b = torch.randn(n)
+    packed = _pack(native, planes, b)
+    x = torch.randn(131, k + 40).bfloat16()[:, 16 : 16 + k]
+    assert x.stride(0) == k + 40
+    alone = torch.cat(
+        [native.linear_quant(x[i : i + 1], packed, torch.float32) for i in range(len(x))]
+    )
+    _assert_float32_close(alone, x, ref, b)
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 100, 131):
+        assert torch.equal(native.linear_quant(x[:m], packed, torch.float32), alone[:m]), m
+        assert torch.equal(native.linear_quant(x[:m], packed), alone[:m].bfloat16()), m
+    tail = native.linear_quant(x[5:], packed, torch.float32)
+    assert torch.equal(tail, alone[5:])  # a row's place in a tile or block does not matter

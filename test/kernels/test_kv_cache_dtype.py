@@ -79,7 +79,7 @@ def _fill(pool: TokenToKVPool, reqs: list[tuple[int, int]], hkv: int, d: int):
 @pytest.mark.parametrize(("kv", "dtype"), FORMATS)
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("reqs", [DECODE, EXTEND], ids=["decode", "extend"])
-def test_native_attention_matches_the_torch_oracle(kv, dtype, page, reqs):
+def test_native_attention_matches_the_torch_oracle(native, kv, dtype, page, reqs):
     torch.manual_seed(0)
     h, hkv, d = 9, 3, 64
     pool = _pool(kv, dtype, page)
@@ -101,7 +101,7 @@ def test_native_attention_matches_the_torch_oracle(kv, dtype, page, reqs):
 
 
 @pytest.mark.parametrize(("kv", "dtype"), FORMATS)
-def test_rope_store_kv_quantizes_as_the_torch_store(kv, dtype):
+def test_rope_store_kv_quantizes_as_the_torch_store(native, kv, dtype):
     """The fused store writes what `set_kv` would write for the values an auto pool holds."""
     torch.manual_seed(1)
     n, h, hkv, d = 37, 9, 3, 64
@@ -131,7 +131,7 @@ def test_rope_store_kv_quantizes_as_the_torch_store(kv, dtype):
         assert torch.equal(got, want), name
 
 
-def test_fp8_codes_decode_exactly():
+def test_fp8_codes_decode_exactly(native):
     """Every finite e4m3 code, read by the kernel (one key per query: out = its value row),
     equals torch's float8_e4m3fn conversion; encoding torch's values gives the codes back."""
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
@@ -171,7 +171,7 @@ def test_each_row_has_its_own_scale(kv):
 
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
 @pytest.mark.parametrize(("h", "hkv", "d"), [(16, 2, 128), (6, 2, 32), (4, 4, 48), (8, 1, 40)])
-def test_other_head_shapes_match_the_oracle(kv, h, hkv, d):
+def test_other_head_shapes_match_the_oracle(native, kv, h, hkv, d):
     """Shapes outside the kernel's compiled-in ones: the generic AVX-512 body (D % 16 == 0) and
     the portable loop (D = 40)."""
     torch.manual_seed(2)

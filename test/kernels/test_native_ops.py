@@ -16,7 +16,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rmsnorm_matches_torch(dtype):
+def test_add_rmsnorm_matches_torch(native, dtype):
     torch.manual_seed(0)
     x = torch.randn(5, 96).to(dtype)
     residual = torch.randn(5, 96)
@@ -31,7 +31,7 @@ def test_add_rmsnorm_matches_torch(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_store_kv_matches_torch(dtype):
+def test_rope_store_kv_matches_torch(native, dtype):
     torch.manual_seed(1)
     n, h, hkv, d, slots = 4, 6, 2, 16, 40
     qkv = torch.randn(n, (h + 2 * hkv) * d).to(dtype)
@@ -61,7 +61,7 @@ def test_rope_store_kv_matches_torch(dtype):
     assert not k_pool[untouched].any() and not v_pool[untouched].any()
 
 
-def test_float32_projections_are_rounded_once_into_bf16():
+def test_float32_projections_are_rounded_once_into_bf16(native):
     """Unrounded (float32) qkv / gate_up under a bf16 model: float32 math, one rounding."""
     torch.manual_seed(5)
     n, h, hkv, d = 3, 4, 2, 32
@@ -95,7 +95,7 @@ def test_float32_projections_are_rounded_once_into_bf16():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_matches_torch(dtype):
+def test_silu_mul_matches_torch(native, dtype):
     torch.manual_seed(2)
     gate_up = (torch.randn(3, 64) * 4).to(dtype)
     gate, up = gate_up.split(32, dim=-1)
@@ -105,7 +105,7 @@ def test_silu_mul_matches_torch(dtype):
     )
 
 
-def test_near_max_rescoring_picks_the_exact_maximum():
+def test_near_max_rescoring_picks_the_exact_maximum(native):
     torch.manual_seed(3)
     hidden = torch.randn(6, 64).bfloat16()
     weight = torch.randn(500, 64).bfloat16()
@@ -135,7 +135,7 @@ def _pack(allowed: torch.Tensor) -> torch.Tensor:
     return packed.to(torch.int64).where(packed < 2**31, packed - 2**32).to(torch.int32)
 
 
-def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens():
+def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens(native):
     torch.manual_seed(4)
     hidden = torch.randn(5, 64).bfloat16()
     weight = torch.randn(500, 64).bfloat16()  # 500: a vocabulary that is not a multiple of 16
@@ -161,7 +161,7 @@ def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens():
     ]
 
 
-def test_float32_argmax_is_torchs_with_ties_nans_infs_and_masks():
+def test_float32_argmax_is_torchs_with_ties_nans_infs_and_masks(native):
     """The quantized head's greedy rows: torch's argmax (first maximum, first NaN), and under a
     grammar mask the argmax of the row with the disallowed tokens at -inf."""
     torch.manual_seed(6)
@@ -194,7 +194,7 @@ def test_float32_argmax_is_torchs_with_ties_nans_infs_and_masks():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_vector_body_and_scalar_tail(dtype):
+def test_silu_mul_vector_body_and_scalar_tail(native, dtype):
     torch.manual_seed(5)
     gate_up = (torch.randn(4, 80) * 6).to(dtype)  # I = 40: two 16-lane blocks and a tail of 8
     gate, up = gate_up.split(40, dim=-1)

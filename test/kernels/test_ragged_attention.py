@@ -49,7 +49,7 @@ def _layout(reqs, pool_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 100])
 @pytest.mark.parametrize(("H", "HKV", "D"), SHAPES)
-def test_matches_reference(dtype, window, H, HKV, D):
+def test_matches_reference(native, dtype, window, H, HKV, D):
     torch.manual_seed(0)
     k_pool = torch.randn(6000, HKV, D).to(dtype)
     v_pool = torch.randn(6000, HKV, D).to(dtype)
@@ -67,7 +67,7 @@ def test_matches_reference(dtype, window, H, HKV, D):
 
 
 @pytest.mark.parametrize(("H", "HKV", "D"), SHAPES)
-def test_a_row_is_the_same_alone_or_batched(H, HKV, D):
+def test_a_row_is_the_same_alone_or_batched(native, H, HKV, D):
     """Prefill row, decode row: bitwise equal whatever batch or chunking computed them."""
     torch.manual_seed(1)
     k_pool = torch.randn(6000, HKV, D).bfloat16()

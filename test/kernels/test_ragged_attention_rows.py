@@ -41,7 +41,7 @@ def _pool(pool_dtype: torch.dtype, scaled: bool, size: int, d: int):
 @pytest.mark.parametrize("window", [None, 300])
 @pytest.mark.parametrize("G", [1, 3, 4])
 @pytest.mark.parametrize("D", [64, 128])
-def test_every_row_is_bitwise_its_decode_alone(dtype, pool_dtype, scaled, window, G, D):
+def test_every_row_is_bitwise_its_decode_alone(native, dtype, pool_dtype, scaled, window, G, D):
     torch.manual_seed(G * 1000 + D)
     size = 4000
     k, v, scales = _pool(pool_dtype, scaled, size, D)

@@ -115,6 +115,9 @@ def test_auto_dtype() -> None:
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
     assert resolve_dtype("float32", "cpu") == torch.float32
     assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    # weights kept quantized: the quantized GEMM's bf16 activations, whatever the ISA
+    assert resolve_dtype("auto", "cpu", kept_quantized=True) == torch.bfloat16
+    assert resolve_dtype("float32", "cpu", kept_quantized=True) == torch.float32
     if "amx_bf16" in flags:
         assert resolve_dtype("auto", "cpu") == torch.bfloat16
 

@@ -1,0 +1,399 @@
+/* qgemm for CPUs without AVX512-BF16 (included by gemm_quant.c): float32 FMAs written once
+ * against simd.h, so the same source is the AVX2 + FMA (8 lanes), AVX-512F (16 lanes) and
+ * aarch64 NEON (4 lanes) variant. The packed layout is gemm_quant.c's (qgemm_pack).
+ *
+ * - Columns are lanes: in a U4 chunk (64 bytes, 16 columns x 8 k) the 32-bit word c holds
+ *   column c's k-pairs 4t .. 4t+3 (k = 8t + 2s + h at bits 16h + 4s), in I8 the 16-bit word c
+ *   of a k-pair's 32 bytes holds column c's two k's: a W-lane load is W consecutive columns.
+ * - The integers are turned into exact floats without shifting them into place: U4 nibble s
+ *   is `word & (15 << 4s)` (the upper half once shifted down by 16) = q 2^4s, I8's low byte
+ *   `word << 24` = q 2^24 and high byte `word & ~255` = q 2^8, then int -> float. x is
+ *   prepared once per call as float32 times the matching power of two (2^-4s, 2^-24, 2^-8),
+ *   so each product x' q' is exactly x q (both are exact: 8 + 8 significant bits).
+ * - Per output: per group, the group's 32 products in k order into a fresh partial sum (FMA),
+ *   then acc = part * d + acc, then acc = m * sum(x over the group) + acc (formats with a
+ *   min; Q6_K's I8H scales each half of the group on its own); groups in order. The 1-2 row
+ *   path (integers unpacked in registers) and the buffered path (a group unpacked once into an
+ *   L1 buffer as the same floats, register tiles of rows x columns) do exactly these
+ *   operations on exactly these operands, so a row is bitwise the same alone or in any batch.
+ */
+#include "simd.h"
+
+#define QV (QPANEL / SIMD_W) /* vectors per panel row */
+#if SIMD_W == 16
+#define QB_TC 3 /* buffered tile: vectors of columns */
+#define QB_TR 8 /* buffered tile: rows */
+#define QR_V2 3 /* register path: vectors of columns per pass with 2 rows */
+#elif SIMD_W == 8
+#define QB_TC 3
+#define QB_TR 4
+#define QR_V2 3
+#else
+#define QB_TC 4
+#define QB_TR 4
+#define QR_V2 6
+#endif
+#define QB_FLOATS (QGROUP * QPANEL + 2 * QPANEL) /* unpacked group: q[32][48], d[48], m[48] */
+
+int qgemm_available(void) { return 1; }
+
+/* The power of two x[k] is prepared with (see the header comment). */
+static inline float x_scale(int fmt, int kk) {
+    if (IS_U4(fmt)) return 1.0f / (float)(1 << (4 * ((kk >> 1) & 3)));
+    return (kk & 1) ? 1.0f / 256.0f : 1.0f / 16777216.0f;
+}
+
+/* Per row: x as float32 times x_scale (xp: [m, k]) and the sum of x over each group (xs:
+ * [m, groups], one fixed order whatever M is). */
+static void prepare_x(const uint16_t* x, int64_t m, int64_t ldx, int64_t k, int fmt, float* xp,
+                      float* xs) {
+    int64_t groups = k / QGROUP;
+    float sc[QGROUP];
+    for (int kk = 0; kk < QGROUP; ++kk) sc[kk] = x_scale(fmt, kk);
+#pragma omp parallel for schedule(static) if (m > 4)
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t* p = x + r * ldx + g * QGROUP;
+            float* o = xp + r * k + g * QGROUP;
+            vf s = vf_zero();
+            for (int i = 0; i < QGROUP; i += SIMD_W) {
+                vf v = vf_load_bf16(p + i);
+                s = vf_add(s, v);
+                vf_store(o + i, vf_mul(v, vf_load(sc + i)));
+            }
+            xs[r * groups + g] = vf_hsum(s);
+        }
+}
+
+/* A group's scale and min (I8H: the second half's scale, no min) for columns c .. c+W-1. */
+static inline __attribute__((always_inline)) void group_scales(const uint8_t* src, int fmt,
+                                                               int c, vf* dv, vf* mv) {
+    const uint16_t* h = (const uint16_t*)src;
+    const float* f = (const float*)src;
+    *mv = vf_zero();
+    if (fmt == QFMT_U4) {
+        *dv = vf_load_f16(h + c);
+        *mv = vf_load_f16(h + QPANEL + c);
+    } else if (fmt == QFMT_I8) {
+        *dv = vf_load_f16(h + c);
+    } else if (fmt == QFMT_I8H) {
+        *dv = vf_load(f + QPANEL + c);
+    } else { /* U4F, I8M */
+        *dv = vf_load(f + c);
+        *mv = vf_load(f + QPANEL + c);
+    }
+}
+
+/* Register path: `mr` (1-2) rows x `nv` vectors of columns from c0, over all groups, the
+ * integers unpacked in registers. xp, xs: row 0's prepared x and group sums; acc: rows of 48
+ * floats, zeroed by the caller. */
+static inline __attribute__((always_inline)) void qreg_tile(
+    const int mr, const int nv, const int fmt, const float* xp, int64_t k, const float* xs,
+    int64_t groups, const uint8_t* panel, int c0, float* acc) {
+    const int64_t gb = group_bytes(fmt), sb = scale_bytes_of(fmt);
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = panel + g * gb;
+        const uint8_t* qd = src + sb;
+        const float* xg = xp + g * QGROUP;
+        /* decode streams the weights: fetch QPF_ROW groups ahead (past the panel's end is this
+         * thread's next panel) */
+        for (int64_t b = 0; b < gb; b += 64) __builtin_prefetch(src + QPF_ROW * gb + b, 0, 3);
+        vf part[2][QV];
+#pragma GCC unroll 32
+        for (int m = 0; m < mr; ++m)
+            for (int v = 0; v < nv; ++v) part[m][v] = vf_zero();
+        if (IS_U4(fmt)) {
+            for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 16
+                for (int v = 0; v < nv; ++v) {
+                    const int c = c0 + v * SIMD_W;
+                    const vi lo = vi_load(qd + (t * 3 + c / 16) * 64 + (c % 16) * 4);
+                    const vi hi = vi_srli(lo, 16);
+#pragma GCC unroll 4
+                    for (int s = 0; s < 4; ++s) {
+                        const vi mask = vi_set1(15 << (4 * s));
+                        const vf q0 = vi_to_f(vi_and(lo, mask)), q1 = vi_to_f(vi_and(hi, mask));
+#pragma GCC unroll 2
+                        for (int m = 0; m < mr; ++m) {
+                            const float* xk = xg + m * k + 8 * t + 2 * s;
+                            part[m][v] = vf_fma(vf_bcast(xk), q0, part[m][v]);
+                            part[m][v] = vf_fma(vf_bcast(xk + 1), q1, part[m][v]);
+                        }
+                    }
+                }
+        } else {
+            const vi himask = vi_set1(~255);
+            for (int kp = 0; kp < 16; ++kp) {
+#pragma GCC unroll 16
+                for (int v = 0; v < nv; ++v) {
+                    const int c = c0 + v * SIMD_W;
+                    const vi w = vi_load_i16(qd + (kp * 3 + c / 16) * 32 + (c % 16) * 2);
+                    const vf q0 = vi_to_f(vi_slli(w, 24)), q1 = vi_to_f(vi_and(w, himask));
+#pragma GCC unroll 2
+                    for (int m = 0; m < mr; ++m) {
+                        const float* xk = xg + m * k + 2 * kp;
+                        part[m][v] = vf_fma(vf_bcast(xk), q0, part[m][v]);
+                        part[m][v] = vf_fma(vf_bcast(xk + 1), q1, part[m][v]);
+                    }
+                }
+                if (fmt == QFMT_I8H && kp == 7) /* first half of the group: its own scale */
+#pragma GCC unroll 16
+                    for (int v = 0; v < nv; ++v) {
+                        const vf d1 = vf_load((const float*)src + c0 + v * SIMD_W);
+                        for (int m = 0; m < mr; ++m) {
+                            float* a = acc + m * QPANEL + c0 + v * SIMD_W;
+                            vf_store(a, vf_fma(part[m][v], d1, vf_load(a)));
+                            part[m][v] = vf_zero();
+                        }
+                    }
+            }
+        }
+#pragma GCC unroll 16
+        for (int v = 0; v < nv; ++v) {
+            vf dv, mv;
+            group_scales(src, fmt, c0 + v * SIMD_W, &dv, &mv);
+#pragma GCC unroll 2
+            for (int m = 0; m < mr; ++m) {
+                float* a = acc + m * QPANEL + c0 + v * SIMD_W;
+                vf r = vf_fma(part[m][v], dv, vf_load(a));
+                if (HAS_MIN(fmt)) r = vf_fma(mv, vf_bcast(xs + m * groups + g), r);
+                vf_store(a, r);
+            }
+        }
+    }
+}
+
+/* Unpack one packed group (48 columns) into buf: q[32][48] as the register path's floats, then
+ * d[48] and m[48] (I8H: the halves' scales; I8: m = 0). */
+static void qunpack_group(const uint8_t* src, int fmt, float* buf) {
+    const uint8_t* qd = src + scale_bytes_of(fmt);
+    float* d = buf + QGROUP * QPANEL;
+    for (int c = 0; c < QPANEL; c += SIMD_W) {
+        vf dv, mv;
+        group_scales(src, fmt, c, &dv, &mv);
+        if (fmt == QFMT_I8H) {
+            mv = dv;
+            dv = vf_load((const float*)src + c);
+        }
+        vf_store(d + c, dv);
+        vf_store(d + QPANEL + c, mv);
+    }
+    if (IS_U4(fmt)) {
+        for (int t = 0; t < 4; ++t)
+            for (int c = 0; c < QPANEL; c += SIMD_W) {
+                const vi lo = vi_load(qd + (t * 3 + c / 16) * 64 + (c % 16) * 4);
+                const vi hi = vi_srli(lo, 16);
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; ++s) {
+                    const vi mask = vi_set1(15 << (4 * s));
+                    vf_store(buf + (8 * t + 2 * s) * QPANEL + c, vi_to_f(vi_and(lo, mask)));
+                    vf_store(buf + (8 * t + 2 * s + 1) * QPANEL + c, vi_to_f(vi_and(hi, mask)));
+                }
+            }
+    } else {
+        const vi himask = vi_set1(~255);
+        for (int kp = 0; kp < 16; ++kp)
+            for (int c = 0; c < QPANEL; c += SIMD_W) {
+                const vi w = vi_load_i16(qd + (kp * 3 + c / 16) * 32 + (c % 16) * 2);
+                vf_store(buf + 2 * kp * QPANEL + c, vi_to_f(vi_slli(w, 24)));
+                vf_store(buf + (2 * kp + 1) * QPANEL + c, vi_to_f(vi_and(w, himask)));
+            }
+    }
+}
+
+/* Buffered path: `mr` rows x QB_TC vectors of columns from cb of one unpacked group. xg, xs:
+ * row 0's prepared x at the group and its group sum; acc: rows of 48 floats. The same
+ * operations in the same order as qreg_tile. `cls`: QFMT_U4 for every format with a min,
+ * QFMT_I8H, or QFMT_I8. */
+static inline __attribute__((always_inline)) void qbuf_tile(
+    const int mr, const int cls, const float* xg, int64_t k, const float* xs, int64_t groups,
+    const float* buf, int cb, float* acc) {
+    const float* d = buf + QGROUP * QPANEL;
+    vf part[QB_TR][QB_TC];
+#pragma GCC unroll 32
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < QB_TC; ++j) part[m][j] = vf_zero();
+    for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 4
+        for (int kk = 16 * half; kk < 16 * half + 16; ++kk) {
+            vf w[QB_TC];
+#pragma GCC unroll 4
+            for (int j = 0; j < QB_TC; ++j) w[j] = vf_load(buf + kk * QPANEL + cb + j * SIMD_W);
+#pragma GCC unroll 8
+            for (int m = 0; m < mr; ++m) {
+                const vf a = vf_bcast(xg + m * k + kk);
+#pragma GCC unroll 4
+                for (int j = 0; j < QB_TC; ++j) part[m][j] = vf_fma(a, w[j], part[m][j]);
+            }
+        }
+        if (cls == QFMT_I8H && half == 0)
+#pragma GCC unroll 4
+            for (int j = 0; j < QB_TC; ++j) {
+                const vf d1 = vf_load(d + cb + j * SIMD_W);
+#pragma GCC unroll 8
+                for (int m = 0; m < mr; ++m) {
+                    float* a = acc + m * QPANEL + cb + j * SIMD_W;
+                    vf_store(a, vf_fma(part[m][j], d1, vf_load(a)));
+                    part[m][j] = vf_zero();
+                }
+            }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < QB_TC; ++j) {
+        const vf dv = vf_load(d + (cls == QFMT_I8H ? QPANEL : 0) + cb + j * SIMD_W);
+        const vf mv = vf_load(d + QPANEL + cb + j * SIMD_W);
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; ++m) {
+            float* a = acc + m * QPANEL + cb + j * SIMD_W;
+            vf r = vf_fma(part[m][j], dv, vf_load(a));
+            if (cls == QFMT_U4) r = vf_fma(mv, vf_bcast(xs + m * groups), r);
+            vf_store(a, r);
+        }
+    }
+}
+
+/* Bias, rounding and the store of accumulated rows (acc: rows of 48 floats). */
+static void qstore_rows(const float* acc, int64_t rows, const float* bias, void* y, int64_t ldy,
+                        int ncols, int out_f32) {
+    for (int64_t m = 0; m < rows; ++m) {
+        const float* a = acc + m * QPANEL;
+        float* yf = (float*)y + m * ldy;
+        uint16_t* yh = (uint16_t*)y + m * ldy;
+        int c = 0;
+        for (; c + SIMD_W <= ncols; c += SIMD_W) {
+            vf v = vf_load(a + c);
+            if (bias) v = vf_add(v, vf_load(bias + c));
+            if (out_f32)
+                vf_store(yf + c, v);
+            else
+                vf_store_bf16(yh + c, v);
+        }
+        for (; c < ncols; ++c) {
+            float v = a[c];
+            if (bias) v += bias[c];
+            if (out_f32)
+                yf[c] = v;
+            else
+                yh[c] = f2bf(v);
+        }
+    }
+}
+
+#if QB_TR == 8
+#define QBUF_CASES(CLS)                                                    \
+    switch (rows) {                                                        \
+        case 8: qbuf_tile(8, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 7: qbuf_tile(7, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 6: qbuf_tile(6, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 5: qbuf_tile(5, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 4: qbuf_tile(4, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 3: qbuf_tile(3, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 2: qbuf_tile(2, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        default: qbuf_tile(1, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+    }
+#else
+#define QBUF_CASES(CLS)                                                    \
+    switch (rows) {                                                        \
+        case 4: qbuf_tile(4, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 3: qbuf_tile(3, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        case 2: qbuf_tile(2, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+        default: qbuf_tile(1, CLS, xg, k, xsr, groups, buf, cb, ar); break; \
+    }
+#endif
+
+/* 1 row: the whole panel at once; 2 rows: passes of QR_V2 vectors. */
+#define QREG_CASES(FMT)                                                            \
+    if (rows == 1) {                                                               \
+        qreg_tile(1, QV, FMT, xp, k, xs, groups, panel, 0, acc);                   \
+    } else {                                                                       \
+        for (int c0 = 0; c0 < QPANEL; c0 += QR_V2 * SIMD_W)                        \
+            qreg_tile(2, QR_V2, FMT, xp, k, xs, groups, panel, c0, acc);           \
+    }
+
+/* This thread's unpacking buffer and accumulators, kept between calls. */
+static _Thread_local float* tl_fbuf = NULL;
+static _Thread_local int64_t tl_fcap = 0;
+
+static float* thread_fbuffer(int64_t floats) {
+    if (floats > tl_fcap) {
+        free(tl_fbuf);
+        tl_fbuf = (float*)aligned_alloc(64, (size_t)((floats * 4 + 63) / 64 * 64));
+        tl_fcap = tl_fbuf ? floats : 0;
+    }
+    return tl_fbuf;
+}
+
+/* x: [m, k] bf16 (row stride ldx); packed: from qgemm_pack; bias: float32 [n] or NULL;
+ * y: [m, n] (row stride ldy) bf16 or (out_f32) float32. 0 = ok, -2 bad k/fmt, -3 out of
+ * memory. */
+int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
+          int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {
+    if (qgemm_packed_bytes(n, k, fmt) < 0) return -2;
+    if (m <= 0 || n <= 0) return 0;
+    int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
+    int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
+    float* xprep = (float*)malloc((size_t)(m * k + m * groups) * sizeof(float));
+    if (!xprep) return -3;
+    float* xsum = xprep + m * k;
+    prepare_x(x, m, ldx, k, fmt, xprep, xsum);
+    const int buffered = m > 2;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float* buf = buffered ? thread_fbuffer(QB_FLOATS + QBLOCK_M * QPANEL) : NULL;
+        if (buffered && !buf) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; ++it) {
+            if (buffered && !buf) continue;
+            int64_t blk = it / panels, p = it % panels;
+            const uint8_t* panel = packed + p * groups * gbytes;
+            int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
+            const float* pb = bias ? bias + p * QPANEL : NULL;
+            int64_t r0 = blk * QBLOCK_M, end = r0 + QBLOCK_M < m ? r0 + QBLOCK_M : m;
+            int64_t yoff = r0 * ldy + p * QPANEL;
+            void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+            if (!buffered) { /* m <= 2: registers */
+                float acc[2 * QPANEL];
+                memset(acc, 0, sizeof(acc));
+                const float* xp = xprep;
+                const float* xs = xsum;
+                int rows = (int)m;
+                if (fmt == QFMT_U4) {
+                    QREG_CASES(QFMT_U4)
+                } else if (fmt == QFMT_U4F) {
+                    QREG_CASES(QFMT_U4F)
+                } else if (fmt == QFMT_I8H) {
+                    QREG_CASES(QFMT_I8H)
+                } else if (fmt == QFMT_I8M) {
+                    QREG_CASES(QFMT_I8M)
+                } else {
+                    QREG_CASES(QFMT_I8)
+                }
+                qstore_rows(acc, m, pb, yr, ldy, ncols, out_f32);
+                continue;
+            }
+            float* acc = buf + QB_FLOATS;
+            memset(acc, 0, (size_t)((end - r0) * QPANEL) * sizeof(float));
+            for (int64_t g = 0; g < groups; ++g) {
+                qunpack_group(panel + g * gbytes, fmt, buf);
+                for (int cb = 0; cb < QPANEL; cb += QB_TC * SIMD_W)
+                    for (int64_t r = r0; r < end; r += QB_TR) {
+                        const float* xg = xprep + r * k + g * QGROUP;
+                        const float* xsr = xsum + r * groups + g;
+                        float* ar = acc + (r - r0) * QPANEL;
+                        int rows = end - r < QB_TR ? (int)(end - r) : QB_TR;
+                        if (HAS_MIN(fmt)) {
+                            QBUF_CASES(QFMT_U4)
+                        } else if (fmt == QFMT_I8H) {
+                            QBUF_CASES(QFMT_I8H)
+                        } else {
+                            QBUF_CASES(QFMT_I8)
+                        }
+                    }
+            }
+            qstore_rows(acc, end - r0, pb, yr, ldy, ncols, out_f32);
+        }
+    }
+    free(xprep);
+    return failed ? -3 : 0;
+}
