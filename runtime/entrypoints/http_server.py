@@ -22,7 +22,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixgen.runtime.dashboard.hub import DashboardHub
 from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.dashboard_routes import router as dashboard_router
 from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
@@ -64,9 +66,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(parser_router)
     if dashboard_enabled(state.args.http):
-        from radixgen.runtime.dashboard.hub import DashboardHub
-        from radixgen.runtime.dashboard.routes import router as dashboard_router
-
         app.state.dashboard = DashboardHub()
         app.include_router(dashboard_router)
 
