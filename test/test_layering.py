@@ -1,8 +1,11 @@
 """Import layering: `radixgen` core (no torch) <- `radixgen.kernels` <- `radixgen.runtime`, and
 `radixgen.lang` never loads the runtime at import time, so the DSL stays a light install.
 
-Module-level imports are read with `ast` (statements under `if TYPE_CHECKING:` and inside
-functions do not count); the core's "no torch" rule is also checked for real in a subprocess.
+Module-level imports are read with `ast` (statements under `if TYPE_CHECKING:`, in an
+`if __name__ == "__main__":` block and inside functions do not count); the core's "no torch"
+rule is also checked for real in a subprocess. The same scan fails on any import cycle among our
+modules, on a package cycle not in KNOWN_PACKAGE_CYCLES, and on a function-local import between
+our modules not in LOCAL_IMPORTS_ALLOWED (each with its reason).
 """
 
 from __future__ import annotations
