@@ -333,7 +333,8 @@ _CHILD = (
 _SCHEDULER = (
     "the scheduler process sets itself up (configure_child_process: parent watch, signals, "
     "logging) before torch and the model stack load, so a failure while loading them is "
-    "logged and reported through its ready pipe"
+    "logged, and building the scheduler's parts (model runner, cache, tokenizer, grammars) "
+    "fails into the ready pipe's error report"
 )
 # (module, module of ours it imports inside a function) -> why that import is not at module level
 LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
