@@ -41,7 +41,7 @@ def test_sources_build_warning_free_with_the_production_flags(
 
 
 @pytest.mark.slow  # three full compiles (~12 s): the build matrix, not a unit test
-@pytest.mark.parametrize("march", ["x86-64-v4", "cooperlake", "sapphirerapids"])
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4", "cooperlake", "sapphirerapids"])
 def test_every_instruction_set_path_compiles_warning_free(
     compiler: build.Compiler, tmp_path: Path, march: str
 ) -> None:
