@@ -9,6 +9,7 @@ from radixgen.lang import constraints
 from radixgen.lang.choices import ChoicesSamplingMethod, ConstrainedChoice, token_length_normalized
 from radixgen.lang.function import SglFunction
 from radixgen.lang.global_config import global_config
+from radixgen.lang.interpreter import resolve_backend
 from radixgen.lang.ir import (
     SglExpr,
     SglExprList,
@@ -32,23 +33,17 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
 
 def set_default_backend(backend: Any) -> None:
     """The backend programs use when run() gets none (a radixgen.Engine is wrapped)."""
-    from radixgen.lang.interpreter import resolve_backend
-
     global_config.default_backend = resolve_backend(backend) if backend is not None else None
 
 
 def flush_cache(backend: Any = None) -> Any:
     """Empty the server's prefix cache (returns False when there is no backend)."""
-    from radixgen.lang.interpreter import resolve_backend
-
     if backend is None and global_config.default_backend is None:
         return False
     return resolve_backend(backend).flush_cache()
 
 
 def get_server_info(backend: Any = None) -> Any:
-    from radixgen.lang.interpreter import resolve_backend
-
     if backend is None and global_config.default_backend is None:
         return None
     return resolve_backend(backend).get_server_info()
@@ -171,8 +166,6 @@ def select(
 def _role(role: str, expr: Any = None) -> SglExprList:
     if expr is None:
         return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
-    from radixgen.lang.ir import as_expr
-
     return SglExprList([SglRoleBegin(role), as_expr(expr), SglRoleEnd(role)])
 
 

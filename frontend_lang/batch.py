@@ -9,12 +9,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import tqdm
-
 from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import ProgramState, resolve_backend, run_program
 from radixgen.lang.ir import SglSamplingParams
 from radixgen.lang.run_trace import TraceScope, tagged
+from radixgen.lang.tracer import extract_prefix_by_tracing
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,8 +22,6 @@ MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SG
 
 def cache_program(program: Any, backend: Any) -> str:
     """Prefill the program's constant prefix (found by tracing) once; returns the prefix."""
-    from radixgen.lang.tracer import extract_prefix_by_tracing
-
     backend = resolve_backend(backend)
     prefix = extract_prefix_by_tracing(program, backend)
     if len(prefix) > MIN_PRECACHE_CHARS:
@@ -80,7 +77,11 @@ def _run_in_pool(
     chunk: int = 200,
 ) -> Iterator[ProgramState]:
     """Results in input order; submitted in chunks so a generator yields before the end."""
-    bar = tqdm.tqdm(total=len(items)) if progress_bar else None
+    bar = None
+    if progress_bar:
+        import tqdm  # only here: `import radixgen` would otherwise load it (~60 ms)
+
+        bar = tqdm.tqdm(total=len(items))
     try:
         with ThreadPoolExecutor(workers) as pool:
             for start in range(0, len(items), chunk):

@@ -9,66 +9,22 @@ end-of-turn marker, as SGLang's stop_str).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-
-@dataclasses.dataclass(frozen=True)
-class ChatTemplate:
-    name: str
-    default_system_prompt: str | None
-    role_prefix_and_suffix: dict[str, tuple[str, str]]
-    stop_str: tuple[str, ...] = ()
-    image_token: str = "<image>"
-    # "plain": fixed markers per role; "llama2": the first system turn opens the first [INST]
-    # block and the user turn after it continues that block (Llama 2's format)
-    style: str = "plain"
-
-    def get_prefix_and_suffix(
-        self, role: str, hist_messages: list[dict[str, Any]]
-    ) -> tuple[str, str]:
-        prefix, suffix = self.role_prefix_and_suffix.get(role, ("", ""))
-        if self.style == "llama2":
-            if role == "system" and not hist_messages:
-                return self.role_prefix_and_suffix["user"][0] + prefix, suffix
-            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["role"] == "system":
-                return "", suffix
-        return prefix, suffix
-
-    def get_prompt(self, messages: list[dict[str, Any]]) -> str:
-        """Render OpenAI-style messages the way the interpreter would have appended them
-        (a system message whose content is None stands for the default system prompt)."""
-        prompt = ""
-        if messages and messages[0]["role"] != "system" and self.default_system_prompt:
-            messages = [{"role": "system", "content": self.default_system_prompt}, *messages]
-        rendered: list[dict[str, Any]] = []
-        for message in messages:
-            content = message["content"]
-            if message["role"] == "system" and content is None:
-                content = self.default_system_prompt
-                if content is None:
-                    continue
-            prefix, suffix = self.get_prefix_and_suffix(message["role"], rendered)
-            prompt += f"{prefix}{content}{suffix}"
-            rendered.append({"role": message["role"], "content": content})
-        return prompt
-
+from radixgen.lang.chat_template_base import ChatTemplate as ChatTemplate
+from radixgen.lang.chat_template_data import BUILTIN_TEMPLATES, NAME_RULES, SOURCE_RULES
 
 _REGISTRY: dict[str, ChatTemplate] = {}
 
 
 def _registry() -> dict[str, ChatTemplate]:
-    """The registry, filled with chat_template_data's templates on first use (that module needs
-    ChatTemplate from here, so it cannot be imported at this module's load)."""
+    """The registry, filled with chat_template_data's templates on first use."""
     if "default" not in _REGISTRY:
-        from radixgen.lang.chat_template_data import BUILTIN_TEMPLATES
-
         for template in BUILTIN_TEMPLATES:
             _REGISTRY.setdefault(template.name, template)
     return _REGISTRY
@@ -92,8 +48,6 @@ def chat_template_names() -> list[str]:
 
 def match_chat_template_name(model_path: str) -> str | None:
     """The registered template a model path names (SGLang's rules, plus SmolLM and Phi-3)."""
-    from radixgen.lang.chat_template_data import NAME_RULES
-
     for pattern, veto, name in NAME_RULES:
         if re.search(pattern, model_path, re.IGNORECASE) and not (
             veto and re.search(veto, model_path, re.IGNORECASE)
@@ -104,8 +58,6 @@ def match_chat_template_name(model_path: str) -> str | None:
 
 def match_chat_template_by_source(source: str) -> str | None:
     """The registered template whose family's markers a Jinja chat template writes."""
-    from radixgen.lang.chat_template_data import SOURCE_RULES
-
     for markers, name in SOURCE_RULES:
         if all(m in source for m in markers):
             return name

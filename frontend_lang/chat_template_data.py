@@ -1,5 +1,5 @@
 """The chat templates registered by name (the model families SGLang 0.5.23 knows, plus SmolLM and
-Phi-3) and the model-path rules that pick one: data only, read by chat_template.py on first use.
+Phi-3) and the model-path rules that pick one: data only, which chat_template.py registers on first use.
 
 Each entry is the family's published turn format written as fixed per-role (prefix, suffix);
 `stop_str` is its end-of-turn marker. The rules run in order and the first match wins, so a
@@ -8,7 +8,7 @@ specific family (Qwen-VL) is tried before its general one (Qwen).
 
 from __future__ import annotations
 
-from radixgen.lang.chat_template import ChatTemplate
+from radixgen.lang.chat_template_base import ChatTemplate
 
 ROLES = ("system", "user", "assistant")
 

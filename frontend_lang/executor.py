@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixgen.lang import constraints
+from radixgen.lang.choices import token_length_normalized
 from radixgen.lang.errors import ProgramError
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import (
@@ -390,8 +391,6 @@ class StreamExecutor:
         constrained = global_config.enable_constrained_decoding
         if params.choices is not None and not constrained:
             # without a grammar, a choice is picked by scoring, as SGLang's gen(choices=) does
-            from radixgen.lang.choices import token_length_normalized
-
             decision = self.backend.select(self, params.choices, 0.0, token_length_normalized)
             self._fill(decision.decision)
             self.server_seen = len(self.text_)

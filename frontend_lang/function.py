@@ -6,7 +6,12 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from radixgen.lang.batch import cache_program, run_program_batch
+from radixgen.lang.global_config import global_config
+from radixgen.lang.interpreter import resolve_backend, run_program
 from radixgen.lang.ir import SglSamplingParams
+from radixgen.lang.run_trace import TraceScope
+from radixgen.lang.tracer import StopTracing, current_tracer, trace_program
 
 
 def _run_defaults(
@@ -104,9 +109,6 @@ class SglFunction:
     ) -> Any:
         """Run once; the sampling keywords are defaults each gen() may override. `trace=True`
         tags every request with the run's trace id (`state.trace_id`) for the dashboard."""
-        from radixgen.lang.interpreter import run_program
-        from radixgen.lang.run_trace import TraceScope
-
         defaults = _run_defaults(
             max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
             min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
@@ -144,8 +146,6 @@ class SglFunction:
     ) -> list[Any] | Iterator[Any]:
         """Run once per argument set (dicts, or positional tuples) on a thread pool; `trace=True`
         makes the batch one trace, each program a branch `item<i>` of it."""
-        from radixgen.lang.batch import run_program_batch
-
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or tuples)")
         if not batch_kwargs:
@@ -181,19 +181,13 @@ class SglFunction:
 
     def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
         """The program's IR (a TracerProgramState; `print(f.trace())` lists the nodes)."""
-        from radixgen.lang.tracer import trace_program
-
         return trace_program(self, kwargs, _backend_or_none(backend))
 
     def cache(self, backend: Any = None) -> str:
         """Prefill the program's constant prefix now; returns that prefix."""
-        from radixgen.lang.batch import cache_program
-
         return cache_program(self, backend)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from radixgen.lang.tracer import StopTracing, current_tracer
-
         if current_tracer() is not None:
             raise StopTracing()  # a nested program call: its text is not known while tracing
         return self.run(*args, **kwargs)
@@ -203,9 +197,6 @@ class SglFunction:
 
 
 def _backend_or_none(backend: Any) -> Any:
-    from radixgen.lang.global_config import global_config
-    from radixgen.lang.interpreter import resolve_backend
-
     if backend is None and global_config.default_backend is None:
         return None
     return resolve_backend(backend)

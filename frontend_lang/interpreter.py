@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from radixgen.lang.backend.engine import EngineBackend
 from radixgen.lang.executor import STREAMED_LOGPROB_KEYS, StreamExecutor, program_site
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import (
@@ -33,8 +34,6 @@ def resolve_backend(backend: Any) -> Any:
     if hasattr(backend, "endpoint"):  # SGLang's Runtime wrapper shape
         backend = backend.endpoint
     if hasattr(backend, "tokenizer_manager") and not hasattr(backend, "get_chat_template"):
-        from radixgen.lang.backend.engine import EngineBackend
-
         backend = EngineBackend.wrap(backend)
     return backend
 

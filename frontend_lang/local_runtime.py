@@ -23,6 +23,8 @@ from typing import Any
 import requests
 
 from radixgen.lang.backend.runtime_endpoint import RuntimeEndpoint
+from radixgen.server_args import add_cli_args, from_cli_namespace
+from radixgen.sglang_flags import foreign_flag_notes
 
 DEFAULT_PORT = 30000  # SGLang's: the first free port from here up is taken
 LOG_TAIL_CHARS = 4000
@@ -33,9 +35,6 @@ def kwargs_to_argv(kwargs: dict[str, Any]) -> list[str]:
     """`{"tp_size": 1, "disable_radix_cache": True}` -> launch flags, checked by the server's own
     parser; False asks for `--no-<flag>` where the flag has one and is left out otherwise."""
     import argparse
-
-    from radixgen.server_args import add_cli_args, from_cli_namespace
-    from radixgen.sglang_flags import foreign_flag_notes
 
     parser = argparse.ArgumentParser(prog="Runtime", exit_on_error=False)
     add_cli_args(parser)

@@ -12,6 +12,8 @@ from functools import cache
 
 import torch
 
+from .device_io import upload
+
 _BITS_PER_WORD = 32
 
 
@@ -63,8 +65,6 @@ def apply_token_bitmask(
     if rows is None:
         logits.add_(additive)
     else:
-        from .device_io import upload
-
         index = upload(rows.to(torch.long), logits.device)
         logits.index_add_(0, index, additive)
 

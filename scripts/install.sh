@@ -6,7 +6,8 @@
 # compile llama.cpp, which RadixGen does not use), then RadixGen itself (editable) with extras.
 # With the `test` extra it also installs the real SGLang frontend (no deps) for the
 # compatibility tests, and (as root, with apt) Debian's chromium + chromium-driver for the
-# dashboard's headless-browser test (not root: that test skips and says how to install them).
+# dashboard's headless-browser test and, on x86-64, the aarch64 cross compiler and qemu-user for
+# the NEON kernel variant's tests (not root: those tests skip and say how to install them).
 # Set RADIXGEN_TORCH to another requirement (e.g. a CUDA build) to override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,14 +29,23 @@ fi
 if [[ ",$extras," == *",test,"* || ",$extras," == *",dev,"* ]]; then
   # The real SGLang frontend, for compatibility tests: never with its deps (CUDA torch, kernels).
   "${pip[@]}" --no-deps "sglang==0.5.23"
-  if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  # chromium + chromedriver: the dashboard's headless-browser test; on x86-64, the aarch64
+  # cross compiler and qemu-user: the NEON kernel variant's build and kernel tests
+  apt_pkgs=()
+  { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 ||
+    apt_pkgs+=(chromium chromium-driver)
+  if [ "$(uname -m)" = x86_64 ]; then
+    { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64-static; } >/dev/null 2>&1 ||
+      apt_pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+  fi
+  if [ ${#apt_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        chromium chromium-driver
+        "${apt_pkgs[@]}"
     else
-      echo "note: chromium/chromium-driver missing and not root with apt: the dashboard's" \
-        "browser test will skip (apt-get install chromium chromium-driver)" >&2
+      echo "note: ${apt_pkgs[*]} missing and not root with apt: the dashboard's browser test" \
+        "and the aarch64 kernel tests will skip (apt-get install ${apt_pkgs[*]})" >&2
     fi
   fi
 fi

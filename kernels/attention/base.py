@@ -11,8 +11,6 @@ from radixgen.errors import InvalidRequestError
 if TYPE_CHECKING:
     import torch
 
-    from ..cpu import NativeKernels
-
 
 @dataclass(frozen=True)
 class AttentionLayerInfo:
@@ -165,38 +163,3 @@ class AttentionBackend(ABC):
         captured graph reads.
         """
         raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")
-
-
-ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
-
-
-def create_attention_backend(
-    name: str,
-    kv_pool: KVPool,
-    req_to_token_pool: ReqToTokenPool,
-    native: NativeKernels | None = None,
-    layer_info: AttentionLayerInfo | None = None,
-) -> AttentionBackend:
-    """native: the CPU kernels the model runner chose (None: the pure-torch path).
-    layer_info: any layer's geometry (heads, scale): flashinfer plans its CUDA-graph decode with
-    it before any layer runs (eager steps learn it from the first layer).
-
-    `triton` and `flashinfer` import their packages only here, so the CPU path never loads them.
-    """
-    if name == "torch":
-        from .torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend(kv_pool, req_to_token_pool, native)
-    if name in ("triton", "flashinfer"):
-        refuse_converted_kv(kv_pool, name)
-    if name == "triton":
-        from .triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend(kv_pool, req_to_token_pool)
-    if name == "flashinfer":
-        from .flashinfer_backend import FlashInferAttentionBackend
-
-        # NOTE: the pool's page size (TokenToKVPool.page_size); the KVPool protocol leaves it out
-        page_size = int(getattr(kv_pool, "page_size", 1))
-        return FlashInferAttentionBackend(kv_pool, req_to_token_pool, page_size, layer_info)
-    raise ValueError(f"unknown attention backend {name!r} (one of {', '.join(ATTENTION_BACKENDS)})")

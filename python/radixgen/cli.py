@@ -12,6 +12,7 @@ import json
 import sys
 
 from radixgen.config_file import expand_config_file
+from radixgen.errors import InvalidRequestError
 from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.sglang_flags import DOC_PATH, foreign_flag_notes, log_flag_notes
 from radixgen.version import __version__
@@ -82,8 +83,6 @@ def generate(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from radixgen.errors import InvalidRequestError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("serve", "generate"):

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from radixgen.config_file import expand_config_file
+from radixgen.errors import InvalidRequestError
 from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.sglang_flags import DOC_PATH, foreign_flag_notes
 
@@ -22,8 +23,6 @@ def main(argv: list[str] | None = None) -> int:
         "effect here (a startup-log warning each) and which are refused, and why.",
     )
     add_cli_args(parser)
-    from radixgen.errors import InvalidRequestError
-
     try:
         argv = expand_config_file(list(sys.argv[1:] if argv is None else argv))
     except InvalidRequestError as e:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixgen import sglang_flags as sf
 from radixgen.config_file import CONFIG_FLAG
 from radixgen.errors import InvalidRequestError
 from radixgen.parallel_args import check_parallel
@@ -517,8 +518,6 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per config field, help from the field metadata; then SGLang's other launch flags
     (`sglang_flags`), so an SGLang launch command parses unchanged."""
-    from radixgen import sglang_flags as sf
-
     for g, cls in _GROUPS.items():
         group = parser.add_argument_group(g)
         for f in dataclasses.fields(cls):
@@ -552,8 +551,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _cli_type(typ: type, name: str) -> Any:
-    from radixgen import sglang_flags as sf
-
     def parse(text: str) -> str:
         return sf.value_alias(name, typ(text))
 
@@ -564,11 +561,9 @@ def _cli_type(typ: type, name: str) -> Any:
 def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
     """Our fields from a parsed command line; an SGLang value we do not implement is refused
     with its reason (SGLang's flags without a field: `sglang_flags.foreign_flag_notes`)."""
-    from radixgen.sglang_flags import check_values
-
     if getattr(ns, "config", None) is not None:  # parse_args(expand_config_file(argv)) reads it
         raise InvalidRequestError(f"{CONFIG_FLAG} was not read: expand it before parsing", "config")
     owners = field_owners()
     ours = {k: v for k, v in vars(ns).items() if k in owners}
-    check_values(ours, field_choices())
+    sf.check_values(ours, field_choices())
     return ServerArgs.from_kwargs(**ours)

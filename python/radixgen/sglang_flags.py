@@ -2,7 +2,8 @@
 either accepted without effect (one startup-log line each) or refused with the flag and the reason.
 
 A flag that takes values consumes them even when it changes nothing, so the rest of an SGLang
-launch command still parses. Imported by the CLI (the launching process) only.
+launch command still parses. Imported by `server_args` (its command-line parser) and the CLI; it
+imports neither, so `markdown_table` is handed `server_args.field_help()`.
 """
 
 from __future__ import annotations
@@ -206,12 +207,10 @@ def log_flag_notes(notes: Iterable[FlagNote]) -> None:
 # --- the documentation table ---------------------------------------------------------------------
 
 
-def markdown_table() -> str:
+def markdown_table(helps: Mapping[str, str]) -> str:
     """python/radixgen/sglang_flags.md: every SGLang flag, what it does here and why (a test keeps the file
-    equal to this)."""
-    from radixgen.server_args import field_help
-
-    helps = field_help()
+    equal to this). helps: `server_args.field_help()`, passed in because server_args imports
+    this module."""
     rows: list[tuple[str, str, str]] = []
     for name in IMPLEMENTED:
         spelled = " / ".join(f"`--{n}`" for n in (name, *flag_aliases(name)))
@@ -251,4 +250,6 @@ def markdown_table() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown_table(), end="")
+    from radixgen.server_args import field_help
+
+    print(markdown_table(field_help()), end="")

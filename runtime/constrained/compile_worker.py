@@ -21,11 +21,12 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from radixgen.errors import GrammarError
+from radixgen.runtime.constrained.registry import GRAMMAR_BACKENDS, create_grammar_backend
+from radixgen.runtime.constrained.vocab import GrammarVocab
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from radixgen.runtime.constrained.vocab import GrammarVocab
     from radixgen.server_args import GrammarConfig
 
 PARENT_CHECK_SECONDS = 0.5
@@ -46,8 +47,6 @@ def run_compile_worker_process(
 ) -> None:
     """Entry point of a worker: build the backend, then compile jobs until told to stop."""
     threading.Thread(target=_exit_with_owner, args=(owner, os.getppid()), daemon=True).start()
-    from radixgen.runtime.constrained.registry import create_grammar_backend
-
     backend = create_grammar_backend(backend_name, vocab, config)
     conn.send("ready")
     while True:
@@ -91,8 +90,6 @@ def _pid_exists(pid: int) -> bool:
 
 def worker_context(backend_name: str) -> mp.context.BaseContext:
     """The 'forkserver' context, its server preloading the backend's module (and torch)."""
-    from radixgen.runtime.constrained.registry import GRAMMAR_BACKENDS
-
     ctx = mp.get_context("forkserver")
     module = "radixgen.runtime.constrained." + GRAMMAR_BACKENDS[backend_name].split(":")[0]
     # NOTE: takes effect when this process first starts its forkserver (then it is reused)
@@ -166,8 +163,6 @@ class CompileWorker:
 
 
 def _picklable(vocab: GrammarVocab) -> GrammarVocab:
-    from radixgen.runtime.constrained.vocab import GrammarVocab
-
     return GrammarVocab(
         vocab.token_bytes,
         vocab.eos_token_ids,

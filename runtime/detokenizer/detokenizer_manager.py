@@ -15,6 +15,7 @@ import regex
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
+from radixgen.runtime.launch.process_utils import configure_child_process
 from radixgen.runtime.text.stop_regex import (
     StopRegexTimeout,
     compile_patterns,
@@ -250,8 +251,6 @@ def run_detokenizer_process(
 ) -> None:
     """Entry point of the detokenizer process."""
     import zmq
-
-    from radixgen.runtime.launch.process_utils import configure_child_process
 
     configure_child_process("detokenizer", log_level)
     try:

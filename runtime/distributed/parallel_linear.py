@@ -28,6 +28,8 @@ from radixgen.runtime.distributed.shard_plan import (
     shard_config,
     tensor_shard,
 )
+from radixgen.runtime.model_loader.quant_loader import release_freed_memory
+from radixgen.runtime.model_loader.weights import iter_weights
 from radixgen.runtime.models.llama import LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 
@@ -192,8 +194,6 @@ def load_sharded_model(
     dp_attention: bool = False,
 ) -> ShardedModel:
     """This rank's decoder, filled from its part of the checkpoint."""
-    from radixgen.runtime.model_loader.weights import iter_weights
-
     if cfg.architecture not in LLAMA_FAMILY:
         raise InvalidRequestError(
             f"--tp-size > 1 serves the Llama family ({', '.join(sorted(LLAMA_FAMILY))}), "
@@ -208,8 +208,6 @@ def load_sharded_model(
         shard = dp_attention_shard(cfg, tp.rank, tp.size)
     else:
         shard = tensor_shard(cfg, tp.rank, tp.size)
-    from radixgen.runtime.model_loader.quant_loader import release_freed_memory
-
     model = LlamaForCausalLM.create(shard_config(cfg, shard), dtype, device, max_positions)
     model.load_weights(shard_checkpoint(iter_weights(folder), cfg, shard))
     if dp_attention:

@@ -19,6 +19,7 @@ from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
+from radixgen.version import __version__
 
 _WATCH_INTERVAL_S = 0.5
 _END = object()
@@ -204,8 +205,6 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         states = self._call(self.tokenizer_manager.get_internal_states())
-        from radixgen.version import __version__
-
         return {
             **self.server_args.to_flat_dict(),
             **self.tokenizer_manager.model_info(),

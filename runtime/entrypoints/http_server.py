@@ -22,12 +22,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixgen.runtime.dashboard.hub import DashboardHub
 from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.dashboard_routes import router as dashboard_router
 from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
+from radixgen.runtime.launch.worker_node import run_worker_node
 from radixgen.server_args import ServerArgs, dashboard_enabled, resolve_api_key
 from radixgen.sglang_flags import FlagNote, log_flag_notes
 from radixgen.version import __version__
@@ -63,9 +66,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(parser_router)
     if dashboard_enabled(state.args.http):
-        from radixgen.runtime.dashboard.hub import DashboardHub
-        from radixgen.runtime.dashboard.routes import router as dashboard_router
-
         app.state.dashboard = DashboardHub()
         app.include_router(dashboard_router)
 
@@ -132,8 +132,6 @@ def run_server(args: ServerArgs, flag_notes: Sequence[FlagNote] = ()) -> int:
     """Serve until SIGINT / SIGTERM or an engine failure; returns the process exit code.
     `flag_notes`: SGLang launch flags given that have no effect here, logged once now."""
     if args.parallel.node_rank > 0:  # another machine's ranks of a multi-node group: no API
-        from radixgen.runtime.launch.worker_node import run_worker_node
-
         log_flag_notes(flag_notes)
         return run_worker_node(args)
     configure_logging(args.http.log_level, "server")

@@ -21,9 +21,11 @@ import zmq
 
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import SchedulerReadyOut
+from radixgen.runtime.distributed.shard_plan import check_dp_attention_shape, check_tp_shape
 from radixgen.runtime.launch.child_main import scheduler_role
 from radixgen.runtime.launch.process_utils import PortArgs, remove_stale_ipc_dirs
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
+from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
 
@@ -106,9 +108,6 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     chat_template_text(args.model.chat_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path)
     if args.parallel.tp_size > 1:  # a split the model's shape refuses fails before any start
-        from radixgen.runtime.distributed.shard_plan import check_dp_attention_shape, check_tp_shape
-        from radixgen.runtime.models.model_config import ModelArchConfig
-
         check = check_dp_attention_shape if args.parallel.enable_dp_attention else check_tp_shape
         check(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)
     for path in remove_stale_ipc_dirs():

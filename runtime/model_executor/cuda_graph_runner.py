@@ -24,7 +24,7 @@ import torch
 
 from radixgen.kernels.device_io import upload
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-from radixgen.runtime.model_executor.model_runner import LogitsOutput
+from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
 if TYPE_CHECKING:
     from radixgen.kernels.attention import AttentionBackend

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from radixgen.errors import InvalidRequestError
+from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
     QuantPlanes,
@@ -26,9 +27,12 @@ from radixgen.runtime.model_loader.gguf_blocks import (
     quantize_int8_per_channel,
     split_blocks,
 )
+from radixgen.runtime.model_loader.gguf_convert import _ROPE_FREQS, _hf_name
+from radixgen.runtime.models.linear import Linear
+from radixgen.utils import return_free_heap_to_os
 
 if TYPE_CHECKING:
-    from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
+    from radixgen.kernels.cpu import NativeKernels
     from radixgen.runtime.models.llama import LlamaForCausalLM
 
 QUANTIZATIONS = ("gguf", "unquant", "w8a16", "int8")
@@ -58,8 +62,6 @@ def keeps_quantized(requested: str | None, folder: str, device: str, architectur
     runner asks before it picks the dtype (the quantized GEMM takes bf16 activations)."""
     if device != "cpu" or requested == "unquant" or architecture not in QUANT_ARCHITECTURES:
         return False
-    from radixgen.kernels.cpu import load_native_kernels
-
     native = load_native_kernels()
     if native is None or not native.has_quant_gemm:
         return False
@@ -115,8 +117,6 @@ def release_freed_memory() -> None:
     weights and load-time temporaries otherwise stay in the process's RSS."""
     import gc
 
-    from radixgen.utils import return_free_heap_to_os
-
     gc.collect()
     return_free_heap_to_os()
 
@@ -131,8 +131,6 @@ def read_gguf(
 ) -> tuple[dict[str, QuantPlanes], dict[str, torch.Tensor]]:
     """(HF name -> planes of kept 2-D tensors, HF name -> float32 tensor of the others)."""
     import gguf
-
-    from radixgen.runtime.model_loader.gguf_convert import _ROPE_FREQS, _hf_name
 
     reader = gguf.GGUFReader(str(path))
     planes: dict[str, QuantPlanes] = {}
@@ -210,8 +208,6 @@ def _read_cache(
 ) -> tuple[dict[str, QuantLinearWeight], dict[str, torch.Tensor]] | None:
     from safetensors import safe_open
 
-    from radixgen.kernels.cpu import QuantLinearWeight
-
     packed: dict[str, QuantLinearWeight] = {}
     dense: dict[str, torch.Tensor] = {}
     try:
@@ -261,8 +257,6 @@ def attach_quantized(
     parameter."""
     from dataclasses import replace
 
-    from radixgen.runtime.models.linear import Linear
-
     modules = dict(model.named_modules())
     for name, w in packed.items():
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -276,8 +270,6 @@ def attach_quantized(
 
 def quantize_int8(model: LlamaForCausalLM, native: NativeKernels) -> None:
     """w8a16: every dense linear weight (and the embedding / head) to int8 per channel."""
-    from radixgen.runtime.models.linear import Linear
-
     quant: dict[str, QuantPlanes] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, Linear) and mod.weight.shape[1] % 32 == 0:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.model_loader import quant_loader
 from radixgen.runtime.models.llama import LlamaForCausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.runtime.models.registry import model_class
@@ -70,8 +71,6 @@ def load_model(
     (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
     GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
     quantized weights."""
-    from radixgen.runtime.model_loader import quant_loader
-
     model = model_class(cfg).create(cfg, dtype, device, max_positions)
     source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
     if source is not None:

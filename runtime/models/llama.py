@@ -20,13 +20,12 @@ from radixgen.kernels.attention.base import AttentionLayerInfo, kv_scales
 from radixgen.kernels.cpu import NativeKernels
 from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.models.native_stack import NativeDecoderStack, StackLayerTypes
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-
-    from .native_stack import NativeDecoderStack
 
     RaggedLayout = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -327,9 +326,10 @@ class LlamaForCausalLM(nn.Module):
         if layout is None:
             return None
         if self._stack_pool is not backend.kv_pool:  # built once per pool (None: not eligible)
-            from .native_stack import NativeDecoderStack
-
-            self._stack = NativeDecoderStack.build(self, backend.kv_pool, self._stack_kernels)
+            types = StackLayerTypes(DecoderLayer, Attention, MLP, RMSNorm)
+            self._stack = NativeDecoderStack.build(
+                self, backend.kv_pool, self._stack_kernels, types
+            )
             self._stack_pool = backend.kv_pool
         return None if self._stack is None else (self._stack, layout)
 

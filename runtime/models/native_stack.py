@@ -58,6 +58,18 @@ def _linear_words(layer: Linear) -> tuple[int, int, int] | None:
     return None
 
 
+@dataclass(frozen=True)
+class StackLayerTypes:
+    """The exact layer classes the stack runs, passed in by llama.py (which defines them) so
+    this module does not import it. Subclasses (Qwen3, Gemma 2, Phi-3, MoE, TP layers) add steps
+    the stack does not run, so exact classes only."""
+
+    decoder_layer: type[object]
+    attention: type[object]
+    mlp: type[object]
+    rms_norm: type[object]
+
+
 @dataclass
 class NativeDecoderStack:
     """The table of one model's layers over one KV pool, and the kernels that run it."""
@@ -75,13 +87,11 @@ class NativeDecoderStack:
 
     @classmethod
     def build(
-        cls, model: LlamaForCausalLM, pool: KVPool, kernels: NativeKernels
+        cls, model: LlamaForCausalLM, pool: KVPool, kernels: NativeKernels, types: StackLayerTypes
     ) -> NativeDecoderStack | None:
-        """The stack for `model` over `pool`, or None where a layer is not one it runs."""
+        """The stack for `model` over `pool`, or None where a layer is not one of `types`."""
         if os.environ.get(DISABLE_ENV) == "0":
             return None
-        from .llama import MLP, Attention, DecoderLayer, RMSNorm
-
         if kernels.decoder_stack_words != len(LAYER_WORDS):
             raise RuntimeError("decoder_stack.c's layer table does not match LAYER_WORDS")
         cfg = model.cfg
@@ -89,13 +99,22 @@ class NativeDecoderStack:
         first = model.layers[0]
         for i, layer in enumerate(model.layers):
             # NOTE: exact classes: subclasses (Qwen3, Gemma 2, Phi-3, MoE, TP layers) add steps
-            if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
+            if (
+                type(layer) is not types.decoder_layer
+                or type(layer.self_attn) is not types.attention
+            ):
                 return None
             attn, mlp = layer.self_attn, layer.mlp
-            if type(mlp) is not MLP or attn.native is not kernels or mlp.native is not kernels:
+            if (
+                type(mlp) is not types.mlp
+                or attn.native is not kernels
+                or mlp.native is not kernels
+            ):
                 return None
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if any(type(n) is not RMSNorm or n.weight.dtype != torch.bfloat16 for n in norms):
+            if any(
+                type(n) is not types.rms_norm or n.weight.dtype != torch.bfloat16 for n in norms
+            ):
                 return None
             if (attn.info.scaling, attn.info.logit_softcap) != (first.self_attn.info.scaling, None):
                 return None
@@ -118,7 +137,7 @@ class NativeDecoderStack:
             row.append(attn.info.sliding_window or 0)
             rows.append(row)
         final = model.norm
-        if type(final) is not RMSNorm or final.weight.dtype != torch.bfloat16:
+        if type(final) is not types.rms_norm or final.weight.dtype != torch.bfloat16:
             return None
         if final.eps != first.input_layernorm.eps:  # the stack norms with one epsilon
             return None

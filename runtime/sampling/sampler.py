@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixgen.kernels.device_io import HostCopy, to_device, upload
-from radixgen.kernels.sampling import apply_penalties, sample_from_probs
+from radixgen.kernels.sampling import apply_penalties, apply_token_bitmask, sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
 if TYPE_CHECKING:
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
 
 
@@ -183,8 +183,6 @@ class Sampler:
         ):
             self._apply_penalties(logits, reqs)
         if grammar_mask is not None:
-            from radixgen.kernels.sampling import apply_token_bitmask
-
             apply_token_bitmask(logits, upload(grammar_mask, dev), grammar_rows)
 
         next_ids = logits.argmax(dim=-1)

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.mem_cache.tree_snapshot import snapshot_tree
 
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.req import Req
@@ -79,8 +80,6 @@ class DashboardProbe:
         truncated = False
         cache = sched.cache
         if isinstance(cache, RadixCache):
-            from radixgen.runtime.mem_cache.tree_snapshot import snapshot_tree
-
             views, truncated = snapshot_tree(cache, max(0, min(max_nodes, MAX_NODES_LIMIT)))
             nodes = [asdict(v) for v in views]
         now = time.time()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
 
 class StepRunner(Protocol):

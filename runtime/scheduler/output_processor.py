@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from radixgen.io_struct import BatchTokenIDOut, RequestMeta
-from radixgen.runtime.model_executor.model_runner import LogitsOutput
+from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import StepBatch
 

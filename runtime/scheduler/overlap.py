@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
     from radixgen.runtime.scheduler.interfaces import StepRunner
     from radixgen.runtime.scheduler.req import Req

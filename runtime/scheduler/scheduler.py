@@ -61,7 +61,7 @@ from radixgen.server_args import ServerArgs
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
 logger = logging.getLogger(__name__)
 

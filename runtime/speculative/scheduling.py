@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.schedule_batch import StepBatch
     from radixgen.server_args import ServerArgs

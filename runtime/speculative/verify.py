@@ -25,7 +25,7 @@ from radixgen.kernels.sampling import sample_from_probs
 from radixgen.sampling_params import TOP_K_DISABLED
 
 if TYPE_CHECKING:
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
 
 

@@ -48,7 +48,7 @@ def test_auto_gives_flashinfer_only_the_models_it_serves():
 def test_float32_rows_are_copies_the_sampler_may_modify():
     """Logits read through a slice are fresh tensors even in float32 (the sampler writes them in
     place; on CUDA the logits are a graph's inference-mode output)."""
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
     with torch.inference_mode():
         raw = torch.randn(4, 10)

@@ -5,6 +5,9 @@ AVX-512F and AVX2 ones), the others skipped with the reason."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from radixgen.kernels.cpu import NativeBuildError, NativeKernels, QuantLinearWeight
-from radixgen.kernels.cpu.isa import VARIANTS, why_not_runnable
+from radixgen.kernels.cpu import NativeBuildError, NativeKernels, QuantLinearWeight, build
+from radixgen.kernels.cpu.bindings import QUANT_FORMATS
+from radixgen.kernels.cpu.isa import BY_NAME, VARIANTS, why_not_runnable
 from radixgen.kernels.cpu.loader import load_kernels_for_isa
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
@@ -218,8 +222,79 @@ def test_every_format_row_by_row_equals_every_batch(native, qtype) -> None:
         [native.linear_quant(x[i : i + 1], packed, torch.float32) for i in range(len(x))]
     )
     _assert_float32_close(alone, x, ref, b)
-    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 100, 131):
+    for m in (1, 2, 3, 4, 5, 8, 9, 17, 33, 64, 65, 131):  # each path, tile and block edge
         assert torch.equal(native.linear_quant(x[:m], packed, torch.float32), alone[:m]), m
         assert torch.equal(native.linear_quant(x[:m], packed), alone[:m].bfloat16()), m
     tail = native.linear_quant(x[5:], packed, torch.float32)
     assert torch.equal(tail, alone[5:])  # a row's place in a tile or block does not matter
+
+
+# --- the aarch64 NEON variant, cross-compiled and run under qemu-user ---------------------------
+
+HARNESS = Path(__file__).parent / "native_harness" / "qgemm_harness.c"
+CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64-static", "/usr/aarch64-linux-gnu"
+CROSS_SIZES = (1, 2, 3, 4, 5, 8, 9, 17, 65)  # batches (prefixes) besides every row alone
+
+
+@pytest.fixture(scope="module")
+def neon_harness(tmp_path_factory) -> Path:
+    """qgemm_harness.c with gemm_quant.c built for the neon variant (its -march level, warnings
+    as errors), to run under qemu-user."""
+    missing = [tool for tool in (CROSS_CC, QEMU) if shutil.which(tool) is None]
+    if missing or not Path(SYSROOT).is_dir():
+        pytest.skip(
+            f"needs {', '.join(missing) or SYSROOT} to check the aarch64 variant (Debian: "
+            "apt-get install gcc-aarch64-linux-gnu qemu-user-static)"
+        )
+    out = tmp_path_factory.mktemp("neon") / "qgemm_harness"
+    cmd = [CROSS_CC, *BY_NAME["neon"].cflags, "-O3", "-fopenmp", "-std=c11", "-ffp-contract=fast",
+           "-Wall", "-Wextra", "-Werror", str(HARNESS), str(build.SOURCE_DIR / "gemm_quant.c"),
+           "-o", str(out), "-lm"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize("qtype", [*TYPES, *K_TYPES, "int8"], ids=lambda q: getattr(q, "name", q))
+def test_neon_variant_under_qemu_is_the_oracle_and_batch_invariant(neon_harness, qtype, tmp_path):
+    """The aarch64 build of gemm_quant_fma.h on the five formats: every row alone within float32
+    rounding of the float64 oracle computed here, batches of 1-70 rows bitwise equal to it,
+    bf16 output its rounding (100 outputs, a bias, rows with a stride wider than k)."""
+    n, k, m, ldx = 100, 512, 70, 540
+    if qtype == "int8":
+        rng = np.random.default_rng(7)
+        planes = quantize_int8_per_channel((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+        ref = planes.dequantize()
+    else:
+        planes, ref = _planes(qtype, n, k, seed=13)
+    torch.manual_seed(3)
+    bias = torch.randn(n)
+    wide = torch.randn(m, ldx).bfloat16()
+    d = np.ascontiguousarray(planes.d)
+    header = np.array(
+        [QUANT_FORMATS[planes.fmt], n, k, m, ldx, 1, planes.m is not None, d.size, d.itemsize],
+        dtype="<i8",
+    )
+    parts = [header.tobytes(), np.ascontiguousarray(planes.q).tobytes(), d.tobytes()]
+    if planes.m is not None:
+        parts.append(np.ascontiguousarray(planes.m, dtype=d.dtype).tobytes())
+    parts += [bias.numpy().astype("<f4").tobytes(), wide.view(torch.int16).numpy().tobytes()]
+    (tmp_path / "in").write_bytes(b"".join(parts))
+    proc = subprocess.run(
+        [QEMU, "-L", SYSROOT, str(neon_harness), str(tmp_path / "in"), str(tmp_path / "out"),
+         *map(str, CROSS_SIZES)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    raw = (tmp_path / "out").read_bytes()
+    floats = np.frombuffer(raw, dtype="<f4", count=(m + sum(CROSS_SIZES)) * n)
+    alone = torch.from_numpy(floats[: m * n].copy()).view(m, n)
+    x = wide[:, :k]
+    _assert_float32_close(alone, x, ref, bias)
+    at = m * n
+    for size in CROSS_SIZES:
+        batch = torch.from_numpy(floats[at : at + size * n].copy()).view(size, n)
+        assert torch.equal(batch, alone[:size]), size
+        at += size * n
+    y_bf16 = np.frombuffer(raw, dtype="<i2", offset=at * 4, count=m * n).copy()
+    assert torch.equal(torch.from_numpy(y_bf16).view(m, n).view(torch.bfloat16), alone.bfloat16())

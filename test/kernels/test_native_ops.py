@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from radixgen.kernels.cpu import load_native_kernels
-from radixgen.runtime.model_executor.model_runner import refine_near_max
+from radixgen.runtime.model_executor.logits_output import refine_near_max
 
 native = load_native_kernels()
 pytestmark = pytest.mark.skipif(native is None, reason="no C compiler for the native kernels")
@@ -152,7 +152,7 @@ def test_masked_greedy_picks_the_exact_maximum_among_allowed_tokens(native):
     want[2] = 0
     assert got == want
     # the torch fallback (LogitsOutput without native kernels) agrees
-    from radixgen.runtime.model_executor.model_runner import LogitsOutput
+    from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
     out = LogitsOutput(logits, hidden, weight, 500, None)
     fallback = out.greedy(rows, _pack(allowed))

@@ -98,7 +98,7 @@ def test_full_sort_draw_equals_the_head_split():
 def test_topk_refinement_equals_the_nonzero_refinement():
     """The GPU refinement of near-max bf16 logits (top-16 candidates, no host read) re-scores
     exactly the candidates the CPU one does."""
-    from radixgen.runtime.model_executor.model_runner import (
+    from radixgen.runtime.model_executor.logits_output import (
         refine_near_max,
         refine_near_max_topk,
     )

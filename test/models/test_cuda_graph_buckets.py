@@ -27,7 +27,7 @@ from radixgen.runtime.model_executor.cuda_graph_runner import (
 )
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.model_runner import ModelRunner
-from radixgen.server_args import ServerArgs, from_cli_namespace
+from radixgen.server_args import ServerArgs, field_help, from_cli_namespace
 from radixgen.sglang_flag_table import IMPLEMENTED
 from radixgen.sglang_flags import FOREIGN_FLAGS, markdown_table
 
@@ -168,7 +168,7 @@ def test_bad_graph_sizes_are_refused(kwargs, field):
 
 def test_graph_flags_are_implemented_in_the_flag_table():
     foreign = {n for f in FOREIGN_FLAGS for n in f.names}
-    doc = markdown_table()
+    doc = markdown_table(field_help())
     for flag in ("disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs"):
         assert flag in IMPLEMENTED and flag not in foreign
         assert f"| `--{flag}` | implemented |" in doc

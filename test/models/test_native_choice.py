@@ -16,7 +16,8 @@ from radixgen.kernels.cpu import (
     select_linear_gemm,
     select_native_kernels,
 )
-from radixgen.runtime.model_executor.model_runner import LogitsOutput, ModelRunner
+from radixgen.runtime.model_executor.logits_output import LogitsOutput
+from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.models.linear import Linear
 from radixgen.runtime.models.llama import MLP, Attention, RMSNorm
 from radixgen.server_args import ServerArgs

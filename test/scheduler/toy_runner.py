@@ -17,7 +17,7 @@ import torch
 from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-from radixgen.runtime.model_executor.model_runner import LogitsOutput
+from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.scheduler.scheduler import ModelLimits, Scheduler
 from radixgen.runtime.scheduler.scheduler_process import create_prefix_cache
 from radixgen.sampling_params import SamplingParams

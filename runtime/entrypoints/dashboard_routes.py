@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -21,6 +20,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from radixgen.errors import EngineDeadError, RadixGenError
+from radixgen.runtime.dashboard import STATIC
 from radixgen.runtime.dashboard.auth import (
     DASHBOARD_COOKIE,
     DASHBOARD_PATH,
@@ -43,7 +43,6 @@ from radixgen.server_args import resolve_api_key
 logger = logging.getLogger(__name__)
 router = APIRouter()
 
-STATIC = Path(__file__).parent / "static"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 DEFAULT_NODES = 200
 MaxNodes = Annotated[int, Query(ge=1, le=2000, description="radix nodes to include")]
