@@ -483,36 +483,52 @@ void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R,
             v = nan_at; /* the scalar loop below finds that block's first NaN */
         }
 #elif defined(SIMD_W)
-        int64_t nan_at = -1;
-        /* as the AVX-512 path: per lane the first maximum, then the lowest id among the lanes */
+        /* two passes: the largest allowed value (stopping at a block with a NaN, whose first
+         * NaN the scalar loop below finds), then the first allowed token holding it */
         const vf ninf = vf_set1(-INFINITY);
-        vf bv = ninf;
-        vi bi = vi_set1(0), idx = vi_iota();
-        const vi step = vi_set1(SIMD_W);
-        for (; v + SIMD_W <= V && V < (1LL << 31); v += SIMD_W) {
+        vf mxv = ninf;
+        const int64_t body = V - V % SIMD_W;
+        int nan_seen = 0;
+        for (; v < body; v += SIMD_W) {
             vf x = vf_load(row + v);
             if (mask) x = vf_select(allowed_w(mask, W, v), x, ninf);
             if (vm_bits(vf_isnan(x))) {
-                nan_at = v;
+                nan_seen = 1;
                 break;
             }
-            vm up = vf_gt(x, bv);
-            bv = vf_select(up, x, bv);
-            bi = vi_select(up, idx, bi);
-            idx = vi_add(idx, step);
+            mxv = vf_max(mxv, x);
         }
-        if (nan_at < 0) {
-            float lanes[SIMD_W];
-            int32_t ids[SIMD_W];
-            vf_store(lanes, bv);
-            memcpy(ids, &bi, sizeof(ids));
-            for (int l = 0; l < SIMD_W; ++l)
-                if (lanes[l] > best || (lanes[l] == best && lanes[l] > -INFINITY && ids[l] < best_id)) {
-                    best = lanes[l];
-                    best_id = ids[l];
+        if (!nan_seen) {
+            float top = vf_hmax(mxv);
+            int64_t t;
+            for (t = body; t < V; ++t) { /* the tail: a NaN there wins, else its maximum counts */
+                if (!allowed(mask, W, t)) continue;
+                float x = row[t];
+                if (x != x) break;
+                if (x > top) top = x;
+            }
+            if (t < V) {
+                out_ids[r] = t;
+                continue;
+            }
+            int64_t id = 0;
+            if (top > -INFINITY) {
+                const vf tv = vf_set1(top);
+                for (id = 0; id < body; id += SIMD_W) {
+                    vf x = vf_load(row + id);
+                    if (mask) x = vf_select(allowed_w(mask, W, id), x, ninf);
+                    uint32_t hit = vm_bits(vf_ge(x, tv));
+                    if (hit) {
+                        id += __builtin_ctz(hit);
+                        break;
+                    }
                 }
-        } else {
-            v = nan_at; /* the scalar loop below finds that block's first NaN */
+                if (id >= body)
+                    for (id = body; id < V; ++id)
+                        if (allowed(mask, W, id) && row[id] == top) break;
+            }
+            out_ids[r] = id;
+            continue;
         }
 #endif
         for (; v < V; ++v) {
