@@ -245,6 +245,17 @@ static inline vf vf_reduce_w(const vf* v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
+#ifdef __F16C__
+/* e4m3fn codes as float16 bits (sign to bit 15, the 7 magnitude bits to bits 7..13: the same
+ * value times 2^-8, subnormals included), converted by F16C and scaled back: exact. */
+#define SIMD_FP8_VIA_F16 1
+static inline vf vf_load_fp8(const uint8_t* p) {
+    __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                             _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+#endif
 typedef __m256d vd;
 static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
 static inline void vd_sqacc(vf v, vd* lo, vd* hi) {
@@ -353,6 +364,15 @@ static inline vi vi_iota(void) {
 static inline vf vf_reduce_w(const vf* v) {
     return vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]));
 }
+#define SIMD_FP8_VIA_F16 1 /* as the AVX2 one: e4m3fn codes as float16 bits, times 2^8 */
+static inline vf vf_load_fp8(const uint8_t* p) {
+    uint32_t b4;
+    memcpy(&b4, p, 4);
+    uint16x4_t w = vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(b4))));
+    uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(w, vdup_n_u16(0x80)), 8),
+                            vshl_n_u16(vand_u16(w, vdup_n_u16(0x7f)), 7));
+    return vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), vdupq_n_f32(256.0f));
+}
 typedef float64x2_t vd;
 static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
 static inline void vd_sqacc(vf v, vd* lo, vd* hi) {
@@ -389,6 +409,7 @@ static inline vf vf_exp(vf x) {
     return vf_mul(vf_mul(p, s1), s2);
 }
 
+#ifndef SIMD_FP8_VIA_F16
 /* SIMD_W e4m3fn codes -> floats (as load16_fp8 of kv_quant.h): the 7 magnitude bits at the top
  * of a float's exponent and mantissa, rebiased (+120); subnormal codes are m * 2^-9. */
 static inline vf vf_load_fp8(const uint8_t* p) {
@@ -400,6 +421,7 @@ static inline vf vf_load_fp8(const uint8_t* p) {
     vi sign = vi_slli(vi_and(b, vi_set1(0x80)), 24);
     return vi_as_f(vi_or(vf_as_i(f), sign));
 }
+#endif
 #endif
 
 #endif /* RADIXGEN_SIMD_H */
