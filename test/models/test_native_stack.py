@@ -22,8 +22,13 @@ from radixgen.runtime.models.native_stack import DISABLE_ENV
 from radixgen.server_args import ServerArgs
 
 native = load_native_kernels()
-pytestmark = pytest.mark.skipif(
-    native is None or not native.has_bf16_gemm, reason="CPU without AVX512-BF16"
+pytestmark = pytest.mark.skipif(native is None, reason="no native CPU kernels")
+# dense bf16 layers run in the stack on the native bf16 GEMM; quantized ones on any variant
+NEEDS_BF16_GEMM = pytest.mark.skipif(
+    native is None or not native.has_bf16_gemm, reason="CPU without AVX512-BF16 (dense layers)"
+)
+NEEDS_QUANT_GEMM = pytest.mark.skipif(
+    native is None or not native.has_quant_gemm, reason="no quantized GEMM in this variant"
 )
 
 
@@ -72,6 +77,7 @@ def tiny_folders(tmp_path_factory) -> dict[str, str]:
     return out
 
 
+@NEEDS_BF16_GEMM
 @pytest.mark.parametrize(
     "variant", ["llama_gqa", "llama_mha_bias", "mistral_window", "qwen2_window_layers"]
 )
@@ -79,6 +85,7 @@ def test_stack_equals_the_per_layer_path_bitwise(variant, tiny_folders, monkeypa
     _compare(tiny_folders[variant], monkeypatch, 512)
 
 
+@NEEDS_QUANT_GEMM
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
 def test_stack_over_a_quantized_kv_pool_and_int8_weights(kv, tiny_folders, monkeypatch):
     _compare(
@@ -86,6 +93,7 @@ def test_stack_over_a_quantized_kv_pool_and_int8_weights(kv, tiny_folders, monke
     )
 
 
+@NEEDS_QUANT_GEMM
 def test_default_model_kept_quantized_runs_in_the_stack(default_model_folder, monkeypatch):
     runner = _compare(default_model_folder, monkeypatch, 49152, quantization="gguf")
     assert runner.quantization == "gguf"
