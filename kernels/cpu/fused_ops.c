@@ -156,39 +156,9 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
                 if (convert) tmp = row;
             }
             int d = 0;
-#ifdef __AVX512F__
-            if (half % 16 == 0) {
-                for (; d < D; d += 16) {
-                    int partner = d < half ? d + half : d - half;
-                    __m512 xv, pv;
-                    if (in_dtype) {
-                        xv = load16_bf16((const uint16_t*)qkv + src + d);
-                        pv = load16_bf16((const uint16_t*)qkv + src + partner);
-                    } else {
-                        xv = _mm512_loadu_ps((const float*)qkv + src + d);
-                        pv = _mm512_loadu_ps((const float*)qkv + src + partner);
-                    }
-                    __m512 rot = d < half ? _mm512_sub_ps(_mm512_setzero_ps(), pv) : pv;
-                    __m512 cv = _mm512_loadu_ps(c + d), sv = _mm512_loadu_ps(s + d);
-                    if (bf16_math) {
-                        __m512 a = round16_bf16(_mm512_mul_ps(xv, round16_bf16(cv)));
-                        __m512 b = round16_bf16(_mm512_mul_ps(rot, round16_bf16(sv)));
-                        if (tmp)
-                            _mm512_storeu_ps(tmp + d, round16_bf16(_mm512_add_ps(a, b)));
-                        else
-                            store16_bf16((uint16_t*)dst + doff + d, _mm512_add_ps(a, b));
-                    } else {
-                        __m512 o = _mm512_fmadd_ps(xv, cv, _mm512_mul_ps(rot, sv));
-                        if (tmp)
-                            _mm512_storeu_ps(tmp + d, dtype ? round16_bf16(o) : o);
-                        else if (dtype)
-                            store16_bf16((uint16_t*)dst + doff + d, o);
-                        else
-                            _mm512_storeu_ps((float*)dst + doff + d, o);
-                    }
-                }
-            }
-#elif defined(SIMD_W)
+            /* every variant's vector path (simd.h maps AVX-512F onto the same intrinsics the
+             * AVX-512 code used) */
+#if defined(SIMD_W)
             if (half % SIMD_W == 0) {
                 for (; d < D; d += SIMD_W) {
                     int partner = d < half ? d + half : d - half;

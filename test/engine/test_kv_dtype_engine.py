@@ -4,7 +4,8 @@ Accuracy: greedy first 16 tokens of 12 varied prompts agree with the bf16-KV eng
 least 10 of them (the agreement and mean |logprob| difference are printed). int8 meets it;
 fp8_e4m3 does not (7/12 measured, mean |logprob| difference ~0.04: e4m3 keeps 3 mantissa bits,
 a relative error of up to 1/16 on every K and V value, per-row scales or not; Hugging Face's own
-model with fake-quantized e4m3 K/V gave 6/12), so its test is a strict xfail that says so. Both runs use the dequantized bf16 weights
+model with fake-quantized e4m3 K/V gave 6/12), so its test is an xfail that says so (not strict:
+on an AMX Xeon, whose oneDNN bf16 GEMM rounds the baseline differently, it agreed on 10/12). Both runs use the dequantized bf16 weights
 (`--quantization unquant`); over the Q4_1 weights kept quantized (the GGUF default) int8 KV
 agreed on 9/12 (measured when the two landed together). Prefix sharing, retraction and pages move slot indices, never values: with an int8
 pool, outputs are the same cold, from the radix cache, in pages of 16, and under a pool so
@@ -55,8 +56,13 @@ def bf16_reference(chat_prompt):
     return ids, lps
 
 
+# NOTE: not strict: the count depends on the CPU's dense bf16 GEMM, which computes the baseline
+# too: 7/12 on the AVX512-BF16 EPYC (the native GEMM), 10/12 on an AMX Xeon (oneDNN's AMX GEMM;
+# measured on the revision before the kernel ISA variants as well)
 FP8_MISSES = pytest.mark.xfail(
-    strict=True, reason="fp8_e4m3 KV agrees with bf16 on 16 tokens for 7/12 prompts, not 10"
+    strict=False,
+    reason="fp8_e4m3 KV agrees with bf16 on 16 tokens for 7/12 prompts on the AVX512-BF16 EPYC "
+    "(10/12 on an AMX Xeon), not 10 on every CPU",
 )
 
 
