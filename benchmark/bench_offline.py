@@ -67,14 +67,19 @@ def measure_limits(threads: int) -> dict[str, float]:
         t = time.perf_counter()
         big.sum()
         read_gbs = max(read_gbs, big.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    a = torch.randn(2048, 2048, dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, dtype=torch.bfloat16)
+    # the matmul rate in the dtype this CPU multiplies fast: bf16 needs AVX512-BF16 or AMX (on
+    # an AVX2-only CPU torch's bf16 matmul is a scalar loop: minutes for this one product)
+    from radixgen.runtime.model_executor.model_runner import cpu_has_bf16
+
+    dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    a = torch.randn(2048, 2048, dtype=dtype)
+    b = torch.randn(2048, 2048, dtype=dtype)
     a @ b
     t = time.perf_counter()
     for _ in range(5):
         a @ b
     tflops = 2 * 2048**3 * 5 / (time.perf_counter() - t) / 1e12
-    return {"read_gb_per_s": read_gbs, "bf16_matmul_tflops": tflops}
+    return {"read_gb_per_s": read_gbs, "matmul_tflops": tflops, "matmul_dtype": str(dtype)[6:]}
 
 
 # --- HF baseline ----------------------------------------------------------------------------
@@ -226,7 +231,7 @@ def main() -> int:
         "batched_share_of_matmul_limit": best_batched
         * 2
         * params
-        / (limits["bf16_matmul_tflops"] * 1e12),
+        / (limits["matmul_tflops"] * 1e12),
     }
     if hf:
         hf_single = max(v for k, v in hf.items() if k.startswith("single"))
@@ -267,10 +272,10 @@ def write_results(
     lim = results["limits"]
     lines += [
         "",
-        f"Machine limits (same run): read bandwidth {lim['read_gb_per_s']:.1f} GB/s, bf16 matmul "
-        f"{lim['bf16_matmul_tflops']:.2f} TFLOP/s. Single stream reaches "
+        f"Machine limits (same run): read bandwidth {lim['read_gb_per_s']:.1f} GB/s, {lim['matmul_dtype']} "
+        f"matmul {lim['matmul_tflops']:.2f} TFLOP/s. Single stream reaches "
         f"{summary['single_share_of_bandwidth_limit']:.0%} of weight-bytes/bandwidth; batched reaches "
-        f"{summary['batched_share_of_matmul_limit']:.0%} of the bf16 matmul rate.",
+        f"{summary['batched_share_of_matmul_limit']:.0%} of that matmul rate.",
         "",
         "Scheduler intra-op threads: "
         + ", ".join(f"{k} = {v:.1f} tok/s" for k, v in results["ours"].items()),
