@@ -13,11 +13,14 @@ from typing import Any
 
 import jsonschema
 import pytest
-from grammar_helpers import EOS, is_allowed, mask_of
+from grammar_helpers import EOS, VOCAB_SIZE, is_allowed, make_req, mask_of
 from schema_corpus import MADE_HERE, schemastore_schemas, suite_schemas
+from test_grammar_manager import settle
 
 from radixgen.errors import GrammarError
+from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.constrained.schema_merge import UNSATISFIABLE, merge_schemas
 from radixgen.runtime.constrained.schema_rewrite import (
     MAX_BRANCHES,
@@ -29,6 +32,7 @@ from radixgen.runtime.constrained.schema_support import (
     drop_false_properties,
     schema_plan,
 )
+from radixgen.server_args import GrammarConfig
 
 ORDER = ["xgrammar", "llguidance"]
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -369,3 +373,29 @@ def test_false_properties_dropped_only_where_the_object_is_closed():
     open_ = _obj({"a": False, "b": INT}, additionalProperties=INT)
     assert drop_false_properties(open_) == open_
     assert "xgrammar" not in schema_plan(json.dumps(open_), ORDER)[0]
+
+
+def test_meta_info_names_the_rewrites(tokenizer):
+    gm = GrammarManager(GrammarConfig(), tokenizer, VOCAB_SIZE, [2])
+    try:
+        reqs = [
+            make_req("rw", json_schema=CASES["not-required"][0]),
+            make_req("plain", json_schema=_obj({"a": INT})),
+        ]
+        for r in reqs:
+            gm.submit(r)
+        ready, failed = settle(gm, reqs)
+        assert not failed and len(ready) == 2
+        assert reqs[0].meta().schema_rewrites == ("not:required",)
+        assert reqs[0].grammar_backend == "xgrammar"
+        assert reqs[1].meta().schema_rewrites == ()
+        info = build_output(
+            ReqState("rw", 3, False, 0, True, 0.0, meta=reqs[0].meta()), 0, tokenizer
+        )
+        assert info["meta_info"]["schema_rewrites"] == ["not:required"]
+        plain = build_output(
+            ReqState("p", 3, False, 0, True, 0.0, meta=reqs[1].meta()), 0, tokenizer
+        )
+        assert "schema_rewrites" not in plain["meta_info"]
+    finally:
+        gm.shutdown()
