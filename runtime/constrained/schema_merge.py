@@ -9,6 +9,7 @@ where it cannot say so without `allOf` (then the caller keeps the allOf), or UNS
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 _ANNOTATIONS = frozenset(
@@ -73,9 +74,40 @@ def merge_schemas(a: Any, b: Any) -> Any:
         left = [v for v in out.pop("enum") if canonical(v) == canonical(out["const"])]
         if not left:
             return UNSATISFIABLE
-    if not _values_fit_type(out):
+    if not _values_fit_type(out) or not _numbers_fit_bounds(out):
         return UNSATISFIABLE
     return UNSATISFIABLE if _required_absent(out) else out
+
+
+def _numbers_fit_bounds(s: dict[str, Any]) -> bool:
+    """When the merged bounds leave no number, take the numeric types out of `type` (libraries
+    fail on an empty range: xgrammar measured); False: no type is left."""
+    lows = [(s[k], k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum") if k in s]
+    highs = [(s[k], k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum") if k in s]
+    if not lows or not highs or not all(_is_number(v) for v, _ in lows + highs):
+        return True
+    lo, lo_open = max(lows, key=lambda b: (b[0], b[1]))
+    hi, hi_open = min(highs, key=lambda b: (b[0], not b[1]))
+    names = [s["type"]] if isinstance(s.get("type"), str) else s.get("type")
+    if names is None:
+        names = ["null", "boolean", "object", "array", "string", "number"]
+    elif not isinstance(names, list):
+        return True
+    if "number" in names:
+        empty = lo > hi or (lo == hi and (lo_open or hi_open))
+        drop = {"number", "integer"} if empty else set()
+    else:
+        first = math.floor(lo) + 1 if lo_open or not float(lo).is_integer() else int(lo)
+        last = math.ceil(hi) - 1 if hi_open or not float(hi).is_integer() else int(hi)
+        drop = {"integer"} if first > last else set()
+    if not drop or not drop & set(names):
+        return True
+    left = [t for t in names if t not in drop]
+    for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        s.pop(k, None)  # only numbers read them
+    if left:
+        s["type"] = left[0] if len(left) == 1 else left
+    return bool(left)
 
 
 def _values_fit_type(s: dict[str, Any]) -> bool:

@@ -80,10 +80,12 @@ class RewrittenSchema:
 
 def rewrite_schema(schema: Any) -> RewrittenSchema:
     """The schema with every rewritable keyword rewritten; a 400 past MAX_BRANCHES."""
-    if not _uses_rewritable(schema):
+    if not _uses(schema, REWRITTEN_KEYWORDS):
         return RewrittenSchema(schema, ())
-    draft4 = isinstance(schema, dict) and "draft-04" in str(schema.get("$schema", ""))
-    rewriter = _Rewriter(_ref_targets(schema), draft4)
+    declared = str(schema.get("$schema", "")) if isinstance(schema, dict) else ""
+    if ("draft-03" in declared or "draft-04" in declared) and _uses(schema, {"const"}):
+        return RewrittenSchema(schema, ())  # `const` is no keyword there: merging would read it
+    rewriter = _Rewriter(_ref_targets(schema), _keywords_of_draft(declared), "draft-04" in declared)
     out = rewriter.node("", schema)
     return RewrittenSchema(out, tuple(sorted(rewriter.used)))
 
@@ -101,22 +103,38 @@ def rewrite_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     return (json.dumps(done.schema), done.rewrites) if done.rewrites else (spec, ())
 
 
-def _uses_rewritable(schema: Any) -> bool:
+def _uses(schema: Any, keywords: Any) -> bool:
+    """Whether a keyword of `keywords` appears in the schema (instance data not looked at)."""
     if isinstance(schema, list):
-        return any(_uses_rewritable(s) for s in schema)
+        return any(_uses(s, keywords) for s in schema)
     if not isinstance(schema, dict):
         return False
     for key, value in schema.items():
+        if key in keywords:
+            return True
         if key in ("enum", "const", "default", "examples"):
             continue
-        if key in REWRITTEN_KEYWORDS:
-            return True
         if isinstance(value, dict) and key in ("properties", "$defs", "definitions"):
-            if any(_uses_rewritable(v) for v in value.values()):
+            if any(_uses(v, keywords) for v in value.values()):
                 return True
-        elif _uses_rewritable(value):
+        elif _uses(value, keywords):
             return True
     return False
+
+
+def _keywords_of_draft(declared: str) -> frozenset[str]:
+    """The rewritten keywords the declared draft defines (others it ignores: left as written).
+
+    Without `$schema`, all of them: `dependencies` is then read as draft 7 defines it, as the
+    libraries' own converters do (an output meeting it is valid under 2020-12 too).
+    """
+    if any(f"draft-0{n}" in declared for n in (3, 4, 6)):
+        return frozenset({"not", "dependencies"})
+    if "draft-07" in declared:
+        return frozenset({"not", "dependencies", "if"})
+    if "2019-09" in declared or "2020-12" in declared:
+        return REWRITTEN_KEYWORDS - {"dependencies"}
+    return REWRITTEN_KEYWORDS
 
 
 def _ref_targets(root: Any) -> set[str]:
@@ -138,8 +156,9 @@ def _ref_targets(root: Any) -> set[str]:
 class _Rewriter:
     """One schema's bottom-up rewrite; `used` collects the names reported in meta_info."""
 
-    def __init__(self, ref_targets: set[str], draft4: bool) -> None:
+    def __init__(self, ref_targets: set[str], keywords: frozenset[str], draft4: bool) -> None:
         self.ref_targets = ref_targets
+        self.keywords = keywords  # the rewritten keywords this schema's draft defines
         self.draft4 = draft4
         self.used: set[str] = set()
 
@@ -159,14 +178,12 @@ class _Rewriter:
 
     def _rewrite_here(self, path: str, s: dict[str, Any]) -> dict[str, Any] | bool:
         """This node with its own rewritable keywords rewritten (children are already done)."""
-        if not REWRITTEN_KEYWORDS & s.keys() or self._referenced_inside(path):
+        if not self.keywords & s.keys() or self._referenced_inside(path):
             return s
         try:
             return self._rebuild(s)
         except _TooManyBranches as e:
-            where = ", ".join(
-                f"'{k}' (at {path or '/'})" for k in sorted(REWRITTEN_KEYWORDS & s.keys())
-            )
+            where = ", ".join(f"'{k}' (at {path or '/'})" for k in sorted(self.keywords & s.keys()))
             raise GrammarError(
                 f"the grammar backends cannot enforce {where} in json_schema: its exact rewrite "
                 f"needs {e.count} anyOf branches, over the bound of {MAX_BRANCHES}",
@@ -185,19 +202,20 @@ class _Rewriter:
                 dropped.append("not")
                 names.append(f"not:{_not_form(s['not'])}")
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
-            branches = self._dependencies(s.get(key))
+            branches = self._dependencies(s.get(key)) if key in self.keywords else None
             if branches is not None:
                 constraints.extend(branches)
                 dropped.append(key)
                 names.append(key)
-        if "if" in s and ("then" in s or "else" in s):
+        if_then = "if" in self.keywords and "if" in s
+        if if_then and ("then" in s or "else" in s):
             negated = self.negate(s["if"], base)
             if negated is not None:
                 taken = _conjoin([[s["if"]], [s.get("then", True)]])
                 constraints.append(taken + _conjoin([negated, [s.get("else", True)]]))
                 dropped += ["if", "then", "else"]
                 names.append("if")
-        elif "if" in s:
+        elif if_then:
             dropped.append("if")  # a lone `if` constrains nothing
         if not constraints:
             return s
@@ -218,9 +236,7 @@ class _Rewriter:
         if isinstance(base.get("anyOf"), list):
             constraints = [list(base.pop("anyOf")), *constraints]
         branches = []
-        for branch in _conjoin([[base], *constraints]):
-            if branch is UNSATISFIABLE or branch is False:
-                continue
+        for branch in _flatten(_conjoin([[base], *constraints])):
             if branch not in branches:
                 branches.append(branch)
         if not branches:
@@ -381,6 +397,22 @@ def _conjoin(parts: list[Branches]) -> Branches:
         out = [b for b in out if b is not UNSATISFIABLE and b is not False]
     if len(out) > MAX_BRANCHES:
         _too_many(len(out))
+    return out
+
+
+def _flatten(branches: Branches) -> Branches:
+    """The branches with any `anyOf` beside other keywords distributed over them (measured:
+    xgrammar then serves the anyOf alone, letting `true` through a `"type": "object"`)."""
+    out: Branches = []
+    for branch in branches:
+        inner = branch.get("anyOf") if isinstance(branch, dict) else None
+        rest = {k: v for k, v in branch.items() if k != "anyOf"} if inner is not None else {}
+        if not isinstance(inner, list) or not rest.keys() - _KEPT_AT_NODE:
+            out.append(branch)
+            continue
+        out += _flatten(_conjoin([[rest], inner]))
+        if len(out) > MAX_BRANCHES:
+            _too_many(len(out))
     return out
 
 
