@@ -12,9 +12,11 @@ backends compile the rewritten schema). Each rewrite keeps the set of valid inst
 - `if`/`then`/`else`: `(if and then) or (not if and else)`, when `not if` has a positive form.
 
 The node's other keywords are merged into each resulting `anyOf` branch (`merge_schemas`), so
-no `allOf` and no `anyOf` beside `properties` is left for xgrammar to ignore. A keyword that
-has no exact rewrite is left in place, where the gap tables refuse it by name. A schema using
-none of these keywords comes back as the same object (the identity).
+no `allOf` and no `anyOf` beside other keywords is left for xgrammar to ignore (a merge that
+is not plain data keeps an `allOf`, which sends the schema to llguidance). Only the keywords
+the declared `$schema` draft defines are rewritten. A keyword without an exact rewrite is left
+in place, where the gap tables refuse it by name; a node that accepts nothing becomes `false`.
+A schema using none of these keywords comes back as the same object (the identity).
 """
 
 from __future__ import annotations
