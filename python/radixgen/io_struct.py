@@ -120,6 +120,8 @@ class RequestMeta:
     # wall-clock seconds from the API's submit to the first admission (time spent queued)
     queue_delay: float | None = None
     grammar_backend: str | None = None  # constrained requests: the backend that served it
+    # json_schema requests: the exact schema rewrites that served it ("not:required", "if", ...)
+    schema_rewrites: tuple[str, ...] = ()
 
 
 @dataclass

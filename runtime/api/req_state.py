@@ -58,6 +58,8 @@ def build_output(st: ReqState, output_lp_from: int, tokenizer: Tokenizer) -> dic
     }
     if meta is not None and meta.grammar_backend is not None:
         info["grammar_backend"] = meta.grammar_backend
+    if meta is not None and meta.schema_rewrites:
+        info["schema_rewrites"] = list(meta.schema_rewrites)
     if st.finished:
         info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
     if st.return_logprob:

@@ -12,13 +12,15 @@ from collections import OrderedDict
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.compile_cache import GrammarKey
-from radixgen.runtime.constrained.schema_support import schema_backends
+from radixgen.runtime.constrained.schema_support import schema_plan
 
 # backends a request may fall back to, in order, when the configured one cannot serve it exactly
 FALLBACK_BACKENDS = ("xgrammar", "llguidance")
 # remembered choices (spec digest -> backends or their refusal), least recently used dropped;
 # keyed by digest so that 4096 entries cost ~1 MB however large the specs are
 CHOICE_CACHE_SIZE = 4096
+
+_Choice = tuple[list[str], tuple[str, ...]]  # exact backends, best first; schema rewrites
 
 
 class BackendChooser:
@@ -28,14 +30,18 @@ class BackendChooser:
         self.order = [default]
         if fallback:
             self.order += [n for n in FALLBACK_BACKENDS if n != default]
-        self._choices: OrderedDict[tuple[str, bytes], list[str] | GrammarError] = OrderedDict()
+        self._choices: OrderedDict[tuple[str, bytes], _Choice | GrammarError] = OrderedDict()
 
     @property
     def default(self) -> str:
         return self.order[0]
 
     def choose(self, key: GrammarKey) -> list[str]:
-        """The backends that serve this constraint exactly, best first; none: a GrammarError.
+        """The backends that serve this constraint exactly, best first; none: a GrammarError."""
+        return self.plan(key)[0]
+
+    def plan(self, key: GrammarKey) -> tuple[list[str], tuple[str, ...]]:
+        """`choose`, and the schema rewrites the backends apply to it (meta_info).
 
         A schema is parsed once per spec, on the scheduler thread (~1 ms per 100 kB).
         """
@@ -45,7 +51,7 @@ class BackendChooser:
             kind, spec = key
             try:
                 choice = (
-                    schema_backends(spec, self.order) if kind == "json_schema" else self.order[:1]
+                    schema_plan(spec, self.order) if kind == "json_schema" else (self.order[:1], ())
                 )
             except GrammarError as e:
                 choice = e
@@ -58,9 +64,12 @@ class BackendChooser:
 
     def demote(self, key: GrammarKey, remaining: list[str]) -> None:
         """Later requests of `key` start at `remaining` (its first backend failed to compile it)."""
-        self._remember(_digest(key), remaining)
+        digest = _digest(key)
+        known = self._choices.get(digest)
+        rewrites = known[1] if isinstance(known, tuple) else ()
+        self._remember(digest, (remaining, rewrites))
 
-    def _remember(self, digest: tuple[str, bytes], choice: list[str] | GrammarError) -> None:
+    def _remember(self, digest: tuple[str, bytes], choice: _Choice | GrammarError) -> None:
         self._choices[digest] = choice
         if len(self._choices) > CHOICE_CACHE_SIZE:
             self._choices.popitem(last=False)

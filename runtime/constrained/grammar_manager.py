@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# backends that compile a JSON schema after its exact rewrites (schema_rewrite.py)
+REWRITING_BACKENDS = frozenset({"xgrammar", "llguidance"})
+
 
 @dataclass(frozen=True)
 class JumpForwardEdit:
@@ -61,6 +64,7 @@ class _PendingCompile:
     future: Future[Any]  # the backend's compiled grammar; the pool enforces the deadline
     backend: str
     fallbacks: list[str]  # backends that also enforce it exactly, tried if this compile fails
+    rewrites: tuple[str, ...]  # the exact schema rewrites the schema backends apply
     errors: list[tuple[str, str]] = field(default_factory=list)  # backends tried before: messages
 
 
@@ -117,18 +121,24 @@ class GrammarManager:
         assert key is not None, "submit() needs a constrained request"
         req.grammar_key = key
         names = [self.chooser.default]
+        rewrites: tuple[str, ...] = ()
         try:
             check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
             names = self.choose_backends(key)
+            rewrites = self.chooser.plan(key)[1]  # cached by choose_backends
             future = self._caches[names[0]].get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        self._pending[id(req)] = _PendingCompile(req, key, future, names[0], names[1:])
-        self._set_backend(req, names[0])
+        pending = _PendingCompile(req, key, future, names[0], names[1:], rewrites)
+        self._pending[id(req)] = pending
+        self._set_backend(pending, names[0])
 
-    def _set_backend(self, req: Req, name: str) -> None:
+    def _set_backend(self, pending: _PendingCompile, name: str) -> None:
+        req = pending.req
         req.grammar_backend = name
+        # only the backends that compile the rewritten schema report its rewrites
+        req.schema_rewrites = pending.rewrites if name in REWRITING_BACKENDS else ()
         if name != self.chooser.default:
             self.counters["grammar_backend_fallbacks"] += 1
 
@@ -154,7 +164,7 @@ class GrammarManager:
         self.chooser.demote(pending.key, [name, *pending.fallbacks])
         self._backend(name)
         pending.backend, pending.future = name, self._caches[name].get(pending.key)
-        self._set_backend(pending.req, name)
+        self._set_backend(pending, name)
         self.counters["grammar_backend_compile_fallbacks"] += 1
         return True
 

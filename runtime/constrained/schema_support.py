@@ -17,6 +17,7 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.grammar_spec import subschemas
+from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 
 # keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
 _TYPED_KEYWORDS = frozenset(
@@ -38,7 +39,8 @@ _ANNOTATIONS = frozenset(
     }
 )
 
-# Gaps shared by every backend here: accepted-and-ignored, or refused by the library.
+# Gaps shared by every backend here: accepted-and-ignored, or refused by the library. (not, if
+# and the dependency keywords reach the tables only in forms schema_rewrite.py cannot rewrite.)
 _NO_BACKEND = frozenset(
     {
         "not",
@@ -55,7 +57,9 @@ _NO_BACKEND = frozenset(
 )
 
 # Per backend: the features it cannot enforce exactly (names as they appear in messages).
-# xgrammar 0.2.9 (measured): ignores allOf, required names missing from properties, keywords
+# xgrammar 0.2.9 (measured): fails on a property schema `false` (for rewritten schemas
+# drop_false_properties drops it where the object is closed, which says the same; not beside an
+# additionalProperties schema); ignores allOf, required names missing from properties, keywords
 # beside $ref, the length bounds of a patterned string, $refs that are not "#/..." pointers, and
 # numeric/string/array bounds in a subschema without "type"; fails on draft-4 array `items` and
 # boolean exclusiveMinimum/Maximum; patternProperties it serves as "no such keys" beside
@@ -76,6 +80,7 @@ SCHEMA_GAPS: dict[str, frozenset[str]] = {
         "items (array form)",
         "exclusiveMinimum/exclusiveMaximum (boolean form)",
         "a type-specific keyword without type",
+        "a property schema false (beside additionalProperties)",
     },
     "llguidance": _NO_BACKEND | {"propertyNames", "unevaluatedProperties", "unevaluatedItems"},
 }
@@ -157,19 +162,26 @@ def choose_schema_backend(spec: str, order: list[str]) -> str:
 
 
 def schema_backends(spec: str, order: list[str]) -> list[str]:
-    """The backends of `order` that enforce the schema exactly, in order; none: a 400 naming why.
+    """The backends of `order` that enforce the schema exactly, in order; none: a 400 naming why."""
+    return schema_plan(spec, order)[0]
 
-    A spec that is not JSON goes to the first backend, whose compile reports the error.
+
+def schema_plan(spec: str, order: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """`schema_backends`, and the exact rewrites (schema_rewrite.py) the backends will apply.
+
+    The gaps are those of the rewritten schema, which is what the backends compile. A spec that
+    is not JSON goes to the first backend, whose compile reports the error.
     """
     try:
-        schema = json.loads(spec)
+        raw = json.loads(spec)
     except ValueError:
-        return order[:1]
-    by_backend = backend_gaps(schema)
+        return order[:1], ()
+    rewritten = rewrite_schema(raw)  # past its branch bound: a 400 naming the keyword
+    by_backend = backend_gaps(rewritten.schema)
     # backends without a table (outlines) refuse their own gaps when they compile
     exact = [name for name in order if not by_backend.get(name, [])]
     if exact:
-        return exact
+        return exact, rewritten.rewrites
     tried = [n for n in order if n in by_backend]
     common = [g for g in by_backend[tried[0]] if all(g in by_backend[n] for n in tried)]
     if common:
@@ -242,6 +254,46 @@ def close_objects(schema: Any, part: bool = False) -> Any:
     return out
 
 
+def drop_false_properties(schema: Any) -> Any:
+    """A copy without `properties` entries `false` where the object admits no other names.
+
+    xgrammar fails on a `false` subschema; in an object closed by additionalProperties (false,
+    or absent: its strict mode closes it), a name left out of `properties` is as forbidden as
+    one declared `false`. Elsewhere the entry stays (a gap: the schema goes to llguidance).
+    """
+    if isinstance(schema, list):
+        return [drop_false_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(
+            value, dict
+        ):
+            out[key] = {k: drop_false_properties(v) for k, v in value.items()}
+        else:
+            out[key] = drop_false_properties(value)
+    props = out.get("properties")
+    if isinstance(props, dict) and not _false_property_kept(schema):
+        out["properties"] = {k: v for k, v in props.items() if v is not False}
+    return out
+
+
+def _false_property_kept(s: dict[str, Any]) -> bool:
+    """Whether a `false` property of `s` must stay (dropping it would admit the name)."""
+    props = s.get("properties")
+    if not isinstance(props, dict) or not any(v is False for v in props.values()):
+        return False
+    required = s.get("required") if isinstance(s.get("required"), list) else []
+    return (
+        s.get("additionalProperties", False) is not False
+        or bool(s.get("patternProperties"))
+        or any(props.get(n) is False for n in required)
+    )
+
+
 def _listing(gaps: list[SchemaGap]) -> str:
     shown = [str(g) for g in gaps[:4]]
     more = f" and {len(gaps) - 4} more" if len(gaps) > 4 else ""
@@ -307,6 +359,8 @@ def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
         out.append("a type-specific keyword without type")
     if "propertyNames" in s:
         out.append("propertyNames")
+    if _false_property_kept(s):
+        out.append("a property schema false (beside additionalProperties)")
     return out
 
 

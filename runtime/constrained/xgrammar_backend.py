@@ -7,6 +7,7 @@ then allow `<|im_start|>` and friends inside JSON strings. Stop tokens are the m
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from radixgen.runtime.constrained.grammar_spec import (
     load_choices,
     load_json_schema,
 )
-from radixgen.runtime.constrained.schema_support import refuse_gaps
+from radixgen.runtime.constrained.schema_rewrite import rewrite_spec
+from radixgen.runtime.constrained.schema_support import drop_false_properties, refuse_gaps
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.vocab import GrammarVocab
@@ -89,7 +91,12 @@ class XGrammarBackend(BaseGrammarBackend):
         if kind == "json_schema":
             # a clear message for text that is not JSON at all; and a 400 naming what xgrammar
             # would serve unenforced (the manager routes such schemas to llguidance first)
-            refuse_gaps(self.name, load_json_schema(spec))
+            spec, rewrites = rewrite_spec(spec)
+            schema = load_json_schema(spec)
+            if rewrites:  # the rewrites' "absent" properties, in the form xgrammar takes
+                schema = drop_false_properties(schema)
+                spec = json.dumps(schema)
+            refuse_gaps(self.name, schema)
             # NOTE: strict_mode treats a missing additionalProperties as false (no extra keys)
             return self.compiler.compile_json_schema(spec, strict_mode=True, **self._json_options)
         if kind == "json_object":

@@ -67,6 +67,7 @@ class Req:
         self.grammar: BaseGrammarObject | None = None
         self.grammar_key: tuple[str, str] | None = None
         self.grammar_backend: str | None = None  # the backend that serves it (meta_info)
+        self.schema_rewrites: tuple[str, ...] = ()  # the schema rewrites it compiles (meta_info)
         self.jump_forward_tokens = 0
 
         # outputs
@@ -157,6 +158,7 @@ class Req:
                 else None
             ),
             grammar_backend=self.grammar_backend,
+            schema_rewrites=self.schema_rewrites,
         )
 
     def __repr__(self) -> str:

@@ -209,8 +209,19 @@ def test_xgrammar_strict_mode_forbids_undeclared_keys(build, encode):
     [
         ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
         ("not", {"type": "object", "properties": {"a": {"not": {"type": "integer"}}}}),
-        ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b"]}}),
-        ("if", {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}),
+        (  # 2^5 anyOf branches once rewritten: over the rewrite's bound
+            "dependentRequired",
+            {"type": "object", "dependentRequired": {f"p{i}": ["q"] for i in range(5)}},
+        ),
+        (  # "not this string" has no positive form, so `if` has no exact rewrite
+            "if",
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "if": {"properties": {"a": {"const": "x"}}},
+                "then": {"required": ["b"]},
+            },
+        ),
         ("contains", {"type": "array", "contains": {"const": 5}}),
         ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 5}]}),
     ],

@@ -1,7 +1,8 @@
 """Per-request grammar backend choice over real HTTP (the shared server's default: xgrammar).
 
 A schema xgrammar cannot enforce exactly is served by llguidance, and meta_info says so; one no
-backend enforces gets a 400 naming the keyword; a batch mixing both backends decodes together.
+backend enforces gets a 400 naming the keyword; a batch mixing both backends decodes together;
+a schema served after exact rewrites says which in meta_info.schema_rewrites.
 """
 
 from __future__ import annotations
@@ -95,3 +96,23 @@ def test_mixed_backends_in_one_batch_all_valid(http):
         want = "xgrammar" if schema is XGR_SCHEMA else "llguidance"
         assert out["meta_info"]["grammar_backend"] == want
         _valid(schema, out)
+
+
+# `a` and `b` not both, and `b` brings `n`: served by xgrammar after exact rewrites
+REWRITTEN = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "n": {"type": "integer"}},
+    "not": {"required": ["a", "b"]},
+    "dependentRequired": {"b": ["n"]},
+}
+
+
+@needs_grammar
+def test_rewritten_schema_is_served_and_meta_info_names_the_rewrites(http):
+    r = _generate(http, REWRITTEN, "Two numbers as JSON: ")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["meta_info"]["schema_rewrites"] == ["dependentRequired", "not:required"]
+    assert out["meta_info"]["grammar_backend"] == "xgrammar"
+    _valid(REWRITTEN, out)
+    assert "schema_rewrites" not in _generate(http, XGR_SCHEMA).json()["meta_info"]
