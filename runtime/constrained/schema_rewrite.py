@@ -82,13 +82,15 @@ class RewrittenSchema:
 
 def rewrite_schema(schema: Any) -> RewrittenSchema:
     """The schema with every rewritable keyword rewritten; a 400 past MAX_BRANCHES."""
-    if not _uses(schema, REWRITTEN_KEYWORDS):
+    if not _uses(schema, REWRITTEN_KEYWORDS) and not _has_sibling_keywords(schema):
         return RewrittenSchema(schema, ())
     declared = str(schema.get("$schema", "")) if isinstance(schema, dict) else ""
     if ("draft-03" in declared or "draft-04" in declared) and _uses(schema, {"const"}):
         return RewrittenSchema(schema, ())  # `const` is no keyword there: merging would read it
     rewriter = _Rewriter(_ref_targets(schema), _keywords_of_draft(declared), "draft-04" in declared)
     out = rewriter.node("", schema)
+    if not rewriter.used:
+        return RewrittenSchema(schema, ())  # nothing rewritten: the same object
     return RewrittenSchema(out, tuple(sorted(rewriter.used)))
 
 
@@ -122,6 +124,36 @@ def _uses(schema: Any, keywords: Any) -> bool:
         elif _uses(value, keywords):
             return True
     return False
+
+
+def _has_sibling_keywords(schema: Any) -> bool:
+    """Whether some node has an `anyOf`/`oneOf` beside validation keywords, or an `enum` beside
+    a `type` (xgrammar reads the anyOf, oneOf or enum alone: measured, it lets `1` through
+    `{"type": "integer", "minimum": 3, "anyOf": [...]}` and `"x"` through
+    `{"type": "integer", "enum": [1, "x"]}`)."""
+    if isinstance(schema, list):
+        return any(_has_sibling_keywords(s) for s in schema)
+    if not isinstance(schema, dict):
+        return False
+    if _sibling_key(schema) is not None or ("type" in schema and "enum" in schema):
+        return True
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            continue
+        if key in _MAPS and isinstance(value, dict):
+            if any(_has_sibling_keywords(v) for v in value.values()):
+                return True
+        elif _has_sibling_keywords(value):
+            return True
+    return False
+
+
+def _sibling_key(s: dict[str, Any]) -> str | None:
+    """ "anyOf" or "oneOf" when the node has it (not both) beside validation keywords."""
+    keys = [k for k in ("anyOf", "oneOf") if isinstance(s.get(k), list)]
+    if len(keys) != 1 or not s.keys() - _KEPT_AT_NODE - {keys[0]}:
+        return None
+    return keys[0]
 
 
 def _keywords_of_draft(declared: str) -> frozenset[str]:
@@ -180,10 +212,10 @@ class _Rewriter:
 
     def _rewrite_here(self, path: str, s: dict[str, Any]) -> dict[str, Any] | bool:
         """This node with its own rewritable keywords rewritten (children are already done)."""
-        if not self.keywords & s.keys() or self._referenced_inside(path):
+        if self._referenced_inside(path):
             return s
         try:
-            return self._rebuild(s)
+            out = self._rebuild(s) if self.keywords & s.keys() else s
         except _TooManyBranches as e:
             where = ", ".join(f"'{k}' (at {path or '/'})" for k in sorted(self.keywords & s.keys()))
             raise GrammarError(
@@ -191,6 +223,46 @@ class _Rewriter:
                 f"needs {e.count} anyOf branches, over the bound of {MAX_BRANCHES}",
                 "json_schema",
             ) from None
+        return self._siblings(out) if isinstance(out, dict) else out
+
+    def _siblings(self, s: dict[str, Any]) -> dict[str, Any] | bool:
+        """The node with its `enum` cut to its `type`, and the keywords beside its `anyOf` or
+        `oneOf` merged into each branch (allOf[S, oneOf[B..]] is oneOf[S and B..]: an instance
+        failing S meets no branch, one meeting S meets as many as before). Where a merge is not
+        plain data, or past MAX_BRANCHES, the node stays: the gap tables send it to llguidance."""
+        enum = s.get("enum")
+        if "type" in s and isinstance(enum, list):
+            fit = merge_schemas({"type": s["type"]}, {"enum": enum})
+            if fit is UNSATISFIABLE:
+                self.used.add("enum:type")
+                return False
+            if isinstance(fit, dict) and fit.get("enum") != enum:
+                self.used.add("enum:type")
+                s = {**s, "enum": fit["enum"]}
+        key = _sibling_key(s)
+        if key is None:
+            return s
+        top = {k: v for k, v in s.items() if k in _KEPT_AT_NODE}
+        rest = {k: v for k, v in s.items() if k not in _KEPT_AT_NODE and k != key}
+        if any(merge_schemas(rest, b) is None for b in s[key]):
+            return s
+        try:
+            if key == "anyOf":
+                branches: Branches = []
+                for branch in _flatten(_conjoin([[rest], s[key]])):
+                    if branch not in branches:
+                        branches.append(branch)
+            else:  # no branch dropped as a duplicate: two equal branches fail oneOf together
+                branches = [b for b in (_one_branch(rest, b) for b in s[key]) if b is not None]
+        except _TooManyBranches:
+            return s
+        self.used.add(f"{key}:siblings")
+        if not branches:
+            return False
+        one = branches[0]
+        if len(branches) == 1 and isinstance(one, dict) and not top.keys() & one.keys():
+            return {**top, **one}
+        return {**top, key: branches}
 
     def _rebuild(self, s: dict[str, Any]) -> dict[str, Any] | bool:
         constraints: list[Branches] = []
@@ -416,6 +488,19 @@ def _flatten(branches: Branches) -> Branches:
         if len(out) > MAX_BRANCHES:
             _too_many(len(out))
     return out
+
+
+def _one_branch(rest: dict[str, Any], branch: Any) -> Any:
+    """A oneOf branch with the node's other keywords merged in (None: it accepts nothing)."""
+    merged = merge_schemas(rest, branch)
+    if merged is UNSATISFIABLE or merged is False:
+        return None
+    if isinstance(merged, dict) and isinstance(merged.get("anyOf"), list):
+        inner = _flatten([merged])
+        if not inner:
+            return None
+        return inner[0] if len(inner) == 1 else {"anyOf": inner}
+    return merged
 
 
 def _conjoin_or_none(parts: list[Branches | None]) -> Branches | None:

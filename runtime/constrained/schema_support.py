@@ -17,6 +17,7 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.grammar_spec import subschemas
+from radixgen.runtime.constrained.schema_merge import is_json_type
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 
 # keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
@@ -62,7 +63,9 @@ _NO_BACKEND = frozenset(
 # additionalProperties schema); ignores allOf, required names missing from properties, keywords
 # beside $ref, the length bounds of a patterned string, $refs that are not "#/..." pointers, and
 # numeric/string/array bounds in a subschema without "type"; fails on draft-4 array `items` and
-# boolean exclusiveMinimum/Maximum; patternProperties it serves as "no such keys" beside
+# boolean exclusiveMinimum/Maximum; serves an anyOf/oneOf alone, ignoring the keywords beside it,
+# and an enum/const alone, ignoring those beside it (schema_rewrite.py merges them into the
+# branches and cuts an enum to its type where that is exact); patternProperties it serves as "no such keys" beside
 # "type": "object" but not without it (listed: a gap in some uses). unevaluated* it serves
 # strictly (no key or item beyond the listed ones, which is valid).
 # llguidance 1.9.1 (measured): refuses propertyNames and unevaluatedProperties by name; serves
@@ -81,6 +84,8 @@ SCHEMA_GAPS: dict[str, frozenset[str]] = {
         "exclusiveMinimum/exclusiveMaximum (boolean form)",
         "a type-specific keyword without type",
         "a property schema false (beside additionalProperties)",
+        "keywords beside anyOf/oneOf",
+        "keywords beside enum/const",
     },
     "llguidance": _NO_BACKEND | {"propertyNames", "unevaluatedProperties", "unevaluatedItems"},
 }
@@ -361,7 +366,29 @@ def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
         out.append("propertyNames")
     if _false_property_kept(s):
         out.append("a property schema false (beside additionalProperties)")
+    combined = {k for k in ("anyOf", "oneOf") if isinstance(s.get(k), list)}
+    if (combined and _validation_keys(s) - combined) or len(combined) > 1:
+        out.append("keywords beside anyOf/oneOf")
+    if _enum_beside_keywords(s):
+        out.append("keywords beside enum/const")
     return out
+
+
+def _enum_beside_keywords(s: dict[str, Any]) -> bool:
+    """An enum/const with another keyword that could reject one of its values (a `type` all
+    the values meet rejects none)."""
+    values = _values(s)
+    if values is None:
+        return False
+    if ("const" in s and "enum" in s) or _validation_keys(s) - {"enum", "const", "type"}:
+        return True
+    if "type" not in s:
+        return False
+    names = [s["type"]] if isinstance(s["type"], str) else s["type"]
+    if not isinstance(names, list):
+        return True
+    items = [s["const"]] if "const" in s else s["enum"]
+    return not all(any(is_json_type(v, t) for t in names) for v in items)
 
 
 def _children(path: str, schema: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -144,6 +144,24 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         ),
         ["dependentRequired", "not:const", "not:required"],
     ),
+    # measured on main: xgrammar serves the anyOf/oneOf/enum alone, letting 1, {} and "x" through
+    "anyOf-siblings-integer": (
+        {"type": "integer", "minimum": 3, "anyOf": [{**INT, "maximum": 5}, {**INT, "maximum": 9}]},
+        ["anyOf:siblings"],
+    ),
+    "anyOf-siblings-object": (
+        _obj(
+            {"a": INT},
+            required=["a"],
+            anyOf=[_obj({"a": {**INT, "maximum": 3}}), {"type": "null"}],
+        ),
+        ["anyOf:siblings"],
+    ),
+    "oneOf-siblings": (
+        {"type": ["integer", "string"], "minimum": 3, "oneOf": [{**INT, "maximum": 5}, STR]},
+        ["oneOf:siblings"],
+    ),
+    "enum-beside-type": ({"type": "integer", "enum": [1, 2, "x"]}, ["enum:type"]),
     "in-defs": (
         {
             "$defs": {"p": _obj({"a": INT, "b": INT}, dependentRequired={"a": ["b"]})},
@@ -429,21 +447,41 @@ def test_suite_not_and_dependencies_are_mostly_served_now():
 
 def _rewritable(schema: Any) -> bool:
     text = json.dumps(schema)
-    return any(f'"{k}"' in text for k in ("not", "dependencies", "dependentRequired", "if"))
+    if any(f'"{k}"' in text for k in ("not", "dependencies", "dependentRequired", "if")):
+        return True
+    return any(("type" in s and "enum" in s) or _beside_any_of(s) for s in _nodes(schema))
+
+
+def _beside_any_of(s: dict[str, Any]) -> bool:
+    kept = {"$schema", "$id", "id", "$comment", "$defs", "definitions", "title", "description"}
+    kept |= {"default", "examples", "deprecated", "readOnly", "writeOnly", "$anchor"}
+    return any(k in s for k in ("anyOf", "oneOf")) and bool(s.keys() - kept - {"anyOf", "oneOf"})
+
+
+def _nodes(schema: Any) -> list[dict[str, Any]]:
+    """Every dict in the schema outside instance data (property maps included: a superset)."""
+    if isinstance(schema, list):
+        return [n for s in schema for n in _nodes(s)]
+    if not isinstance(schema, dict):
+        return []
+    inner = [v for k, v in schema.items() if k not in ("enum", "const", "default", "examples")]
+    return [schema, *_nodes(inner)]
 
 
 def test_identity_on_schemas_without_rewritable_keywords():
-    """Corpus schemas using none of the rewritten keywords come back as the same object and
-    the same spec text, so they compile (and decode) exactly as before."""
+    """Corpus schemas using none of the rewritten keywords (nor keywords beside an anyOf/oneOf,
+    nor an enum beside a type) come back unchanged, and every schema nothing was rewritten in
+    comes back as the same object and spec text, so it compiles (and decodes) as before."""
     items = [*MADE_HERE, *suite_schemas(), *schemastore_schemas()]
     checked = 0
     for item in items:
         done = rewrite_schema(item.schema)
         if not done.rewrites:
             assert rewrite_spec(item.spec) == (item.spec, ())
-        if not _rewritable(item.schema):
-            assert done.schema is item.schema and done.rewrites == ()
+            assert done.schema is item.schema
             checked += 1
+        if not _rewritable(item.schema):
+            assert done.rewrites == ()
     assert checked > 100
 
 
@@ -515,3 +553,34 @@ def test_meta_info_names_the_rewrites(tokenizer):
         assert "schema_rewrites" not in plain["meta_info"]
     finally:
         gm.shutdown()
+
+
+def _sibling_schema(r: random.Random) -> dict[str, Any]:
+    """A node with keywords beside an anyOf or oneOf (or an enum beside a type)."""
+    s: dict[str, Any] = {"type": r.choice(["object", "integer", ["integer", "string", "null"]])}
+    if r.random() < 0.5:
+        s["properties"] = {n: _leaf(r) for n in r.sample(_NAMES, r.randrange(1, 3))}
+        s["required"] = r.sample(_NAMES, r.randrange(0, 2))
+    if r.random() < 0.5:
+        s[r.choice(["minimum", "maximum"])] = r.randrange(4)
+    if r.random() < 0.3:
+        s["enum"] = r.sample(_PICK, r.randrange(1, 5))
+    key = r.choice(["anyOf", "oneOf"])
+    s[key] = [
+        r.choice([_leaf(r), _obj({r.choice(_NAMES): _leaf(r)}, required=[r.choice(_NAMES)])])
+        for _ in range(r.randrange(1, 4))
+    ]
+    return s
+
+
+def test_random_sibling_schemas_keep_their_instances():
+    """Property test: keywords merged into anyOf/oneOf branches keep every instance's verdict."""
+    r = random.Random(39)
+    rewritten = 0
+    for i in range(300):
+        schema = _sibling_schema(r)
+        done = rewrite_schema(schema)
+        rewritten += bool(done.rewrites)
+        for x in instances(schema, count=120, seed=i):
+            assert _valid(schema, x) == _valid(done.schema, x), (schema, done.schema, x)
+    assert rewritten > 200

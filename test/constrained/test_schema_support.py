@@ -115,6 +115,20 @@ PROBES: dict[str, tuple[Any, list[Any]]] = {
         {"type": "object", "propertyNames": {"maxLength": 2}, "additionalProperties": _INT},
         [{"abc": 1}],
     ),
+    # a $ref branch is not merged (schema_rewrite.py), so the keywords stay beside the anyOf
+    "keywords beside anyOf/oneOf": (
+        {
+            "$defs": {"n": {"type": "integer", "maximum": 5}},
+            "type": "integer",
+            "minimum": 3,
+            "anyOf": [{"$ref": "#/$defs/n"}, {"type": "integer", "maximum": 9}],
+        },
+        [1, 10],
+    ),
+    "keywords beside enum/const": (
+        {"enum": [1, 5, "abc"], "minimum": 3, "maxLength": 2},
+        [1, "abc"],
+    ),
 }
 
 
