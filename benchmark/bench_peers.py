@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 import httpx
 import jsonschema
-from server_launch import free_port, launch_server
-from serving_workload import random_text
+from server_launch import free_port, launch_server, wait_until_up
+from serving_workload import content_piece, random_text, sse_events
 
 SERVERS = ("radixgen", "radixgen_f32_torch", "llama_cpp")
 WORKLOADS = ("single", "concurrent32", "shared_prefix", "json_schema")
@@ -82,18 +82,8 @@ def start_server(name: str, threads: int) -> tuple[subprocess.Popen, str]:
            "--interrupt_requests", "False"]  # queue, not cut, concurrent requests  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama_cpp.server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("llama_cpp.server did not start")
+    wait_until_up(proc, url + "/v1/models", 120)
+    return proc, url
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -119,18 +109,9 @@ async def stream(
     async with session.post(url, json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            choices = json.loads(payload).get("choices") or []
-            if not choices:
-                continue
-            c = choices[0]
-            piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+        async for data in sse_events(resp):
+            choices = data.get("choices") or []
+            piece = content_piece(choices[0]) if choices else None
             if piece:
                 stamps.append(time.perf_counter())
                 text.append(piece)

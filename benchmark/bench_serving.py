@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 from server_launch import launch_server
-from serving_workload import Result, Sample, build_dataset, summarize
+from serving_workload import Result, Sample, build_dataset, content_piece, sse_events, summarize
 
 # --- HTTP client ---------------------------------------------------------------------------------
 
@@ -57,14 +57,7 @@ async def http_request(
             if resp.status != 200:
                 res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return res
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                data = json.loads(payload)
+            async for data in sse_events(resp):
                 if "error" in data:
                     res.error = str(data["error"])[:200]
                     return res
@@ -76,8 +69,7 @@ async def http_request(
                 choices = data.get("choices") or []
                 if not choices:
                     continue
-                c = choices[0]
-                piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                piece = content_piece(choices[0])
                 if piece:
                     now = time.perf_counter()
                     if chunks == 0:

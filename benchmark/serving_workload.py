@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +90,23 @@ def summarize(results: list[Result], duration: float, extra: dict[str, Any]) -> 
     if errors:
         line["first_error"] = errors[0]
     return line
+
+
+async def sse_events(resp: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an OpenAI-style server-sent event stream (an aiohttp response), up
+    to `[DONE]`."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def content_piece(choice: dict[str, Any]) -> str | None:
+    """The text a streamed completions or chat-completions choice adds."""
+    if "text" in choice:
+        return choice.get("text")
+    return (choice.get("delta") or {}).get("content")
