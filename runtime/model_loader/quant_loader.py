@@ -20,6 +20,7 @@ import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
     QuantPlanes,
@@ -28,7 +29,6 @@ from radixgen.runtime.model_loader.gguf_blocks import (
     split_blocks,
 )
 from radixgen.runtime.model_loader.gguf_convert import _ROPE_FREQS, _hf_name
-from radixgen.runtime.models.linear import Linear
 from radixgen.utils import return_free_heap_to_os
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from torch import nn
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo, kv_scales
 from radixgen.kernels.cpu import NativeKernels
-from radixgen.runtime.models.linear import Linear, PackedWeight, linear, prepack_weight
+from radixgen.runtime.layers.linear import Linear, PackedWeight, linear, prepack_weight
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.runtime.models.native_stack import NativeDecoderStack, StackLayerTypes
 

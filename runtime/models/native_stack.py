@@ -21,8 +21,7 @@ import torch
 from radixgen.kernels.attention.base import KVPool, kv_scales
 from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
 from radixgen.kernels.cpu.bindings import KV_CODES, QUANT_FORMATS
-
-from .linear import Linear
+from radixgen.runtime.layers.linear import Linear
 
 if TYPE_CHECKING:
     from .llama import LlamaForCausalLM

@@ -16,9 +16,9 @@ from radixgen.kernels.cpu import (
     select_linear_gemm,
     select_native_kernels,
 )
+from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.model_executor.model_runner import ModelRunner
-from radixgen.runtime.models.linear import Linear
 from radixgen.runtime.models.llama import MLP, Attention, RMSNorm
 from radixgen.server_args import ServerArgs
 

@@ -14,10 +14,10 @@ from transformers import LlamaConfig, Qwen2Config
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
 from radixgen.runtime.model_loader.quant_loader import QUANT_CACHE
-from radixgen.runtime.models.linear import Linear
 from radixgen.server_args import ServerArgs
 
 native = load_native_kernels()
