@@ -399,6 +399,10 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.model_executor.model_runner",
     ): (_SCHEDULER),
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.model_executor.resolution",
+    ): (_SCHEDULER),
     ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.models.model_config"): (
         _SCHEDULER
     ),

@@ -241,7 +241,7 @@ def test_softcapping_backends(saved: Any) -> None:
     flashinfer is refused with the reason, and on CPU the runner's attention takes the
     pure-torch path (the native kernel has no soft-capping)."""
     from radixgen.errors import InvalidRequestError
-    from radixgen.runtime.model_executor.model_runner import resolve_attention_backend
+    from radixgen.runtime.model_executor.resolution import resolve_attention_backend
 
     _, folder = saved("gemma2")
     cfg = ModelArchConfig.from_folder(folder)
