@@ -39,7 +39,7 @@ from radixgen.io_struct import TokenizedGenerateReq
 from radixgen.kernels.cpu import NativeKernels, build
 from radixgen.kernels.cpu.isa import chosen_isa
 from radixgen.runtime.model_loader import resolve_model_path
-from radixgen.runtime.models import llama, native_stack
+from radixgen.runtime.models import causal_lm, native_stack
 from radixgen.runtime.scheduler.scheduler_process import build_scheduler
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
@@ -96,12 +96,12 @@ def alternate(
 
         return call
 
-    stack_cls, model_cls = native_stack.NativeDecoderStack, llama.LlamaForCausalLM
+    stack_cls, model_cls = native_stack.NativeDecoderStack, causal_lm.CausalLM
     stack_cls.forward = routed(  # type: ignore[method-assign]
         "stack", stack_cls.forward, lambda s, k: setattr(s, "kernels", k)
     )
     model_cls.compute_logits = routed(  # type: ignore[method-assign]
-        "head", model_cls.compute_logits, lambda m, k: setattr(m, "_lm_head_gemm", k)
+        "head", model_cls.compute_logits, lambda m, k: setattr(m.vocab, "gemm", k)
     )
     return names
 

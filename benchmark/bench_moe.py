@@ -1,7 +1,7 @@
 """Grouped MoE experts against a per-token loop: one SparseMoeBlock forward at several token
 counts, same weights, same routing.
 
-"grouped" is the model's path (runtime/models/moe.py: pairs sorted by expert, each expert one
+"grouped" is the model's path (runtime/layers/moe.py: pairs sorted by expert, each expert one
 prepacked MLP call over its tokens); "per_token" is the baseline the design rules out: for every
 token, one MLP call per chosen expert. Both produce the same rows (checked).
 
@@ -20,9 +20,9 @@ import time
 import torch
 
 from radixgen.kernels.cpu import select_linear_gemm, select_native_kernels
-from radixgen.runtime.models.llama import MLP
+from radixgen.runtime.layers.mlp import MLP
+from radixgen.runtime.layers.moe import SparseMoeBlock
 from radixgen.runtime.models.model_config import ModelArchConfig
-from radixgen.runtime.models.moe import SparseMoeBlock
 
 CONFIG = {
     "architectures": ["MixtralForCausalLM"],
@@ -76,7 +76,7 @@ def main() -> None:
         p.data = (0.05 * torch.randn(p.shape)).to(dtype)
     native = select_native_kernels("cpu", dtype)
     gemm = select_linear_gemm(native)
-    for module in block.modules():  # as LlamaForCausalLM.prepack does
+    for module in block.modules():  # as CausalLM.prepack does
         if hasattr(module, "prepack"):
             module.prepack(gemm)
         if isinstance(module, MLP):

@@ -21,7 +21,7 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class FusedLayerOps(Protocol):
-    """What llama.py's RMSNorm, Attention and MLP call when the runner hands them fused ops."""
+    """What runtime/layers' RMSNorm, Attention and MLP call when the runner hands them fused ops."""
 
     def add_rmsnorm(
         self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float

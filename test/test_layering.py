@@ -241,6 +241,23 @@ def test_kernels_do_not_import_the_runtime() -> None:
     assert not _violations("radixgen.kernels", ("radixgen.runtime", "radixgen.lang"))
 
 
+def test_layers_sit_below_the_models() -> None:
+    """runtime/layers (norms, rotary, attention, MLP, MoE, vocab) is the library the models are
+    composed of: at module load it imports the core, the kernels and itself, never a model, the
+    model runner or anything above them (types under TYPE_CHECKING do not count)."""
+    allowed = ("radixgen.runtime.layers", "radixgen.kernels")
+    bad = []
+    for name, path in modules("radixgen.runtime"):
+        if not (name == allowed[0] or name.startswith(allowed[0] + ".")):
+            continue
+        for imp in top_level_imports(name, path):
+            if imp.startswith("radixgen.runtime") and not any(
+                imp == a or imp.startswith(a + ".") for a in allowed
+            ):
+                bad.append(f"{path.relative_to(ROOT)} imports {imp}")
+    assert not bad
+
+
 def test_light_processes_do_not_load_the_model_stack() -> None:
     """The API process (api/, entrypoints/, dashboard/), the detokenizer, start-up code and the
     tokenizer import neither torch, the kernels nor the scheduler's side at module load."""
@@ -381,6 +398,10 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     (
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.model_executor.model_runner",
+    ): (_SCHEDULER),
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.model_executor.resolution",
     ): (_SCHEDULER),
     ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.models.model_config"): (
         _SCHEDULER

@@ -1,7 +1,7 @@
 """Rotary embedding of q and k from a fused qkv row, with k and v stored straight into the KV
 pool: one pass per token instead of split, rotate, concatenate and a scatter per layer.
 
-Half-split (NeoX) layout with the float32 cos/sin tables of llama.py's `RotaryEmbedding`
+Half-split (NeoX) layout with the float32 cos/sin tables of runtime/layers' `RotaryEmbedding`
 ([max positions, D], each half repeated). Numerics are the native CPU kernel's
 (kernels/cpu/fused_ops.c, `rope_store_kv`): bf16 in and out rounds the tables, each product and
 the sum, exactly as `x * cos + rotate_half(x) * sin` in bf16 torch; float32 in (an unrounded

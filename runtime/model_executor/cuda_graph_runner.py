@@ -28,7 +28,7 @@ from radixgen.runtime.model_executor.logits_output import LogitsOutput
 
 if TYPE_CHECKING:
     from radixgen.kernels.attention import AttentionBackend
-    from radixgen.runtime.models.llama import LlamaForCausalLM
+    from radixgen.runtime.models.causal_lm import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class CudaGraphRunner:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         attn_backend: AttentionBackend,
         batch_sizes: Sequence[int],
         vocab_size: int,

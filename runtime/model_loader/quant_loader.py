@@ -20,6 +20,7 @@ import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_loader.gguf_blocks import (
     KEPT_TYPES,
     QuantPlanes,
@@ -28,12 +29,11 @@ from radixgen.runtime.model_loader.gguf_blocks import (
     split_blocks,
 )
 from radixgen.runtime.model_loader.gguf_convert import _ROPE_FREQS, _hf_name
-from radixgen.runtime.models.linear import Linear
 from radixgen.utils import return_free_heap_to_os
 
 if TYPE_CHECKING:
     from radixgen.kernels.cpu import NativeKernels
-    from radixgen.runtime.models.llama import LlamaForCausalLM
+    from radixgen.runtime.models.causal_lm import CausalLM
 
 QUANTIZATIONS = ("gguf", "unquant", "w8a16", "int8")
 # architectures whose modules this loader fills (the Llama-family decoder of models/llama.py)
@@ -165,7 +165,7 @@ def _pack(native: NativeKernels, p: QuantPlanes) -> QuantLinearWeight:
 
 
 def load_gguf_quantized(
-    model: LlamaForCausalLM, path: Path, native: NativeKernels, folder: str | Path
+    model: CausalLM, path: Path, native: NativeKernels, folder: str | Path
 ) -> None:
     """Fill `model` from the GGUF, its kept tensors packed for the quantized GEMM. The packed
     form is cached in the converted folder (reading the GGUF's metadata alone takes ~10 s)."""
@@ -184,7 +184,7 @@ def load_gguf_quantized(
 
 
 def _pack_gguf(
-    model: LlamaForCausalLM, path: Path, native: NativeKernels
+    model: CausalLM, path: Path, native: NativeKernels
 ) -> tuple[dict[str, QuantLinearWeight], dict[str, torch.Tensor]]:
     cfg = model.cfg
     permuted = cfg.architecture in ("LlamaForCausalLM", "MistralForCausalLM")
@@ -251,7 +251,7 @@ def _checkpoint_names(fused_name: str) -> set[str]:
 
 
 def attach_quantized(
-    model: LlamaForCausalLM, native: NativeKernels, packed: dict[str, QuantLinearWeight]
+    model: CausalLM, native: NativeKernels, packed: dict[str, QuantLinearWeight]
 ) -> None:
     """Put each packed weight on its module (with the module's bias) and drop the module's dense
     parameter."""
@@ -268,7 +268,7 @@ def attach_quantized(
         mod.set_quantized(replace(w, bias=bias), native)
 
 
-def quantize_int8(model: LlamaForCausalLM, native: NativeKernels) -> None:
+def quantize_int8(model: CausalLM, native: NativeKernels) -> None:
     """w8a16: every dense linear weight (and the embedding / head) to int8 per channel."""
     quant: dict[str, QuantPlanes] = {}
     for name, mod in model.named_modules():

@@ -16,7 +16,7 @@ import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.model_loader import quant_loader
-from radixgen.runtime.models.llama import LlamaForCausalLM
+from radixgen.runtime.models.causal_lm import CausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.runtime.models.registry import model_class
 
@@ -63,11 +63,11 @@ def load_model(
     gemm: NativeKernels | None = None,
     quantization: str = "unquant",
     kernels: NativeKernels | None = None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
     native, gemm: the model runner's kernel choice (native: the fused layer ops, CPU or
-    Triton), handed to `LlamaForCausalLM.prepack`. The class follows the architecture
+    Triton), handed to `CausalLM.prepack`. The class follows the architecture
     (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
     GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
     quantized weights."""

@@ -9,70 +9,40 @@ store and the GEMMs stay native.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+from torch import nn
 
-from radixgen.runtime.models.llama import (
-    MLP,
-    Attention,
-    DecoderLayer,
-    LlamaForCausalLM,
-    RMSNorm,
-    RotaryEmbedding,
-)
+from radixgen.runtime.layers.attention import Attention
+from radixgen.runtime.layers.mlp import GeluTanhMLP
+from radixgen.runtime.layers.norm import GemmaRMSNorm
+from radixgen.runtime.layers.rotary import RotaryEmbedding
+from radixgen.runtime.models.causal_lm import CausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 
 if TYPE_CHECKING:
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
 
-class GemmaRMSNorm(RMSNorm):
-    """x / rms(x) * (1 + w), in float32 (checkpoints store w around 0)."""
+class Gemma2DecoderLayer(nn.Module):
+    """Norms before and after attention and before and after the MLP; float32 residual."""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is not None:
-            x = residual + x.float()
-            residual = x
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        normed = (normed * (1.0 + self.weight.float())).to(self.weight.dtype)
-        return normed if residual is None else (normed, residual)
-
-
-class Gemma2Attention(Attention):
     def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
-        super().__init__(cfg, layer_id)
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
         assert cfg.query_pre_attn_scalar is not None
-        self.info = dataclasses.replace(
-            self.info,
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.self_attn = Attention(
+            cfg,
+            layer_id,
             scaling=cfg.query_pre_attn_scalar**-0.5,
             logit_softcap=cfg.attn_logit_softcapping,
         )
-
-
-class Gemma2MLP(MLP):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
-        return self.down_proj.forward(F.gelu(gate, approximate="tanh") * up)
-
-
-class Gemma2DecoderLayer(DecoderLayer):
-    """Norms before and after attention and before and after the MLP; float32 residual."""
-
-    attention_cls = Gemma2Attention
-
-    def __init__(self, cfg: ModelArchConfig, layer_id: int) -> None:
-        super().__init__(cfg, layer_id)
-        h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(h, eps)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.mlp = GeluTanhMLP(cfg)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
-
-    def make_mlp(self, cfg: ModelArchConfig, layer_id: int) -> Gemma2MLP:
-        return Gemma2MLP(cfg)
 
     def forward(
         self,
@@ -91,14 +61,13 @@ class Gemma2DecoderLayer(DecoderLayer):
         return self.post_feedforward_layernorm.forward(h), residual
 
 
-class Gemma2ForCausalLM(LlamaForCausalLM):
+class Gemma2ForCausalLM(CausalLM):
     """Gemma2ForCausalLM; logits are float32 after soft-capping (exact for every consumer)."""
 
-    layer_cls = Gemma2DecoderLayer
+    norm_cls = GemmaRMSNorm
 
-    def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
-        super().__init__(cfg, max_positions)
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    def make_layer(self, cfg: ModelArchConfig, layer_id: int) -> Gemma2DecoderLayer:
+        return Gemma2DecoderLayer(cfg, layer_id)
 
     @torch.inference_mode()
     def forward(

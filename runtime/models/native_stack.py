@@ -5,8 +5,8 @@ few rows a step that glue (ctypes marshalling, a torch allocation per output, mo
 about as much as streaming the quantized weights. The stack runs the same kernels in the same
 order from one table of pointers, so its rows are bitwise those of the per-layer path
 (test/models/test_native_stack.py), which stays the path for everything the stack does not
-cover: other layer classes (Qwen3's q/k norms, Gemma 2, Phi-3, MoE), tensor parallelism, the
-torch GEMM or attention, CUDA. RADIXGEN_NATIVE_STACK=0 turns it off (comparisons).
+cover: other layer classes (Qwen3's q/k norms, Gemma 2's block, MoE blocks), tensor parallelism,
+the torch GEMM or attention, CUDA. RADIXGEN_NATIVE_STACK=0 turns it off (comparisons).
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ import torch
 from radixgen.kernels.attention.base import KVPool, kv_scales
 from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
 from radixgen.kernels.cpu.bindings import KV_CODES, QUANT_FORMATS
-
-from .linear import Linear
+from radixgen.runtime.layers.attention import Attention
+from radixgen.runtime.layers.decoder import DecoderLayer
+from radixgen.runtime.layers.linear import Linear
+from radixgen.runtime.layers.mlp import MLP
+from radixgen.runtime.layers.norm import RMSNorm
 
 if TYPE_CHECKING:
-    from .llama import LlamaForCausalLM
+    from .causal_lm import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +61,6 @@ def _linear_words(layer: Linear) -> tuple[int, int, int] | None:
     return None
 
 
-@dataclass(frozen=True)
-class StackLayerTypes:
-    """The exact layer classes the stack runs, passed in by llama.py (which defines them) so
-    this module does not import it. Subclasses (Qwen3, Gemma 2, Phi-3, MoE, TP layers) add steps
-    the stack does not run, so exact classes only."""
-
-    decoder_layer: type[object]
-    attention: type[object]
-    mlp: type[object]
-    rms_norm: type[object]
-
-
 @dataclass
 class NativeDecoderStack:
     """The table of one model's layers over one KV pool, and the kernels that run it."""
@@ -87,9 +78,11 @@ class NativeDecoderStack:
 
     @classmethod
     def build(
-        cls, model: LlamaForCausalLM, pool: KVPool, kernels: NativeKernels, types: StackLayerTypes
+        cls, model: CausalLM, pool: KVPool, kernels: NativeKernels
     ) -> NativeDecoderStack | None:
-        """The stack for `model` over `pool`, or None where a layer is not one of `types`."""
+        """The stack for `model` over `pool`, or None where a layer is not exactly the pre-norm
+        `DecoderLayer` of `Attention`, `MLP` and `RMSNorm` (runtime/layers). Subclasses (Qwen3's
+        q/k norms, Gemma 2's, TP layers) add steps the stack does not run: exact classes only."""
         if os.environ.get(DISABLE_ENV) == "0":
             return None
         if kernels.decoder_stack_words != len(LAYER_WORDS):
@@ -98,23 +91,13 @@ class NativeDecoderStack:
         rows: list[list[int]] = []
         first = model.layers[0]
         for i, layer in enumerate(model.layers):
-            # NOTE: exact classes: subclasses (Qwen3, Gemma 2, Phi-3, MoE, TP layers) add steps
-            if (
-                type(layer) is not types.decoder_layer
-                or type(layer.self_attn) is not types.attention
-            ):
+            if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
                 return None
             attn, mlp = layer.self_attn, layer.mlp
-            if (
-                type(mlp) is not types.mlp
-                or attn.native is not kernels
-                or mlp.native is not kernels
-            ):
+            if type(mlp) is not MLP or attn.native is not kernels or mlp.native is not kernels:
                 return None
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if any(
-                type(n) is not types.rms_norm or n.weight.dtype != torch.bfloat16 for n in norms
-            ):
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.bfloat16 for n in norms):
                 return None
             if (attn.info.scaling, attn.info.logit_softcap) != (first.self_attn.info.scaling, None):
                 return None
@@ -137,7 +120,7 @@ class NativeDecoderStack:
             row.append(attn.info.sliding_window or 0)
             rows.append(row)
         final = model.norm
-        if type(final) is not types.rms_norm or final.weight.dtype != torch.bfloat16:
+        if type(final) is not RMSNorm or final.weight.dtype != torch.bfloat16:
             return None
         if final.eps != first.input_layernorm.eps:  # the stack norms with one epsilon
             return None

@@ -1,6 +1,6 @@
 """Which model class serves each supported architecture (scheduler process).
 
-Every class is a `LlamaForCausalLM` subclass (same forward contract, weight loading and
+Every class is a `CausalLM` subclass (same forward contract, weight loading and
 prepacking); modules are imported only for the architecture being loaded.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from radixgen.runtime.models.llama import LlamaForCausalLM
+from radixgen.runtime.models.causal_lm import CausalLM
 from radixgen.runtime.models.model_config import ModelArchConfig
 
 # model_type -> (module under radixgen.runtime.models, class name)
@@ -25,9 +25,9 @@ _MODELS: dict[str, tuple[str, str]] = {
 }
 
 
-def model_class(cfg: ModelArchConfig) -> type[LlamaForCausalLM]:
+def model_class(cfg: ModelArchConfig) -> type[CausalLM]:
     """The class for `cfg.model_type` (model_config.py has refused unknown ones already)."""
     module_name, class_name = _MODELS[cfg.model_type]
     module = importlib.import_module(f"radixgen.runtime.models.{module_name}")
-    cls: type[LlamaForCausalLM] = getattr(module, class_name)
+    cls: type[CausalLM] = getattr(module, class_name)
     return cls

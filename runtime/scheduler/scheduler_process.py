@@ -32,7 +32,7 @@ IDLE_RELEASE_S = 0.5
 def choose_num_threads(args: ServerArgs) -> int:
     """Intra-op threads: the flag if set, else this replica's share of the cores this process
     may run on (all of them without data parallelism)."""
-    from radixgen.runtime.model_executor.model_runner import available_cores
+    from radixgen.runtime.model_executor.resolution import available_cores
 
     if args.scheduler.num_threads:
         return args.scheduler.num_threads

@@ -11,7 +11,7 @@ from wait_helpers import wait_until
 import radixgen
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.cpu import load_native_kernels
-from radixgen.runtime.model_executor.model_runner import cpu_has_bf16
+from radixgen.runtime.model_executor.resolution import cpu_has_bf16
 
 pytestmark = pytest.mark.slow  # starts an Engine (real model, real processes)
 

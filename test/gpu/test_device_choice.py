@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.model_executor.model_runner import resolve_device
+from radixgen.runtime.model_executor.resolution import resolve_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
@@ -29,7 +29,7 @@ def test_auto_gives_flashinfer_only_the_models_it_serves():
     dim it is built for and no sliding-window layers (else triton)."""
     from dataclasses import replace
 
-    from radixgen.runtime.model_executor.model_runner import flashinfer_serves
+    from radixgen.runtime.model_executor.resolution import flashinfer_serves
     from radixgen.runtime.models.model_config import ModelArchConfig
 
     cfg = ModelArchConfig.from_dict(

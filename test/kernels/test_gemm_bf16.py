@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from radixgen.kernels.cpu import PackedLinearWeight, load_native_kernels, select_linear_gemm
-from radixgen.runtime.models.linear import Linear
+from radixgen.runtime.layers.linear import Linear
 
 native = load_native_kernels()
 pytestmark = pytest.mark.skipif(

@@ -3,7 +3,7 @@ against torch references.
 
 `gpu` tests: natively on a CUDA device (with larger batches, and offsets past 2^31 elements); on
 CPU under Triton's interpreter with small shapes (`bash scripts/test_triton_cpu.sh`), so the CPU
-suite itself never imports triton. bf16 references compute as the torch layers of llama.py do,
+suite itself never imports triton. bf16 references compute as the torch layers of runtime/layers do,
 op by op in bf16: where the kernels promise torch's roundings (rotary, the residual add) the
 results must be equal, elsewhere within one bf16 rounding.
 """
@@ -105,7 +105,7 @@ def test_silu_mul(n: int, in_dtype: torch.dtype, out_dtype: torch.dtype, inter: 
 
 
 def rope_tables(head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin as llama.py's RotaryEmbedding lays them out (each half repeated)."""
+    """cos/sin as runtime/layers' RotaryEmbedding lays them out (each half repeated)."""
     inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
     freqs = torch.outer(torch.arange(max_positions).float(), inv)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -115,7 +115,7 @@ def rope_tables(head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.
 def reference_rotate(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """x [N, heads, D] rotated at per-token cos/sin rows [N, D] (llama.py's `_rotate`)."""
+    """x [N, heads, D] rotated at per-token cos/sin rows [N, D] (rotary.py's `_rotate`)."""
     if x.dtype != out_dtype or x.dtype != BF16:
         x, cos, sin = x.float(), cos.float(), sin.float()
     else:

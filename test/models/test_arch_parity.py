@@ -162,11 +162,11 @@ def test_longrope_rows_of_a_draft_are_those_of_its_decode_steps(saved: Any) -> N
     request's sequence is longer, a speculative draft's tokens (verified in one extend) when
     each token's own position is, as the decode steps they stand for do; so speculation changes
     no greedy output across the boundary."""
+    from radixgen.runtime.layers.rotary import LongRopeRotaryEmbedding
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.models.model_config import ModelArchConfig
-    from radixgen.runtime.models.phi3 import Phi3RotaryEmbedding
 
-    rotary = Phi3RotaryEmbedding(ModelArchConfig.from_folder(saved("phi3_longrope")[1]), 64)
+    rotary = LongRopeRotaryEmbedding(ModelArchConfig.from_folder(saved("phi3_longrope")[1]), 64)
     orig, long = PHI3_ORIG_CTX, 64  # a long row reads position + max_positions
 
     def rows(prefix: list[int], extend: list[int], drafts: list[bool] | None) -> list[int]:
@@ -241,7 +241,7 @@ def test_softcapping_backends(saved: Any) -> None:
     flashinfer is refused with the reason, and on CPU the runner's attention takes the
     pure-torch path (the native kernel has no soft-capping)."""
     from radixgen.errors import InvalidRequestError
-    from radixgen.runtime.model_executor.model_runner import resolve_attention_backend
+    from radixgen.runtime.model_executor.resolution import resolve_attention_backend
 
     _, folder = saved("gemma2")
     cfg = ModelArchConfig.from_folder(folder)

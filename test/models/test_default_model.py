@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-from radixgen.runtime.model_executor.model_runner import ModelRunner, cpu_has_bf16, resolve_dtype
+from radixgen.runtime.model_executor.model_runner import ModelRunner
+from radixgen.runtime.model_executor.resolution import cpu_has_bf16, resolve_dtype
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.server_args import ServerArgs
 

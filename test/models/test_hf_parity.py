@@ -156,8 +156,8 @@ def test_load_model_builds_the_runner_weights(saved: Any, monkeypatch: Any) -> N
     as the runner's loader does, and leaves no parameter uninitialised (checked with the dense
     copies kept); by default a bf16 model's packed linear layers then free their dense copies
     and compute bitwise what they computed with them."""
+    from radixgen.runtime.layers.linear import Linear
     from radixgen.runtime.model_loader.weights import load_model
-    from radixgen.runtime.models.linear import Linear
     from radixgen.runtime.models.model_config import ModelArchConfig
 
     _, folder = saved("llama_mha_bias")

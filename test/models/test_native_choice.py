@@ -16,10 +16,12 @@ from radixgen.kernels.cpu import (
     select_linear_gemm,
     select_native_kernels,
 )
+from radixgen.runtime.layers.attention import Attention
+from radixgen.runtime.layers.linear import Linear
+from radixgen.runtime.layers.mlp import MLP
+from radixgen.runtime.layers.norm import RMSNorm
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.model_executor.model_runner import ModelRunner
-from radixgen.runtime.models.linear import Linear
-from radixgen.runtime.models.llama import MLP, Attention, RMSNorm
 from radixgen.server_args import ServerArgs
 
 
@@ -40,7 +42,7 @@ def _choices(runner: ModelRunner) -> tuple[set[int], set[int]]:
         id(m.native) for m in runner.model.modules() if isinstance(m, (RMSNorm, Attention, MLP))
     }
     gemm = {id(m.gemm) for m in runner.model.modules() if isinstance(m, Linear)}
-    return fused, gemm | {id(runner.model._lm_head_gemm)}
+    return fused, gemm | {id(runner.model.vocab.gemm)}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

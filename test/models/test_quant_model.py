@@ -14,10 +14,10 @@ from transformers import LlamaConfig, Qwen2Config
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
 from radixgen.runtime.model_loader.quant_loader import QUANT_CACHE
-from radixgen.runtime.models.linear import Linear
 from radixgen.server_args import ServerArgs
 
 native = load_native_kernels()
@@ -76,7 +76,7 @@ def test_gguf_weights_stay_quantized_and_match_hf(tmp_path: Path, arch, qtype, t
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
     assert linears and all(isinstance(m.packed, QuantLinearWeight) for m in linears)
     assert all(m.weight.numel() == 0 for m in linears)  # no dense copy kept
-    assert runner.model._head_quant is not None and runner.model._embed_quant is not None
+    assert runner.model.vocab.head_quant is not None and runner.model.vocab.embed_quant is not None
     ids = random_ids(24, seed=3)
     ours = _logits(runner, ids)
     assert ours.dtype == torch.float32  # the quantized head gives exact float32 logits

@@ -27,7 +27,8 @@ from model_harness import (
 )
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.model_executor.model_runner import ModelRunner, resolve_attention_backend
+from radixgen.runtime.model_executor.model_runner import ModelRunner
+from radixgen.runtime.model_executor.resolution import resolve_attention_backend
 from radixgen.server_args import ServerArgs
 
 # (request, new tokens) per step: prefill, a chunk on a cached prefix, decode-only steps, and

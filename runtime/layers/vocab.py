@@ -1,0 +1,67 @@
+"""The vocabulary's two matrices: the token embedding and the LM head's logits, each served from
+its dense weight, a prepacked copy or a quantized one (scheduler process).
+
+The weights stay parameters of the model (`embed_tokens.weight`, `lm_head`, or the embedding
+for a tied head) under their checkpoint names; `VocabHead` holds only how steps read them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
+from radixgen.runtime.layers.linear import PackedWeight, linear, prepack_weight
+
+
+def vocab_embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
+    """An embedding without a random init.
+
+    NOTE: `_weight` skips nn.Embedding's random init, whose meta-device version imports
+    torch._dynamo (over a second of start-up); weights always come from the checkpoint.
+    """
+    return nn.Embedding(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
+
+
+class VocabHead:
+    """How the embedding lookup and the LM head run: dense, the head prepacked for the GEMM
+    (`prepack`), or either kept quantized (`set_quantized_*`)."""
+
+    def __init__(self) -> None:
+        self.packed: PackedWeight | None = None  # the LM head laid out for `gemm` / oneDNN
+        self.gemm: NativeKernels | None = None
+        self.embed_quant: QuantLinearWeight | None = None  # rows dequantized on lookup
+        self.head_quant: QuantLinearWeight | None = None  # the LM head kept quantized
+        self.quant_kernels: NativeKernels | None = None
+
+    def embed(self, embedding: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids` (the model dtype)."""
+        if self.embed_quant is not None:
+            assert self.quant_kernels is not None
+            return self.quant_kernels.quant_rows(self.embed_quant, ids)
+        rows: torch.Tensor = embedding(ids)
+        return rows
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """[M, vocab] in the model dtype (consumers convert the rows they need); float32 from a
+        quantized head (exact: no near-tie re-scoring needed). weight: the dense head."""
+        if self.head_quant is not None:
+            assert self.quant_kernels is not None
+            return self.quant_kernels.linear_quant(hidden, self.head_quant, torch.float32)
+        return linear(hidden, weight, self.packed, gemm=self.gemm)
+
+    def prepack(self, weight: torch.Tensor, gemm: NativeKernels | None) -> None:
+        """Lay the dense head out for `gemm` (None: oneDNN) unless it is kept quantized."""
+        if self.head_quant is None:
+            self.packed = prepack_weight(weight, None, gemm)
+            self.gemm = gemm
+
+    def set_quantized(
+        self, packed: QuantLinearWeight, kernels: NativeKernels, embedding: bool, head: bool
+    ) -> None:
+        """Serve the embedding and/or the head from `packed` (the caller frees the dense one)."""
+        self.quant_kernels = kernels
+        if embedding:
+            self.embed_quant = packed
+        if head:
+            self.head_quant = packed
