@@ -101,6 +101,7 @@ def convert_gguf_cached(gguf_path: Path, cache_dir: Path) -> Path:
     digest = cached_file_digest(gguf_path, cache_dir)
     target = cache_dir / f"{gguf_path.stem}-{digest}-v{CONVERTER_VERSION}"
     if (target / "radixgen_done.json").exists():
+        _keep_source_reachable(target, gguf_path, digest)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     lock_path = cache_dir / f".{target.name}.lock"
@@ -125,6 +126,24 @@ def convert_gguf_cached(gguf_path: Path, cache_dir: Path) -> Path:
             "converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - t0, target
         )
     return target
+
+
+def _keep_source_reachable(target: Path, gguf_path: Path, digest: str) -> None:
+    """Point a cached folder's record at `gguf_path` (same content: same digest) when the file
+    it names is gone: the kept-quantized path reads its weights from the recorded GGUF, and a
+    cache filled from a since-deleted virtual environment would otherwise leave every later
+    load on the dequantized path (and `--quantization gguf` refused)."""
+    done = target / "radixgen_done.json"
+    try:
+        recorded = Path(json.loads(done.read_text())["source"])
+    except (OSError, ValueError, KeyError):
+        recorded = None
+    if recorded is not None and recorded.exists():
+        return
+    tmp = done.with_name(f".{done.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"source": str(gguf_path), "sha256_prefix": digest}))
+    os.replace(tmp, done)  # atomic: a concurrent reader sees the old record or the new one
+    logger.info("cached %s: its source is now %s", target.name, gguf_path)
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

@@ -170,3 +170,25 @@ def test_other_architectures_run_dequantized(tmp_path: Path) -> None:
     assert resolve_quantization(None, str(folder), *cpu_bf16, "Gemma2ForCausalLM") == "unquant"
     with pytest.raises(InvalidRequestError, match="Gemma2ForCausalLM runs dequantized"):
         resolve_quantization("gguf", str(folder), *cpu_bf16, "Gemma2ForCausalLM")
+
+
+def test_a_cached_conversion_follows_its_gguf_to_a_new_place(tmp_path: Path) -> None:
+    """The cache is keyed by the file's content: when the GGUF it was made from is gone (a
+    deleted virtual environment) and the same file comes from elsewhere, the cached folder
+    records the new place, so the weights are still served kept quantized."""
+    import shutil
+
+    from radixgen.runtime.model_loader.quant_loader import gguf_source
+
+    (tmp_path / "first").mkdir()
+    _, folder = _gguf_model(tmp_path / "first", "llama", Q.Q4_0)
+    original = tmp_path / "first" / "tiny-llama-Q4_0.gguf"
+    assert gguf_source(folder) == original
+    moved = tmp_path / "second" / original.name
+    moved.parent.mkdir()
+    shutil.copy(original, moved)
+    original.unlink()
+    assert gguf_source(folder) is None  # the record names a file that is gone
+    again = convert_gguf_cached(moved, tmp_path / "first" / "cache")
+    assert again == folder
+    assert gguf_source(folder) == moved
