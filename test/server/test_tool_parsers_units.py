@@ -12,7 +12,11 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from radixgen.reasoning_parser import REASONING_PARSER_NAMES, ReasoningParser
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
-from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder, ToolCallStreamer
+from radixgen.runtime.entrypoints.openai.chat_deltas import (
+    ChatDeltaBuilder,
+    ToolCallStreamer,
+    openai_deltas,
+)
 from radixgen.runtime.entrypoints.openai.protocol import Tool
 from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
 from radixgen.runtime.entrypoints.openai.tool_parsers import (
@@ -67,7 +71,8 @@ def stream(builder: ChatDeltaBuilder, text: str, rng: random.Random) -> dict:
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
     deltas = [builder.update(text[:c]) for c in [*cuts, len(text)]]
     last, has_calls = builder.finish(text)
-    for d in [*deltas, last]:
+    for d in [x for merged in [*deltas, last] for x in openai_deltas(merged)]:
+        assert len(d.get("tool_calls", [])) <= 1, "OpenAI sends one tool-call entry a chunk"
         out["content"] += d.get("content", "")
         out["reasoning_content"] += d.get("reasoning_content", "")
         for entry in d.get("tool_calls", []):
