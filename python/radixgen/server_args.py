@@ -245,6 +245,15 @@ class HttpConfig:
     api_key_file: str | None = _f(None, "Read the API key from this file (one line).")
     log_level: str = _f("info", "Logging level.", ("debug", "info", "warning", "error"))
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at /metrics.")
+    log_requests: bool = _f(
+        False,
+        "Log one line per finished request (SGLang's flag; refused requests are always logged).",
+    )
+    log_requests_level: int = _f(
+        2,
+        "What --log-requests writes: 0 the request's id, route facts and token counts; 1 and its "
+        "sampling parameters; 2 and its input and output up to 2048 characters each; 3 whole.",
+    )
     enable_dashboard: bool | None = _f(
         None,
         "Serve the live dashboard at /dashboard (behind the API key like every other route). "
@@ -421,6 +430,10 @@ class ServerArgs:
                 "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
+        if self.http.log_requests_level not in (0, 1, 2, 3):
+            raise InvalidRequestError(
+                "log_requests_level must be 0, 1, 2 or 3", "log_requests_level"
+            )
         if self.parallel.dp_size < 1:
             raise InvalidRequestError("dp_size must be >= 1", "dp_size")
         check_parallel(self.parallel, self.model.device, self.scheduler.enable_overlap_schedule)

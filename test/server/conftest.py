@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def server():
-    with running_server("--enable-metrics", *server_flags()) as proc:
+    with running_server("--enable-metrics", "--log-requests", *server_flags()) as proc:
         yield proc
 
 
