@@ -318,6 +318,26 @@ class ParserConfig:
     )
 
 
+@dataclass(frozen=True)
+class BatchConfig:
+    """The OpenAI Files and Batch APIs: where their state lives and how hard batches push."""
+
+    data_dir: str | None = _f(
+        None,
+        "Folder for uploaded files and the batch database (SQLite); unfinished batches resume "
+        "from it at the next start. Default: ~/.cache/radixgen/data. One server at a time.",
+    )
+    max_file_bytes: int = _f(
+        200 * 1024 * 1024, "Largest file /v1/files takes; a larger upload gets 413."
+    )
+    max_file_lines: int = _f(50_000, "Most request lines in one batch input file (else 400).")
+    batch_max_in_flight: int = _f(
+        32,
+        "Batch lines in flight at once, over all batches: enough to fill the running batch, "
+        "few enough that interactive requests still get in.",
+    )
+
+
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
@@ -329,6 +349,7 @@ _GROUPS: dict[str, type] = {
     "limits": LimitsConfig,
     "parsers": ParserConfig,
     "speculative": SpeculativeConfig,
+    "batch": BatchConfig,
 }
 
 
@@ -346,6 +367,7 @@ class ServerArgs:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     parsers: ParserConfig = field(default_factory=ParserConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -430,6 +452,9 @@ class ServerArgs:
                 "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
+        for name in ("max_file_bytes", "max_file_lines", "batch_max_in_flight"):
+            if getattr(self.batch, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", name)
         if self.http.log_requests_level not in (0, 1, 2, 3):
             raise InvalidRequestError(
                 "log_requests_level must be 0, 1, 2 or 3", "log_requests_level"

@@ -79,6 +79,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tp-size": ("tensor-parallel-size",),
     "dp-size": ("data-parallel-size",),
     "dist-init-addr": ("nccl-init-addr",),
+    "data-dir": ("file-storage-path",),
 }
 
 VALUE_COMPAT: dict[str, ValueCompat] = {
@@ -445,7 +446,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     FlagTopic(
         N,
         "a serving option this server does not have; requests are served as without it",
-        "skip-server-warmup warmups= weight-version= file-storage-path= strip-thinking-cache "
+        "skip-server-warmup warmups= weight-version= strip-thinking-cache "
         "enable-strict-thinking sampling-defaults= asr-max-buffer-seconds= "
         "asr-max-concurrent-sessions= enable-streaming-session enable-response-store "
         "grpc-response-timeout-secs= enable-http-worker-reuseport "

@@ -12,7 +12,9 @@ import pytest
 def log_line(server, needle: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
-        for line in server.log().splitlines():
+        with open(server.log_path, errors="replace") as f:  # whole: .log() keeps only its tail
+            lines = f.read().splitlines()
+        for line in lines:
             if needle in line:
                 return line
         if time.monotonic() > deadline:

@@ -202,6 +202,13 @@ async def create_chat_completion(request: Request) -> Response:
     )
 
 
+async def run_chat_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One request without HTTP (a batch line): (status code, the route's answer body)."""
+    return await common.generate_json(
+        state, ChatCompletionRequest, ChatPlan, _response, "messages", body
+    )
+
+
 def _response(
     plan: ChatPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
 ) -> dict[str, Any]:
