@@ -1,4 +1,5 @@
-"""The `radixgen` command: `serve` (the HTTP server) and `generate` (one offline answer).
+"""The `radixgen` command: `serve` (the HTTP server), `generate` (one offline answer) and
+`batch` (a Batch API input file, offline).
 
 Flags are built from the `ServerArgs` dataclass fields and named like SGLang's, so
 `radixgen serve --model-path ... --port 30000` matches `python -m sglang.launch_server`; SGLang's
@@ -46,12 +47,35 @@ def _generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_cli_args(p)
 
 
+def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "batch",
+        help="Run an OpenAI Batch API input file offline (no server), like vLLM's run-batch.",
+        description="Run the lines of a Batch API input file (JSONL: custom_id, method, url, "
+        "body; url /v1/chat/completions or /v1/completions) on an in-process engine. Answers "
+        "are appended as they finish: 2xx to the output file, the rest to the error file.",
+    )
+    p.add_argument("-i", "--input-file", required=True, help="Input JSONL, or - for stdin.")
+    p.add_argument("-o", "--output-file", required=True, help="Output JSONL, or - for stdout.")
+    p.add_argument(
+        "--error-file",
+        help="Error JSONL. Default: beside the output (out.errors.jsonl); with -o -, stdout.",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Append to the output and error files, skipping the custom_ids they hold.",
+    )
+    add_cli_args(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixgen", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,batch}")
     _serve_parser(sub)
     _generate_parser(sub)
+    _batch_parser(sub)
     return parser
 
 
@@ -82,10 +106,30 @@ def generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def batch(ns: argparse.Namespace) -> int:
+    from radixgen.runtime.batch.offline import error_path_for, prepare_batch, run_batch
+    from radixgen.runtime.entrypoints.engine import Engine
+
+    if ns.resume and ns.output_file == "-":
+        raise InvalidRequestError("--resume needs an output file, not -", "resume")
+    error_file = ns.error_file or ("-" if ns.output_file == "-" else error_path_for(ns.output_file))
+    args = from_cli_namespace(ns)
+    log_flag_notes(foreign_flag_notes(ns))
+    prepared = prepare_batch(ns.input_file, ns.output_file, error_file, ns.resume)
+    engine = Engine(**args.to_flat_dict())
+    try:
+        ok, failed = run_batch(engine, prepared)
+    finally:
+        engine.shutdown()
+    where = "" if error_file == "-" else f" (errors: {error_file})"
+    print(f"radixgen batch: {ok} answered, {failed} failed{where}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in ("serve", "generate"):
+        if argv and argv[0] in ("serve", "generate", "batch"):
             argv = [argv[0], *expand_config_file(argv[1:])]
     except InvalidRequestError as e:
         print(f"radixgen: error: {e}", file=sys.stderr)
@@ -94,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "serve":
             return serve(ns)
+        if ns.command == "batch":
+            return batch(ns)
         return generate(ns)
     except InvalidRequestError as e:
         print(f"radixgen: error: {e}", file=sys.stderr)

@@ -100,7 +100,7 @@ class BatchRunner:
                            f"the input file holds {len(raw_lines)} requests; the limit is "
                            f"{self.max_lines} (--max-file-lines)"})  # fmt: skip
         for n, raw in enumerate(raw_lines[: self.max_lines], start=1):
-            custom_id, request, problem = _parse_line(raw, batch["endpoint"])
+            custom_id, request, problem = parse_line(raw, batch["endpoint"])
             if custom_id is not None:
                 if custom_id in seen:
                     errors.append({"code": "duplicate_custom_id", "line": n, "param": "custom_id",
@@ -200,7 +200,7 @@ class BatchRunner:
                     sum(ok for _, ok in done), sum(not ok for _, ok in done))  # fmt: skip
 
 
-def _parse_line(raw: bytes, endpoint: str) -> tuple[str | None, dict[str, Any], str | None]:
+def parse_line(raw: bytes, endpoint: str) -> tuple[str | None, dict[str, Any], str | None]:
     """(custom_id, request body, what is wrong with the line or None)."""
     try:
         obj = json.loads(raw)

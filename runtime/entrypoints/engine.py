@@ -65,6 +65,11 @@ class Engine:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def run(self, coro: Any) -> Any:
+        """Run a coroutine on the engine's event loop (where its TokenizerManager lives) and
+        wait for its result: for work that drives the manager directly (`radixgen batch`)."""
+        return self._call(coro)
+
     @property
     def tokenizer(self):
         return self.tokenizer_manager.tokenizer
