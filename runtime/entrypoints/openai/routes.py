@@ -9,10 +9,18 @@ from radixgen.errors import RadixGenError
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
+from radixgen.runtime.entrypoints.openai.serving_responses import (
+    create_response,
+    delete_response,
+    retrieve_response,
+)
 
 router = APIRouter()
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+router.add_api_route("/v1/responses", create_response, methods=["POST"])
+router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
+router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
