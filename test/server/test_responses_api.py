@@ -70,6 +70,9 @@ def test_text_turn_then_a_follow_up_served_from_the_cache(oai):
 
     stored = oai.responses.retrieve(follow.id)
     assert stored.id == follow.id and stored.output_text == follow.output_text
+    (asked,) = oai.responses.input_items.list(follow.id)  # this turn's input only
+    assert asked.type == "message" and asked.role == "user"
+    assert asked.content[0].text == "And of Germany?"
     oai.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(first.id)

@@ -9,7 +9,7 @@ import json
 import pytest
 from openai import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from radixgen.errors import InvalidRequestError, NotFoundError
@@ -130,6 +130,22 @@ def test_output_items_round_trip_into_the_next_turn():
     assert again == [{**message, "content": "Checking."}]
     # a bare reply (no calls) is one message, even when empty
     assert [i["type"] for i in items.output_items({"content": None}, "incomplete")] == ["message"]
+
+
+def test_input_item_records_are_the_sdks_items():
+    given = [
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "assistant", "content": "Checking."},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": "fc_1"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+    ]
+    records = items.input_item_records(given)
+    parsed = [TypeAdapter(ResponseItem).validate_python(r) for r in records]
+    assert [p.type for p in parsed] == [g.get("type", "message") for g in given]
+    assert parsed[0].content[0].text == "Be brief." and parsed[1].content[0].text == "Checking."
+    assert parsed[2].id == "fc_1" and all(p.id for p in parsed)
+    assert items.input_item_records("hi")[0]["content"] == [{"type": "input_text", "text": "hi"}]
 
 
 def test_store_is_a_bounded_lru():

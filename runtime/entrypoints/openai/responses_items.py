@@ -110,6 +110,38 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_RECORD_IDS = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+
+
+def input_item_records(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input as the items `GET /v1/responses/{id}/input_items` lists: each with an id and a
+    status, text content as parts (call `input_messages` first: it validates the items)."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    records = []
+    for item in items:
+        kind = item.get("type") or "message"
+        record = {
+            **item,
+            "type": kind,
+            "id": item.get("id") or new_item_id(_RECORD_IDS[kind]),
+            "status": item.get("status") or "completed",
+        }
+        if kind == "message" and isinstance(item.get("content"), str):
+            text = item["content"]
+            part = output_text_part(text) if item["role"] == "assistant" else None
+            record["content"] = [part or {"type": "input_text", "text": text}]
+        if kind == "reasoning":
+            record.pop("status")  # optional there, and not ours to invent
+        records.append(record)
+    return records
+
+
 def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     kind = tool.get("type")
     if kind != "function":

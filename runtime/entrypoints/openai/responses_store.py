@@ -3,9 +3,9 @@
 OpenAI stores responses by default (`store: true`) so that `GET /v1/responses/{id}` and a later
 turn's `previous_response_id` find them. This server keeps the newest `capacity` of them in
 memory (least recently used go first; nothing survives a restart): each entry is the `Response`
-object and the whole conversation as chat messages (input history, new input, reply), so a
-follow-up turn's prompt is that conversation plus its new input and shares its prefix in the
-radix cache. Only the uvicorn event loop touches the store, so it needs no lock.
+object, its input items, and the whole conversation as chat messages (input history, new input,
+reply), so a follow-up turn's prompt is that conversation plus its new input and shares its
+prefix in the radix cache. Only the uvicorn event loop touches the store, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ DEFAULT_CAPACITY = 4096
 class StoredResponse:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]  # chat messages, without the instructions
+    input_items: list[dict[str, Any]]  # this turn's input, as GET .../input_items lists it
 
 
 class ResponseStore:
@@ -35,9 +36,14 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def put(
+        self,
+        response: dict[str, Any],
+        conversation: list[dict[str, Any]],
+        input_items: list[dict[str, Any]] | None = None,
+    ) -> None:
         rid = response["id"]
-        self._items[rid] = StoredResponse(response, conversation)
+        self._items[rid] = StoredResponse(response, conversation, input_items or [])
         self._items.move_to_end(rid)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)

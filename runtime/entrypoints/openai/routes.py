@@ -12,6 +12,7 @@ from radixgen.runtime.entrypoints.openai.serving_completions import create_compl
 from radixgen.runtime.entrypoints.openai.serving_responses import (
     create_response,
     delete_response,
+    list_input_items,
     retrieve_response,
 )
 
@@ -21,6 +22,7 @@ router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["P
 router.add_api_route("/v1/responses", create_response, methods=["POST"])
 router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
 router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
+router.add_api_route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 

@@ -1,4 +1,5 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API (API process).
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items:
+OpenAI's Responses API (API process).
 
 No second generation path: the request becomes a chat request (`responses_items.chat_request`)
 served by `serving_chat.ChatPlan` (chat template, tools prompt and forced-call grammar,
@@ -74,7 +75,8 @@ class _Turn:
 
     def store(self, store: ResponseStore, response: dict[str, Any]) -> None:
         if self.req.store is not False:
-            store.put(response, self.conversation + items.input_messages(response["output"]))
+            conversation = self.conversation + items.input_messages(response["output"])
+            store.put(response, conversation, items.input_item_records(self.req.input))
 
 
 def _reasoning_tokens(tm: TokenizerManager, output: list[dict[str, Any]]) -> int:
@@ -183,6 +185,44 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
         return hu.json_response(store.get(response_id).response)
     except RadixGenError as e:
         return hu.error_response(e)
+
+
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> Response:
+    """A stored response's input items, a page at a time (OpenAI's cursor list: newest first
+    unless order=asc, `after` an item id)."""
+    store: ResponseStore = request.app.state.responses
+    try:
+        if order not in ("asc", "desc"):
+            raise InvalidRequestError("order must be 'asc' or 'desc'", "order")
+        if not 1 <= limit <= 100:
+            raise InvalidRequestError("limit must be between 1 and 100", "limit")
+        if request.query_params.getlist("include"):
+            raise InvalidRequestError("no extra input item data can be included", "include")
+        records = store.get(response_id).input_items
+        records = records if order == "asc" else records[::-1]
+        if after is not None:
+            ids = [r["id"] for r in records]
+            if after not in ids:
+                raise InvalidRequestError(f"no input item '{after}' in this response", "after")
+            records = records[ids.index(after) + 1 :]
+    except RadixGenError as e:
+        return hu.error_response(e)
+    page = records[:limit]
+    return hu.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(records) > limit,
+        }
+    )
 
 
 async def delete_response(response_id: str, request: Request) -> Response:
