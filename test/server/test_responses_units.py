@@ -4,6 +4,7 @@ event models and its stream accumulator (the spec clients parse)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -14,6 +15,8 @@ from pydantic import TypeAdapter
 
 from radixgen.errors import InvalidRequestError, NotFoundError
 from radixgen.runtime.entrypoints.openai import responses_items as items
+from radixgen.runtime.entrypoints.openai import serving_responses as serving
+from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder
 from radixgen.runtime.entrypoints.openai.protocol import parse_request
 from radixgen.runtime.entrypoints.openai.responses_events import ResponseEvents, sse
 from radixgen.runtime.entrypoints.openai.responses_protocol import (
@@ -246,3 +249,57 @@ def test_stream_events_of_a_cut_reply_and_a_failure():
     assert seq[-1]["response"]["error"]["message"] == "boom"
     for event in seq:
         EVENTS.validate_python(event)
+
+
+class _TextPlan:
+    """The part of `ChatPlan` the stream reads, for a plain-text reply."""
+
+    def delta_builder(self) -> ChatDeltaBuilder:
+        return ChatDeltaBuilder(None, True, None)
+
+
+def _chunk(text: str, finish: dict | None = None) -> dict:
+    meta = {"prompt_tokens": 4, "completion_tokens": len(text), "cached_tokens": 1}
+    return {"text": text, "meta_info": {**meta, "finish_reason": finish}}
+
+
+def _run_stream(chunks: list[dict], store: ResponseStore) -> list[dict]:
+    """The SSE events `_stream` writes for these TokenizerManager chunks."""
+
+    async def rest():
+        for chunk in chunks[1:]:
+            yield chunk
+
+    async def collect() -> list[bytes]:
+        turn = serving._Turn(request(input="Hi"), _TextPlan(), [], "m")
+        return [b async for b in serving._stream(turn, chunks[0], rest(), None, store)]
+
+    out = []
+    for raw in asyncio.run(collect()):
+        head, data = raw.decode().strip().split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        out.append(EVENTS.validate_python(event))
+    return out
+
+
+def test_stream_handler_ends_every_stream_with_one_terminal_event():
+    store = ResponseStore()
+    done = _run_stream([_chunk("Hel"), _chunk("Hello", {"type": "stop"})], store)
+    assert done[-1].type == "response.completed" and done[-1].response.output_text == "Hello"
+    assert store.get(done[-1].response.id).response["usage"]["input_tokens"] == 4
+    cut = _run_stream([_chunk("Hel", {"type": "length"})], store)
+    assert cut[-1].type == "response.incomplete" and cut[-1].response.output_text == "Hel"
+    broken = {"type": "abort", "status_code": 500, "message": "boom"}
+    failed = _run_stream([_chunk("Hel"), _chunk("Hel", broken)], store)
+    assert [e.type for e in failed][-5:] == [
+        "error",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.failed",
+    ]
+    assert failed[-1].response.error.message == "boom"
+    unfinished = _run_stream([_chunk("Hel")], store)
+    assert unfinished[-1].type == "response.failed"
+    assert len(store) == 2  # failed responses are not stored

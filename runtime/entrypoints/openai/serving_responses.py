@@ -137,10 +137,10 @@ async def _stream(
     deltas = turn.plan.delta_builder()
     for event in events.start():
         yield sse(event)
-    ended = False
+    ended = False  # a terminal event was sent (completed, incomplete or failed)
     try:
         chunk = first
-        while not ended:
+        while True:
             err = hu.stream_error(chunk)
             if err is not None:
                 ended = True
