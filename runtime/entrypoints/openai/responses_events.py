@@ -23,7 +23,8 @@ from radixgen.runtime.entrypoints.openai import responses_items as items
 
 Event = dict[str, Any]
 
-_TEXT_EVENTS = {
+# item type -> (its event types' prefix, extra fields of its delta and done events)
+_TEXT_EVENTS: dict[str, tuple[str, dict[str, Any]]] = {
     "message": ("response.output_text", {"logprobs": []}),
     "reasoning": ("response.reasoning_text", {}),
 }
@@ -31,7 +32,9 @@ _TEXT_EVENTS = {
 
 def sse(event: Event) -> bytes:
     """`event: <type>` and `data: <json>`, as OpenAI's Responses stream writes them."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    data: bytes = orjson.dumps(event)
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
 class ResponseEvents:

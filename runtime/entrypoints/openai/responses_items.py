@@ -210,9 +210,10 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCo
     if req.top_p is not None:
         body["top_p"] = req.top_p
     try:
-        return parse_request(
+        chat: ChatCompletionRequest = parse_request(
             ChatCompletionRequest, {k: v for k, v in body.items() if v is not None}
         )
+        return chat
     except InvalidRequestError as e:  # name the field as the Responses request spells it
         param = e.param or ""
         match = _CHAT_TOOL_PATH.match(param)
