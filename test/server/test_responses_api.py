@@ -266,11 +266,14 @@ def test_openai_agents_sdk_runs_a_function_tool_to_completion(base_url, api):
             await client.close()
 
     result = asyncio.run(run())
-    assert len(cities) == 1 and cities[0].strip(), cities
+    # (at temperature 0 this model answers after one call; a second auto-chosen call is allowed)
+    assert cities and all(city.strip() for city in cities), cities
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
     assert kinds[-1] == "message_output_item"
-    arguments = json.loads(result.new_items[0].raw_item.arguments)
-    jsonschema.validate(arguments, get_weather.params_json_schema)
+    for item in result.new_items:
+        if item.type == "tool_call_item":
+            arguments = json.loads(item.raw_item.arguments)
+            jsonschema.validate(arguments, get_weather.params_json_schema)
     assert result.new_items[1].output == f"Sunny, 21 C in {cities[0]}."
     assert isinstance(result.final_output, str) and result.final_output.strip()
