@@ -245,6 +245,15 @@ class HttpConfig:
     api_key_file: str | None = _f(None, "Read the API key from this file (one line).")
     log_level: str = _f("info", "Logging level.", ("debug", "info", "warning", "error"))
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at /metrics.")
+    log_requests: bool = _f(
+        False,
+        "Log one line per finished request (SGLang's flag; refused requests are always logged).",
+    )
+    log_requests_level: int = _f(
+        2,
+        "What --log-requests writes: 0 the request's id, route facts and token counts; 1 and its "
+        "sampling parameters; 2 and its input and output up to 2048 characters each; 3 whole.",
+    )
     enable_dashboard: bool | None = _f(
         None,
         "Serve the live dashboard at /dashboard (behind the API key like every other route). "
@@ -309,6 +318,26 @@ class ParserConfig:
     )
 
 
+@dataclass(frozen=True)
+class BatchConfig:
+    """The OpenAI Files and Batch APIs: where their state lives and how hard batches push."""
+
+    data_dir: str | None = _f(
+        None,
+        "Folder for uploaded files and the batch database (SQLite); unfinished batches resume "
+        "from it at the next start. Default: ~/.cache/radixgen/data. One server at a time.",
+    )
+    max_file_bytes: int = _f(
+        200 * 1024 * 1024, "Largest file /v1/files takes; a larger upload gets 413."
+    )
+    max_file_lines: int = _f(50_000, "Most request lines in one batch input file (else 400).")
+    batch_max_in_flight: int = _f(
+        32,
+        "Batch lines in flight at once, over all batches: enough to fill the running batch, "
+        "few enough that interactive requests still get in.",
+    )
+
+
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
@@ -320,6 +349,7 @@ _GROUPS: dict[str, type] = {
     "limits": LimitsConfig,
     "parsers": ParserConfig,
     "speculative": SpeculativeConfig,
+    "batch": BatchConfig,
 }
 
 
@@ -337,6 +367,7 @@ class ServerArgs:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     parsers: ParserConfig = field(default_factory=ParserConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -421,6 +452,13 @@ class ServerArgs:
                 "grammar_cache_max_bytes must be >= 0", "grammar_cache_max_bytes"
             )
         resolve_api_key(self.http)  # a missing or empty key file fails here, before any start
+        for name in ("max_file_bytes", "max_file_lines", "batch_max_in_flight"):
+            if getattr(self.batch, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", name)
+        if self.http.log_requests_level not in (0, 1, 2, 3):
+            raise InvalidRequestError(
+                "log_requests_level must be 0, 1, 2 or 3", "log_requests_level"
+            )
         if self.parallel.dp_size < 1:
             raise InvalidRequestError("dp_size must be >= 1", "dp_size")
         check_parallel(self.parallel, self.model.device, self.scheduler.enable_overlap_schedule)

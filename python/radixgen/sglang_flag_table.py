@@ -56,7 +56,8 @@ IMPLEMENTED: tuple[str, ...] = (
     "page-size", "disable-radix-cache", "max-running-requests", "max-queued-requests",
     "chunked-prefill-size", "max-prefill-tokens", "schedule-policy", "schedule-conservativeness",
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
-    "dp-size", "host", "port", "api-key", "log-level", "enable-metrics", "enable-cache-report",
+    "dp-size", "host", "port", "api-key", "log-level", "log-requests", "log-requests-level",
+    "enable-metrics", "enable-cache-report",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule", "speculative-algorithm", "speculative-num-draft-tokens",
     "speculative-ngram-max-bfs-breadth", "speculative-ngram-min-match-window-size",
@@ -78,6 +79,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tp-size": ("tensor-parallel-size",),
     "dp-size": ("data-parallel-size",),
     "dist-init-addr": ("nccl-init-addr",),
+    "data-dir": ("file-storage-path",),
 }
 
 VALUE_COMPAT: dict[str, ValueCompat] = {
@@ -444,7 +446,7 @@ TOPICS: tuple[FlagTopic, ...] = (
     FlagTopic(
         N,
         "a serving option this server does not have; requests are served as without it",
-        "skip-server-warmup warmups= weight-version= file-storage-path= strip-thinking-cache "
+        "skip-server-warmup warmups= weight-version= strip-thinking-cache "
         "enable-strict-thinking sampling-defaults= asr-max-buffer-seconds= "
         "asr-max-concurrent-sessions= enable-streaming-session enable-response-store "
         "grpc-response-timeout-secs= enable-http-worker-reuseport "
@@ -495,7 +497,7 @@ TOPICS: tuple[FlagTopic, ...] = (
         N,
         "a logging, tracing or metrics option this server does not have (--log-level and "
         "--enable-metrics are implemented)",
-        "log-level-http= log-requests log-requests-level= log-requests-format= "
+        "log-level-http= log-requests-format= "
         "log-requests-target=* uvicorn-access-log-exclude-prefixes=* crash-dump-folder= "
         "show-time-cost enable-mfu-metrics enable-metrics-for-all-schedulers "
         "load-snapshot-publish-interval= tokenizer-metrics-custom-labels-header= "

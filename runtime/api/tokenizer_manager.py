@@ -47,6 +47,7 @@ from radixgen.io_struct import (
 from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_checks import RequestChecker
 from radixgen.runtime.api.request_limits import RequestLimits
+from radixgen.runtime.api.request_log import RequestLogger
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
 from radixgen.runtime.dp_controller.data_parallel_controller import (
     DataParallelController,
@@ -109,6 +110,7 @@ class TokenizerManager:
         self.dead_reason: str | None = None
         self.metrics: Any = None  # set by the HTTP server when --enable-metrics
         self.program_traces = ProgramTraceStore()  # traced DSL runs, for the dashboard
+        self.request_log = RequestLogger(args.http.log_requests, args.http.log_requests_level)
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
@@ -366,9 +368,11 @@ class TokenizerManager:
                     await self.abort_request(st.rid)
             raise
         finally:
-            for st in states:
+            # states[k] was submitted from expanded[k]; a failed submit leaves states shorter
+            for (it, _, sp), st in zip(expanded, states, strict=False):
                 self.states.pop(st.rid, None)
                 self.program_traces.on_finish(st)
+                self.request_log.finished(it, sp, st)
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 

@@ -29,6 +29,7 @@ from radixgen.runtime.entrypoints.native_api import router as native_router
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
+from radixgen.runtime.entrypoints.refusal_log import RefusalLogMiddleware
 from radixgen.runtime.entrypoints.server_state import ServerState
 from radixgen.runtime.launch.process_utils import configure_logging
 from radixgen.runtime.launch.worker_node import run_worker_node
@@ -103,12 +104,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     key = resolve_api_key(state.args.http)
     if key:
-        return _with_api_key(app, key)
-    return app
-
-
-def _with_api_key(app: FastAPI, key: str) -> FastAPI:
-    app.add_middleware(hu.ApiKeyMiddleware, api_key=key)
+        app.add_middleware(hu.ApiKeyMiddleware, api_key=key)
+    app.add_middleware(RefusalLogMiddleware)  # added last: outermost, it sees the key's 401s
     return app
 
 

@@ -61,6 +61,20 @@ class ShuttingDownError(RadixGenError):
     err_type = "service_unavailable"
 
 
+class NotFoundError(RadixGenError):
+    """A route's object (a file, a batch, a stored response) does not exist."""
+
+    status_code = 404
+    err_type = "not_found_error"
+
+
+class ServiceBusyError(RadixGenError):
+    """A resource this route needs is held elsewhere (e.g. another server's data folder)."""
+
+    status_code = 503
+    err_type = "service_unavailable"
+
+
 class ClientDisconnected(Exception):
     """The client went away before the answer was ready (its request has been aborted)."""
 

@@ -19,7 +19,9 @@ from typing import Any
 from radixgen.errors import EngineDeadError
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
+from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.entrypoints.http_utils import NotReadyError, ShuttingDownError
+from radixgen.runtime.entrypoints.openai.files_batches import resume_batches
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 
@@ -50,6 +52,7 @@ class ServerState:
         self._starting_tm: TokenizerManager | None = None  # during the warm-up
         self.draining = False  # SIGTERM arrived: finish what runs, refuse the rest
         self._drain_task: asyncio.Task | None = None
+        self.batch: BatchService | None = None  # the Files / Batch APIs' state, opened on use
 
     # --- what routes call ---------------------------------------------------------------------
 
@@ -161,6 +164,7 @@ class ServerState:
         tm.metrics = self.metrics  # after the warm-up, so it is not counted
         self.tm = tm
         self.ready_at = time.time()
+        resume_batches(self)
         assert self.procs is not None and self.procs.ready is not None
         logger.info(
             "ready to serve %s on http://%s:%d (model loaded in %.1f s)",
@@ -196,6 +200,8 @@ class ServerState:
         self._stop.set()
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self.batch is not None:  # its lines in flight stop unrecorded: they run again later
+            await self.batch.close()
         if self.tm is not None:
             self.tm.close()
         if self.procs is None:

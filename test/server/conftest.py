@@ -21,8 +21,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def server():
-    with running_server("--enable-metrics", *server_flags()) as proc:
+def server(tmp_path_factory):
+    data = str(tmp_path_factory.mktemp("server-data"))  # the Files / Batch APIs' own folder
+    flags = ("--enable-metrics", "--log-requests", "--data-dir", data, *server_flags())
+    with running_server(*flags) as proc:
         yield proc
 
 

@@ -12,7 +12,11 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from radixgen.reasoning_parser import REASONING_PARSER_NAMES, ReasoningParser
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
-from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder, ToolCallStreamer
+from radixgen.runtime.entrypoints.openai.chat_deltas import (
+    ChatDeltaBuilder,
+    ToolCallStreamer,
+    openai_deltas,
+)
 from radixgen.runtime.entrypoints.openai.protocol import Tool
 from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
 from radixgen.runtime.entrypoints.openai.tool_parsers import (
@@ -67,7 +71,8 @@ def stream(builder: ChatDeltaBuilder, text: str, rng: random.Random) -> dict:
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
     deltas = [builder.update(text[:c]) for c in [*cuts, len(text)]]
     last, has_calls = builder.finish(text)
-    for d in [*deltas, last]:
+    for d in [x for merged in [*deltas, last] for x in openai_deltas(merged)]:
+        assert len(d.get("tool_calls", [])) <= 1, "OpenAI sends one tool-call entry a chunk"
         out["content"] += d.get("content", "")
         out["reasoning_content"] += d.get("reasoning_content", "")
         for entry in d.get("tool_calls", []):
@@ -302,3 +307,30 @@ def test_pythonic_grammar_with_only_optional_arguments():
         assert _is_grammar_accept_string(grammar, ok), ok
     for bad in ["[f(a=1.5)]", "[f(b=1)]", "[f(a=1, )]", "[g()]"]:
         assert not _is_grammar_accept_string(grammar, bad), bad
+
+
+@pytest.mark.parametrize(("name", "text", "content", "calls"), CASES)
+def test_the_openai_sdks_stream_accumulator_reads_our_chunks(name, text, content, calls):
+    """Our chunks through the openai SDK's own `chat.completions.stream` state: every call
+    (parallel ones too) comes out once, whole, with its id and name."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    builder = tools_builder(name)
+    rng = random.Random(7)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 9)))
+    merged = [builder.update(text[:c]) for c in [*cuts, len(text)]]
+    last, has_calls = builder.finish(text)
+    deltas = [{"role": "assistant", "content": ""}]
+    deltas += [d for m in [*merged, last] for d in openai_deltas(m)]
+    state = ChatCompletionStreamState()
+    for k, delta in enumerate([*deltas, {}]):
+        reason = "tool_calls" if k == len(deltas) else None
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}  # fmt: skip
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    message = state.get_final_completion().choices[0].message
+    assert has_calls and (message.content or "") == (content or "")
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert got == calls
+    assert all(c.id and c.id.startswith("call_") for c in message.tool_calls or [])

@@ -4,8 +4,11 @@
 Every chunk's cumulative text is rescanned (reasoning split, then the tool-call parser), and what
 was not sent yet goes out as one OpenAI delta. Tool calls stream as OpenAI does: first an entry
 with the call's index, id, type and name (arguments ""), then argument fragments; the client
-joins the fragments of an index into the call's `arguments` (one delta may hold several entries
-of one index, which the openai client merges in order).
+joins the fragments of an index into the call's `arguments`. A builder's delta may hold several
+entries (a call's name and its first fragment arrive in one scan); `openai_deltas` splits it into
+the deltas OpenAI sends, one tool-call entry each, because clients read only the first entry of a
+chunk (instructor's partial streaming) or take two entries of one index for two calls (the openai
+SDK's `chat.completions.stream`).
 """
 
 from __future__ import annotations
@@ -79,6 +82,16 @@ class ToolCallStreamer:
                 self.sent_args[index] = view.arguments
                 entries.append({"index": index, "function": {"arguments": fragment}})
         return entries
+
+
+def openai_deltas(delta: dict[str, Any]) -> list[dict[str, Any]]:
+    """`delta` as OpenAI streams it: reasoning and content in the first delta, then each
+    tool-call entry in a delta of its own (in order, so a call's name precedes its fragments)."""
+    calls = delta.get("tool_calls")
+    if not calls:
+        return [delta] if delta else []
+    text = {k: v for k, v in delta.items() if k != "tool_calls"}
+    return ([text] if text else []) + [{"tool_calls": [entry]} for entry in calls]
 
 
 class ChatDeltaBuilder:

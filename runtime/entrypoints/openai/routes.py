@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from radixgen.errors import RadixGenError
 from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.openai.files_batches import router as files_batches_router
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
 from radixgen.runtime.entrypoints.openai.serving_responses import (
@@ -17,6 +18,7 @@ from radixgen.runtime.entrypoints.openai.serving_responses import (
 )
 
 router = APIRouter()
+router.include_router(files_batches_router)
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
 router.add_api_route("/v1/responses", create_response, methods=["POST"])

@@ -21,7 +21,11 @@ from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
-from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder, ToolCallStreamer
+from radixgen.runtime.entrypoints.openai.chat_deltas import (
+    ChatDeltaBuilder,
+    ToolCallStreamer,
+    openai_deltas,
+)
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
 from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
 from radixgen.runtime.entrypoints.openai.tool_parsers import create_tool_call_parser
@@ -198,6 +202,13 @@ async def create_chat_completion(request: Request) -> Response:
     )
 
 
+async def run_chat_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One request without HTTP (a batch line): (status code, the route's answer body)."""
+    return await common.generate_json(
+        state, ChatCompletionRequest, ChatPlan, _response, "messages", body
+    )
+
+
 def _response(
     plan: ChatPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
 ) -> dict[str, Any]:
@@ -292,13 +303,16 @@ async def _stream(
                     ),
                     "refusal": None,
                 }  # fmt: skip
-            if delta or extra:
-                yield event(i, delta or {"content": ""}, **extra)
+            deltas = openai_deltas(delta)
+            if extra and not deltas:
+                deltas = [{"content": ""}]
+            for n, d in enumerate(deltas):
+                yield event(i, d, **(extra if n == 0 else {}))
             reason, matched = common.finish_reason(meta)
             if reason is not None:
                 last, has_calls = builders[i].finish(text)
-                if last:
-                    yield event(i, last)
+                for d in openai_deltas(last):
+                    yield event(i, d)
                 if has_calls:
                     reason = "tool_calls"
                 yield event(i, {}, reason, matched_stop=matched)

@@ -245,3 +245,28 @@ async def serve_generation(
         return hu.error_response(e)
     stream = build_stream(plan, first, rest, tm.served_model_name, cache_report)
     return StreamingResponse(stream, media_type="text/event-stream", headers=hu.SSE_HEADERS)
+
+
+async def generate_json(
+    state: Any,
+    request_model: type,
+    make_plan: Callable[[Any, Any], Any],
+    build_response: Callable[[Any, list[dict[str, Any]], Any, bool], dict[str, Any]],
+    input_field: str,
+    body: dict[str, Any],
+) -> tuple[int, dict[str, Any]]:
+    """One non-streaming request from a parsed body, answered as its route would answer it:
+    (status code, body). For work that has no HTTP request of its own (a batch line)."""
+    try:
+        tm = state.manager()
+        req = parse_request(request_model, body)
+        plan = await asyncio.to_thread(make_plan, req, tm)
+        result = await hu.collect(tm.generate(plan.generate_input()))
+        results = result if isinstance(result, list) else [result]
+        hu.raise_if_failed(results)
+        return 200, build_response(plan, results, tm, state.args.http.enable_cache_report)
+    except InvalidRequestError as e:
+        failure = hu.error_body(openai_error(e, input_field))
+    except RadixGenError as e:
+        failure = hu.error_body(e)
+    return failure["error"]["code"], failure

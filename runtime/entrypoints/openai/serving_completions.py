@@ -88,6 +88,13 @@ async def create_completion(request: Request) -> Response:
     )
 
 
+async def run_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One request without HTTP (a batch line): (status code, the route's answer body)."""
+    return await common.generate_json(
+        state, CompletionRequest, CompletionPlan, _response, "prompt", body
+    )
+
+
 def _response(
     plan: CompletionPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
 ) -> dict[str, Any]:

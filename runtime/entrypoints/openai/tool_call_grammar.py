@@ -27,20 +27,91 @@ def allowed_tools(tools: list[Tool], mode: str) -> list[Tool]:
 
 def call_schema(tools: list[Tool], mode: str, arguments_key: str = "arguments") -> dict[str, Any]:
     """JSON schema of one call: a named function, or any of the tools for "required"."""
+    schema, defs = call_schema_at(tools, mode, arguments_key, "")
+    return {**schema, "$defs": defs} if defs else schema
 
-    def one(t: Tool) -> dict[str, Any]:
+
+def call_schema_at(
+    tools: list[Tool], mode: str, arguments_key: str, at: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The call's schema to sit at JSON pointer `at` of the grammar's schema, and the
+    definitions its root must hold.
+
+    Each tool's parameters move under `properties.<arguments_key>`, so their local `$ref`s (pydantic writes
+    `#/$defs/...` for every nested model or enum) are rewritten to the new place, and their
+    `$defs` / `definitions` are lifted to the root's `$defs` (prefixed with the tool's name when
+    several tools' definitions could clash)."""
+    allowed = allowed_tools(tools, mode)
+    defs: dict[str, Any] = {}
+
+    def one(t: Tool, pointer: str) -> dict[str, Any]:
+        params = t.function.parameters or {"type": "object"}
+        tag = f"{t.function.name}." if len(allowed) > 1 else ""
+        arguments = _relocate(params, f"{pointer}/properties/{arguments_key}", tag, defs)
         return {
             "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": [t.function.name]},
-                arguments_key: t.function.parameters or {"type": "object"},
-            },
+            "properties": {"name": {"type": "string", "enum": [t.function.name]}, arguments_key: arguments},
             "required": ["name", arguments_key],
             "additionalProperties": False,
-        }
+        }  # fmt: skip
 
-    options = [one(t) for t in allowed_tools(tools, mode)]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    if len(allowed) == 1:
+        schema = one(allowed[0], at)
+    else:
+        schema = {"anyOf": [one(t, f"{at}/anyOf/{i}") for i, t in enumerate(allowed)]}
+    return schema, defs
+
+
+_DEFINITION_KEYS = ("$defs", "definitions")
+# values that are data, not schemas: a "$ref" key inside them is not a reference
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _relocate(params: Any, at: str, tag: str, defs: dict[str, Any]) -> Any:
+    """`params` to sit at pointer `at`: its definitions moved into `defs` (names prefixed with
+    `tag`), every local `$ref` rewritten to match."""
+
+    def pointer(ref: str) -> str:
+        if not ref.startswith("#"):
+            return ref  # a remote or $id-relative reference: left to the grammar backend
+        path = ref[1:]
+        for key in _DEFINITION_KEYS:
+            head = f"/{key}/"
+            if path.startswith(head):
+                name, _, rest = path[len(head) :].partition("/")
+                moved = _escape(tag + _unescape(name))
+                return f"#/$defs/{moved}" + (f"/{rest}" if rest else "")
+        return f"#{at}{path}"
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                out[key] = pointer(value)
+            elif key in _DATA_KEYS:
+                out[key] = value
+            else:
+                out[key] = walk(value)
+        return out
+
+    body = dict(params) if isinstance(params, dict) else params
+    if isinstance(body, dict):
+        for key in _DEFINITION_KEYS:
+            for name, schema in (body.pop(key, None) or {}).items():
+                defs[tag + name] = walk(schema)
+    return walk(body)
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
 
 
 def forced_call_constraint(parser: ToolCallParser, tools: list[Tool], mode: str) -> dict[str, Any]:
@@ -48,9 +119,13 @@ def forced_call_constraint(parser: ToolCallParser, tools: list[Tool], mode: str)
     the prompt ends with `parser.forced_prefix`."""
     if isinstance(parser, PythonicParser):
         return {"ebnf": pythonic_ebnf(allowed_tools(tools, mode))}
-    schema = call_schema(tools, mode, parser.arguments_key)
     if isinstance(parser, MistralParser):
-        schema = {"type": "array", "items": schema, "minItems": 1, "maxItems": 1}
+        item, defs = call_schema_at(tools, mode, parser.arguments_key, "/items")
+        schema = {"type": "array", "items": item, "minItems": 1, "maxItems": 1}
+        if defs:
+            schema["$defs"] = defs
+    else:
+        schema = call_schema(tools, mode, parser.arguments_key)
     # Llama 3 (`parameters`) and <tool_call> calls are the bare object
     return {"json_schema": schema}
 

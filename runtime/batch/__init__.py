@@ -1,0 +1,1 @@
+"""OpenAI's Files and Batch APIs over the serving runtime, with durable state (API process)."""
