@@ -33,13 +33,6 @@ class InvalidRequestError(RadixGenError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-class NotFoundError(InvalidRequestError):
-    """A stored object the request names (a response id) does not exist (any more)."""
-
-    status_code = 404
-    err_type = "not_found_error"
-
-
 class PromptTooLongError(InvalidRequestError):
     """The prompt (plus the tokens to generate) does not fit the context window."""
 

@@ -13,7 +13,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from radixgen.errors import InvalidRequestError, NotFoundError
+from radixgen.errors import InvalidRequestError
 from radixgen.runtime.entrypoints.openai import responses_items as items
 from radixgen.runtime.entrypoints.openai import serving_responses as serving
 from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDeltaBuilder
@@ -23,7 +23,10 @@ from radixgen.runtime.entrypoints.openai.responses_protocol import (
     ResponsesRequest,
     unsupported_fields,
 )
-from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixgen.runtime.entrypoints.openai.responses_store import (
+    ResponseNotFoundError,
+    ResponseStore,
+)
 
 TOOL = {
     "type": "function",
@@ -159,11 +162,11 @@ def test_store_is_a_bounded_lru():
             store.get("r0")  # used: r1 is now the oldest
     assert len(store) == 2
     assert store.get("r0").conversation == [{"role": "user", "content": "0"}]
-    with pytest.raises(NotFoundError) as e:
+    with pytest.raises(ResponseNotFoundError) as e:
         store.get("r1", "previous_response_id")
     assert e.value.status_code == 404 and e.value.param == "previous_response_id"
     store.delete("r2")
-    with pytest.raises(NotFoundError):
+    with pytest.raises(ResponseNotFoundError):
         store.delete("r2")
 
 

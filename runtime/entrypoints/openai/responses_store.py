@@ -14,9 +14,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from radixgen.errors import NotFoundError
+from radixgen.runtime.entrypoints.http_utils import NotFoundError
 
 DEFAULT_CAPACITY = 4096
+
+
+class ResponseNotFoundError(NotFoundError):
+    """404 for a response id that is not stored (never was, deleted, or evicted); `param` names
+    the request field that held it (`previous_response_id`), as OpenAI's error does."""
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.")
+        self.param = param
 
 
 @dataclass
@@ -52,10 +61,10 @@ class ResponseStore:
         """The stored response, or a 404 in OpenAI's error shape naming `param`."""
         entry = self._items.get(response_id)
         if entry is None:
-            raise NotFoundError(f"Response with id '{response_id}' not found.", param)
+            raise ResponseNotFoundError(response_id, param)
         self._items.move_to_end(response_id)
         return entry
 
     def delete(self, response_id: str) -> None:
         if self._items.pop(response_id, None) is None:
-            raise NotFoundError(f"Response with id '{response_id}' not found.", None)
+            raise ResponseNotFoundError(response_id)
