@@ -10,11 +10,21 @@ from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.files_batches import router as files_batches_router
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
+from radixgen.runtime.entrypoints.openai.serving_responses import (
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 
 router = APIRouter()
 router.include_router(files_batches_router)
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+router.add_api_route("/v1/responses", create_response, methods=["POST"])
+router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
+router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
+router.add_api_route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
