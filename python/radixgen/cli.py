@@ -52,7 +52,7 @@ def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "batch",
         help="Run an OpenAI Batch API input file offline (no server), like vLLM's run-batch.",
         description="Run the lines of a Batch API input file (JSONL: custom_id, method, url, "
-        "body; url /v1/chat/completions or /v1/completions) on an in-process engine. Answers "
+        "body; url /v1/chat/completions, /v1/completions or /v1/responses) on an in-process engine. Answers "
         "are appended as they finish: 2xx to the output file, the rest to the error file.",
     )
     p.add_argument("-i", "--input-file", required=True, help="Input JSONL, or - for stdin.")

@@ -119,7 +119,10 @@ class OfflineState:
     """What the routes' run functions need of a server (`manager()`, `args`), over an Engine."""
 
     def __init__(self, args: ServerArgs, manager: Any) -> None:
+        from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+
         self.args, self._manager = args, manager
+        self.responses = ResponseStore()  # /v1/responses lines' own (previous_response_id)
 
     def manager(self, while_draining: bool = False) -> Any:
         return self._manager

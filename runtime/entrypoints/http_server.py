@@ -26,7 +26,6 @@ from radixgen.runtime.dashboard.hub import DashboardHub
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.dashboard_routes import router as dashboard_router
 from radixgen.runtime.entrypoints.native_api import router as native_router
-from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.entrypoints.openai.routes import router as openai_router
 from radixgen.runtime.entrypoints.parser_api import router as parser_router
 from radixgen.runtime.entrypoints.refusal_log import RefusalLogMiddleware
@@ -60,7 +59,6 @@ def create_app(state: ServerState) -> FastAPI:
         openapi_url=None,
     )
     app.state.server = state
-    app.state.responses = ResponseStore()  # /v1/responses' stored responses, this app's own
     if state.metrics is None and state.args.http.enable_metrics:
         from radixgen.runtime.api.metrics import ServerMetrics
 

@@ -22,6 +22,7 @@ from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.entrypoints.http_utils import NotReadyError, ShuttingDownError
 from radixgen.runtime.entrypoints.openai.files_batches import resume_batches
+from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 
@@ -53,6 +54,7 @@ class ServerState:
         self.draining = False  # SIGTERM arrived: finish what runs, refuse the rest
         self._drain_task: asyncio.Task | None = None
         self.batch: BatchService | None = None  # the Files / Batch APIs' state, opened on use
+        self.responses = ResponseStore()  # /v1/responses' stored responses (in memory)
 
     # --- what routes call ---------------------------------------------------------------------
 

@@ -118,7 +118,7 @@ def test_cancel_keeps_what_finished(oai):
 @pytest.mark.parametrize(
     ("create", "status", "param"),
     [
-        ({"endpoint": "/v1/embeddings", "completion_window": "24h"}, 400, "endpoint"),
+        ({"endpoint": "/v1/moderations", "completion_window": "24h"}, 400, "endpoint"),
         ({"endpoint": "/v1/chat/completions", "completion_window": "1h"}, 400, "completion_window"),
         ({"endpoint": "/v1/chat/completions", "completion_window": "24h",
           "input_file_id": "file-missing"}, 404, None),
@@ -191,3 +191,19 @@ def test_sigkill_mid_batch_resumes_each_line_exactly_once(tmp_path):
     by_id = {r["custom_id"]: r for r in out}
     for custom_id, recorded in before.items():  # the same record: that line was not run again
         assert by_id[custom_id] == json.loads(recorded)
+
+
+def test_a_responses_batch(oai):
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": "m", "input": f"Name a colour, {i}.", "max_output_tokens": 8,
+                       "temperature": 0}} for i in range(2)]  # fmt: skip
+    file = oai.files.create(file=("responses.jsonl", jsonl(lines)), purpose="batch")
+    batch = oai.batches.create(
+        input_file_id=file.id, endpoint="/v1/responses", completion_window="24h"
+    )
+    done = wait_final(oai, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 2
+    for r in records(oai, done.output_file_id):
+        body = r["response"]["body"]
+        assert body["object"] == "response" and body["output"][0]["type"] == "message"
+        assert body["usage"]["output_tokens"] > 0

@@ -84,21 +84,42 @@ def _reasoning_tokens(tm: TokenizerManager, output: list[dict[str, Any]]) -> int
     return sum(len(tm.tokenizer.encode(t, add_special_tokens=False)) for t in texts)
 
 
+async def _start_turn(req: ResponsesRequest, tm: TokenizerManager, store: ResponseStore) -> _Turn:
+    """Check the request, join the stored conversation it continues and plan the chat."""
+    unsupported_fields(req)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        history = store.get(req.previous_response_id, "previous_response_id").conversation
+    chat_req = items.chat_request(req, history)
+    # NOTE: chat-template rendering and tokenizing are CPU work: a worker thread runs them
+    plan = await asyncio.to_thread(ChatPlan, chat_req, tm)
+    return _Turn(req, plan, history, tm.served_model_name)
+
+
+async def run_response(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One non-streaming request without HTTP (a batch line): (status code, answer body)."""
+    try:
+        tm = state.manager()
+        req = parse_request(ResponsesRequest, body)
+        turn = await _start_turn(req, tm, state.responses)
+        result = await hu.collect(tm.generate(turn.plan.generate_input()))
+        hu.raise_if_failed(result)
+        return 200, _finished(turn, result, tm, state.responses)
+    except InvalidRequestError as e:
+        failure = hu.error_body(_renamed(e))
+    except RadixGenError as e:
+        failure = hu.error_body(e)
+    return failure["error"]["code"], failure
+
+
 async def create_response(request: Request) -> Response:
     state = request.app.state.server
-    store: ResponseStore = request.app.state.responses
+    store: ResponseStore = state.responses
     try:
         tm = state.manager()
         req = await hu.read_parsed(request, lambda body: parse_request(ResponsesRequest, body))
-        unsupported_fields(req)
-        history: list[dict[str, Any]] = []
-        if req.previous_response_id is not None:
-            history = store.get(req.previous_response_id, "previous_response_id").conversation
-        chat_req = items.chat_request(req, history)
-        # NOTE: chat-template rendering and tokenizing are CPU work: a worker thread runs them
-        plan = await asyncio.to_thread(ChatPlan, chat_req, tm)
-        turn = _Turn(req, plan, history, tm.served_model_name)
-        obj = plan.generate_input()
+        turn = await _start_turn(req, tm, store)
+        obj = turn.plan.generate_input()
         if not req.stream:
             result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
             hu.raise_if_failed(result)
@@ -180,7 +201,7 @@ async def _stream(
 
 
 async def retrieve_response(response_id: str, request: Request) -> Response:
-    store: ResponseStore = request.app.state.responses
+    store: ResponseStore = request.app.state.server.responses
     try:
         return hu.json_response(store.get(response_id).response)
     except RadixGenError as e:
@@ -196,7 +217,7 @@ async def list_input_items(
 ) -> Response:
     """A stored response's input items, a page at a time (OpenAI's cursor list: newest first
     unless order=asc, `after` an item id)."""
-    store: ResponseStore = request.app.state.responses
+    store: ResponseStore = request.app.state.server.responses
     try:
         if order not in ("asc", "desc"):
             raise InvalidRequestError("order must be 'asc' or 'desc'", "order")
@@ -226,7 +247,7 @@ async def list_input_items(
 
 
 async def delete_response(response_id: str, request: Request) -> Response:
-    store: ResponseStore = request.app.state.responses
+    store: ResponseStore = request.app.state.server.responses
     try:
         store.delete(response_id)
     except RadixGenError as e:
