@@ -360,6 +360,7 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("radixgen.kernels.grammar_mask", "radixgen.kernels.triton.bitmask"): _GPU,
     ("radixgen.kernels.layer_ops", "radixgen.kernels.triton.fused_ops"): _GPU,
     ("radixgen.cli", "radixgen.runtime.entrypoints.engine"): _CLI,
+    ("radixgen.cli", "radixgen.runtime.entrypoints.offline_batch"): _CLI,
     ("radixgen.cli", "radixgen.runtime.entrypoints.http_server"): _CLI,
     ("radixgen.launch_server", "radixgen.runtime.entrypoints.http_server"): _CLI,
     ("radixgen.lang.backend.engine", "radixgen.runtime.entrypoints.engine"): (

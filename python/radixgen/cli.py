@@ -107,8 +107,8 @@ def generate(ns: argparse.Namespace) -> int:
 
 
 def batch(ns: argparse.Namespace) -> int:
-    from radixgen.runtime.batch.offline import error_path_for, prepare_batch, run_batch
     from radixgen.runtime.entrypoints.engine import Engine
+    from radixgen.runtime.entrypoints.offline_batch import error_path_for, prepare_batch, run_batch
 
     if ns.resume and ns.output_file == "-":
         raise InvalidRequestError("--resume needs an output file, not -", "resume")

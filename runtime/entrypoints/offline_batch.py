@@ -19,9 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tqdm import tqdm
+
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
+from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
+from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.server_args import ServerArgs
 
 
@@ -119,8 +123,6 @@ class OfflineState:
     """What the routes' run functions need of a server (`manager()`, `args`), over an Engine."""
 
     def __init__(self, args: ServerArgs, manager: Any) -> None:
-        from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
-
         self.args, self._manager = args, manager
         self.responses = ResponseStore()  # /v1/responses lines' own (previous_response_id)
 
@@ -143,8 +145,6 @@ class PreparedBatch:
 def prepare_batch(
     input_path: str, output_path: str, error_path: str, resume: bool
 ) -> PreparedBatch:
-    from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
-
     source = sys.stdin.buffer if input_path == "-" else open(input_path, "rb")  # noqa: SIM115
     with source:
         lines, bad = read_lines(source, set(BATCH_ENDPOINTS))
@@ -158,10 +158,6 @@ def prepare_batch(
 
 def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
     """Run the lines on `engine`; returns (lines answered 2xx, records in the error file)."""
-    from tqdm import tqdm
-
-    from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
-
     state = OfflineState(engine.server_args, engine.tokenizer_manager)
     counts = {"ok": 0, "failed": 0, "tokens": 0}
     total = len(batch.todo) + len(batch.bad) + batch.skipped
