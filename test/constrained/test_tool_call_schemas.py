@@ -146,3 +146,14 @@ def test_definitions_keep_their_names_for_one_tool_and_are_prefixed_for_several(
     data = tool("d", {"type": "object", "properties": {"x": {"enum": [{"$ref": "#/a"}]}}})
     got = forced_call_constraint(parser, [data], "d")["json_schema"]
     assert got["properties"]["arguments"]["properties"]["x"]["enum"] == [{"$ref": "#/a"}]
+
+
+def test_pythonic_calls_type_values_behind_refs(build, encode):
+    """The pythonic format's grammar follows a property's local `$ref` (an enum of pydantic's
+    writes one) so its values stay typed."""
+    parser = create_tool_call_parser("pythonic")
+    schema = {"type": "object", "$defs": {"Unit": {"enum": ["celsius", "fahrenheit"]}},
+              "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "required": ["unit"]}  # fmt: skip
+    constraint = forced_call_constraint(parser, [tool("f", schema)], "f")
+    assert walks(build("xgrammar", constraint), encode('[f(unit="celsius")]'))
+    assert not walks(build("xgrammar", constraint), encode('[f(unit="kelvin")]'))

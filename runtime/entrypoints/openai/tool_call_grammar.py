@@ -139,7 +139,8 @@ pyany ::= pystr | pynum | pybool | "None" | "[" (pyany (", " pyany)*)? "]" | "{"
 """
 
 
-def _value_rule(schema: Any) -> str:
+def _value_rule(schema: Any, root: dict[str, Any]) -> str:
+    schema = _resolve_local_ref(schema, root)
     if not isinstance(schema, dict):
         return "pyany"
     if schema.get("enum"):
@@ -154,6 +155,22 @@ def _value_rule(schema: Any) -> str:
         "boolean": "pybool",
         "null": '"None"',
     }.get(kind if isinstance(kind, str) else "", "pyany")
+
+
+def _resolve_local_ref(schema: Any, root: dict[str, Any], hops: int = 8) -> Any:
+    """A `{"$ref": "#/..."}` property (pydantic's nested enums) as the schema it points to
+    inside the tool's parameters, so its values are typed too; anything else as it is."""
+    while hops and isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        ref = schema["$ref"]
+        if not ref.startswith("#"):
+            return schema
+        node: Any = root
+        for token in filter(None, ref[1:].split("/")):
+            node = node.get(_unescape(token)) if isinstance(node, dict) else None
+        if node is None:
+            return schema
+        schema, hops = node, hops - 1
+    return schema
 
 
 def _py_literal(value: Any) -> str | None:
@@ -174,7 +191,9 @@ def pythonic_ebnf(tools: list[Tool]) -> str:
         props = params.get("properties") or {}
         required = [k for k in params.get("required") or [] if k in props]
         optional = [k for k in props if k not in required]
-        items = [f"{json.dumps(k + '=')} {_value_rule(props[k])}" for k in required + optional]
+        items = [
+            f"{json.dumps(k + '=')} {_value_rule(props[k], params)}" for k in required + optional
+        ]
         required_items, optional_items = items[: len(required)], items[len(required) :]
         if required_items:
             body = ' ", " '.join(required_items)
