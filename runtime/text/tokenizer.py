@@ -110,10 +110,16 @@ class Tokenizer:
     def _load_backend(folder: Path) -> _HFTokenizer:
         path = folder / "tokenizer.json"
         if path.exists():
-            return _HFTokenizer.from_file(str(path))
-        from transformers import AutoTokenizer  # slow path: sentencepiece-only folders
+            tok = _HFTokenizer.from_file(str(path))
+        else:
+            from transformers import AutoTokenizer  # slow path: sentencepiece-only folders
 
-        return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+            tok = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+        # NOTE: a tokenizer.json may carry padding and truncation (all-MiniLM-L6-v2's: both to
+        # 128): ids are always the text's own, and an input over a limit is refused, not cut
+        tok.no_padding()
+        tok.no_truncation()
+        return tok
 
     def _find_chat_template(self) -> str | None:
         jinja = self.folder / "chat_template.jinja"
