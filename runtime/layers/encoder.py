@@ -42,9 +42,10 @@ class BidirectionalAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(b, n, self.num_heads, h // self.num_heads).transpose(1, 2)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        q = heads(self.query.forward(x))
+        k, v = heads(self.key.forward(x)), heads(self.value.forward(x))
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-        return self.out(attn.transpose(1, 2).reshape(b, n, h))
+        return self.out.forward(attn.transpose(1, 2).reshape(b, n, h))
 
 
 class PostNormEncoderLayer(nn.Module):
@@ -62,5 +63,5 @@ class PostNormEncoderLayer(nn.Module):
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        x = self.attn_norm(x + self.attn(x, key_mask))
-        return self.mlp_norm(x + self.down(self.act(self.up(x))))
+        x = self.attn_norm.forward(x + self.attn.forward(x, key_mask))
+        return self.mlp_norm.forward(x + self.down.forward(self.act(self.up.forward(x))))

@@ -178,6 +178,16 @@ class ChatCompletionRequest(SGLangSamplingExtras):
 CompletionRequest.model_rebuild()
 
 
+class EmbeddingRequest(_Strict):
+    """POST /v1/embeddings: text, a batch of texts, token ids or a batch of them."""
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None  # accepted for client compatibility; changes nothing
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a body; the first problem becomes a 400 naming the field (dotted path)."""
     if not isinstance(body, dict):

@@ -1,4 +1,5 @@
-"""The /v1 routes of the OpenAI-compatible API (tokenize / detokenize live with the native API)."""
+"""The /v1 routes of the OpenAI-compatible API: completions, chat, embeddings, models (tokenize /
+detokenize live with the native API)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from radixgen.errors import RadixGenError
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
+from radixgen.runtime.entrypoints.openai.serving_embedding import create_embedding
 
 router = APIRouter()
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
