@@ -42,13 +42,16 @@ class TokenizedEmbeddingReq:
     input_ids: list[int]
     dimensions: int | None = None  # Matryoshka width asked for; None: the model's full width
     arrival_time: float = 0.0
+    # a cross-encoder's (query, document) pair: the segment of each token (None: all 0)
+    token_type_ids: list[int] | None = None
 
 
 @dataclass
 class BatchEmbeddingOut:
     """Scheduler -> TokenizerManager (straight, no detokenizer): finished embeddings of a step.
 
-    Per rid either a vector (float32 values as Python floats) or an error (message, status)."""
+    Per rid either a vector (float32 values as Python floats; a cross-encoder's: its one
+    relevance score) or an error (message, status)."""
 
     rids: list[str]
     embeddings: list[list[float] | None]
@@ -128,6 +131,7 @@ class SchedulerReadyOut:
     # an embedding model's vector width (`--is-embedding`, or an encoder's config); None: the
     # server generates text
     embedding_dim: int | None = None
+    cross_encoder: bool = False  # the embedding model scores (query, document) pairs: /v1/rerank
 
 
 @dataclass

@@ -71,18 +71,24 @@ class EmbeddingRequests:
             )
 
     async def embed(
-        self, inputs: list[list[int]], dimensions: int | None, param: str
+        self,
+        inputs: list[list[int]],
+        dimensions: int | None,
+        param: str,
+        token_types: list[list[int]] | None = None,
     ) -> list[EmbeddingResult]:
-        """One result per input, in order; a cancelled caller aborts what is still queued."""
+        """One result per input, in order; a cancelled caller aborts what is still queued.
+        token_types: a cross-encoder's segment ids, one list per input."""
         self.check(inputs, dimensions, param)
+        types: list[list[int] | None] = list(token_types) if token_types else [None] * len(inputs)
         loop = asyncio.get_running_loop()
         rids = [uuid.uuid4().hex for _ in inputs]
         futures = [loop.create_future() for _ in inputs]
         for rid, fut in zip(rids, futures, strict=True):
             self._futures[rid] = fut
         try:
-            for rid, ids in zip(rids, inputs, strict=True):
-                await self._send(TokenizedEmbeddingReq(rid, ids, dimensions, time.time()))
+            for rid, ids, seg in zip(rids, inputs, types, strict=True):
+                await self._send(TokenizedEmbeddingReq(rid, ids, dimensions, time.time(), seg))
             return list(await asyncio.gather(*futures))
         except asyncio.CancelledError:
             for rid, fut in zip(rids, futures, strict=True):

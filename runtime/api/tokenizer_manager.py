@@ -335,8 +335,8 @@ class TokenizerManager:
     async def warm_up(self) -> None:
         """One real step through every process before the server says it is healthy: a token
         generated, or on an embedding server one input embedded."""
-        if self.embeddings is not None:
-            await self.embed(await self.encode_texts(["Hi"], True, "text"), None)
+        if self.embeddings is not None:  # a reranker too: one input through its forward
+            await self.embeddings.embed(await self.encode_texts(["Hi"], True, "text"), None, "text")
             return
         async for _ in self.generate(
             GenerateReqInput(text="Hi", sampling_params={"max_new_tokens": 1})
@@ -355,8 +355,32 @@ class TokenizerManager:
                 "this server generates text: embeddings need a server started with --is-embedding",
                 None,
             )
+        if self.ready.cross_encoder:
+            raise InvalidRequestError(
+                f"{self.served_model_name!r} is a cross-encoder (reranker): it scores query and "
+                "document pairs on /v1/rerank and makes no embeddings",
+                None,
+            )
         self.limits.check_sequences(len(inputs))
         return await self.embeddings.embed(inputs, dimensions, param)
+
+    async def rerank(self, query: str, documents: list[str]) -> list[EmbeddingResult]:
+        """Each document's relevance to the query (a cross-encoder's score), in order."""
+        self._check_alive()
+        if self.embeddings is None or not self.ready.cross_encoder:
+            raise InvalidRequestError(
+                "reranking needs a cross-encoder (e.g. BertForSequenceClassification) served with "
+                f"--is-embedding; this server serves {self.served_model_name!r}",
+                None,
+            )
+        self.limits.check_sequences(len(documents))
+        self.limits.check_prompt_chars(len(query), "query")
+        for doc in documents:
+            self.limits.check_prompt_chars(len(doc), "documents")
+        pairs = [(query, doc) for doc in documents]
+        encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs)
+        ids = [e[0] for e in encoded]
+        return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
 
     async def _send_embedding(self, msg: Any) -> int:
         assert self.link is not None

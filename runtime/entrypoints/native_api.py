@@ -150,7 +150,7 @@ async def health_generate(request: Request) -> Response:
     try:
         tm = server_state(request).manager()
         if tm.embeddings is not None:
-            work: Any = embed_request(tm, "Hi", None, "text")
+            work: Any = tm.warm_up()
         else:
             obj = GenerateReqInput(
                 text="Hi",

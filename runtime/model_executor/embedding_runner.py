@@ -1,5 +1,5 @@
-"""Load an encoder embedding model and turn batches of token-id sequences into vectors
-(scheduler process).
+"""Load an encoder embedding model (or cross-encoder) and turn batches of token-id sequences
+into vectors (or relevance scores) (scheduler process).
 
 The encoder's counterpart of `ModelRunner`: no KV pool, no sampler. A batch is sorted by length
 and cut into padded sub-batches of at most `max_batch_tokens` padded tokens, so one long input
@@ -27,10 +27,12 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 @dataclass(frozen=True)
 class EmbeddingJob:
-    """One sequence to embed: its ids and the Matryoshka width asked for (None: the full one)."""
+    """One sequence to embed: its ids, the Matryoshka width asked for (None: the full one) and,
+    for a cross-encoder's (query, document) pair, the segment ids."""
 
     input_ids: list[int]
     dimensions: int | None = None
+    token_type_ids: list[int] | None = None
 
 
 def encoder_dtype(flag: str) -> torch.dtype:
@@ -81,10 +83,12 @@ class EmbeddingRunner:
 
     @property
     def hidden_size(self) -> int:
-        return self.cfg.hidden_size
+        """The width of what `embed` returns: the vector, or a cross-encoder's one score."""
+        return self.cfg.num_labels if self.cfg.is_cross_encoder else self.cfg.hidden_size
 
     def embed(self, jobs: list[EmbeddingJob]) -> list[torch.Tensor]:
-        """One float32 vector per job, in the jobs' order (on the CPU)."""
+        """One float32 vector per job, in the jobs' order (on the CPU); a cross-encoder's is its
+        relevance score, sigmoid of its logit (sentence-transformers' CrossEncoder default)."""
         order = sorted(range(len(jobs)), key=lambda i: len(jobs[i].input_ids))
         out: list[torch.Tensor | None] = [None] * len(jobs)
         start = 0
@@ -96,20 +100,31 @@ class EmbeddingRunner:
                     break
                 end += 1
             group = order[start:end]
-            vectors = self._pooled([jobs[i].input_ids for i in group])
+            vectors = self._forward([jobs[i] for i in group])
             for row, i in enumerate(group):
-                out[i] = finish_vector(vectors[row], self.pooling.normalize, jobs[i].dimensions)
+                if self.cfg.is_cross_encoder:
+                    out[i] = torch.sigmoid(vectors[row])
+                else:
+                    out[i] = finish_vector(vectors[row], self.pooling.normalize, jobs[i].dimensions)
             start = end
         return [v for v in out if v is not None]
 
-    def _pooled(self, seqs: list[list[int]]) -> torch.Tensor:
-        """[B, H] float32 pooled vectors of the sequences, padded to the longest."""
-        n = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), n), self.cfg.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), n), dtype=torch.long)
-        for row, s in enumerate(seqs):
-            ids[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[row, : len(s)] = 1
+    def _forward(self, jobs: list[EmbeddingJob]) -> torch.Tensor:
+        """[B, H] float32 pooled vectors (a cross-encoder: [B, 1] logits) of the jobs, padded
+        to the longest."""
+        n = max(len(j.input_ids) for j in jobs)
+        ids = torch.full((len(jobs), n), self.cfg.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(jobs), n), dtype=torch.long)
+        with_types = any(j.token_type_ids is not None for j in jobs)
+        types = torch.zeros((len(jobs), n), dtype=torch.long) if with_types else None
+        for row, j in enumerate(jobs):
+            ids[row, : len(j.input_ids)] = torch.tensor(j.input_ids, dtype=torch.long)
+            mask[row, : len(j.input_ids)] = 1
+            if types is not None and j.token_type_ids is not None:
+                types[row, : len(j.token_type_ids)] = torch.tensor(j.token_type_ids)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = self.model(ids, mask)
+        hidden = self.model(ids, mask, None if types is None else types.to(self.device))
+        if self.cfg.is_cross_encoder:
+            scores: torch.Tensor = self.model.score(hidden)
+            return scores.cpu()
         return pool(hidden, mask, self.pooling.mode).cpu()

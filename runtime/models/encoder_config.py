@@ -18,6 +18,9 @@ from radixgen.errors import InvalidRequestError
 ENCODER_ARCHITECTURES = {
     "BertModel": "bert",
     "XLMRobertaModel": "xlm-roberta",
+    # cross-encoders (rerankers): the encoder and a one-score head on the first token
+    "BertForSequenceClassification": "bert",
+    "XLMRobertaForSequenceClassification": "xlm-roberta",
 }
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 _REQUIRED_KEYS = (
@@ -79,6 +82,12 @@ class EncoderArchConfig:
     layer_norm_eps: float
     hidden_act: str
     pad_token_id: int
+    # a cross-encoder's head outputs (1: one relevance score per pair); 0: an embedding model
+    num_labels: int = 0
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return self.num_labels > 0
 
     @property
     def head_dim(self) -> int:
@@ -116,6 +125,14 @@ class EncoderArchConfig:
         act = str(raw.get("hidden_act", "gelu"))
         if act not in SUPPORTED_ACTIVATIONS:
             raise _bad(f"hidden_act {act!r} is not supported ({', '.join(SUPPORTED_ACTIVATIONS)})")
+        num_labels = 0
+        if arch.endswith("ForSequenceClassification"):
+            num_labels = len(raw.get("id2label") or {}) or int(raw.get("num_labels", 2))
+            if num_labels != 1:
+                raise _bad(
+                    f"{arch} with {num_labels} labels: only one-score cross-encoders (rerankers) "
+                    "are served"
+                )
         kind = raw.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise _bad(f"position_embedding_type {kind!r} is not supported (absolute only)")
@@ -132,4 +149,5 @@ class EncoderArchConfig:
             layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
             hidden_act=act,
             pad_token_id=int(raw.get("pad_token_id") or 0),
+            num_labels=num_labels,
         )

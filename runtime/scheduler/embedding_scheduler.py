@@ -102,9 +102,8 @@ class EmbeddingScheduler:
             tokens += n
         if batch:
             try:
-                vectors = self.runner.embed(
-                    [EmbeddingJob(r.input_ids, r.dimensions) for r in batch]
-                )
+                jobs = [EmbeddingJob(r.input_ids, r.dimensions, r.token_type_ids) for r in batch]
+                vectors = self.runner.embed(jobs)
             except Exception as e:  # NOTE: contained to this step's requests
                 logger.error("embedding step failed: %r\n%s", e, traceback.format_exc())
                 for req in batch:

@@ -318,6 +318,7 @@ def _serve_embeddings(
             dtype=str(runner.dtype).replace("torch.", ""),
             dp_rank=dp_rank,
             embedding_dim=runner.hidden_size,
+            cross_encoder=runner.cfg.is_cross_encoder,
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})

@@ -144,6 +144,11 @@ class Tokenizer:
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
+    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """(ids, segment ids) of text pairs encoded as one input each (a cross-encoder's
+        query and document: the tokenizer's pair template, e.g. [CLS] q [SEP] d [SEP])."""
+        return [(e.ids, e.type_ids) for e in self._tok.encode_batch(pairs)]
+
     @cached_property
     def _plain_text_backend(self) -> _HFTokenizer:
         """A copy that encodes special-token strings as ordinary text (for client content)."""

@@ -1,5 +1,6 @@
 """One real embedding server (`--is-embedding`, the bundled all-MiniLM-L6-v2) for all of
-test/embeddings, started once and shared; its tests are in the slow tier."""
+test/embeddings, started once and shared, and one reranker server (a tiny random cross-encoder
+built here) for the rerank tests; the tests that use either are in the slow tier."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tiers import mark_fixture_users_slow
 
 
 def pytest_collection_modifyitems(config, items):
-    mark_fixture_users_slow(items, Path(__file__).parent, {"embedding_server"})
+    mark_fixture_users_slow(items, Path(__file__).parent, {"embedding_server", "rerank_server"})
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +45,41 @@ def reference(embedding_server):
 
     info = httpx.get(embedding_server.url + "/model_info", timeout=30).json()
     return SentenceTransformer(info["model_path"], device="cpu")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_folder(tmp_path_factory) -> Path:
+    """A tiny random BertForSequenceClassification (one score) with all-MiniLM's tokenizer."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from radixgen.runtime.model_loader.default_embedding import unpack_default_embedding_model
+
+    minilm = unpack_default_embedding_model(tmp_path_factory.mktemp("cache"))
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        num_labels=1,
+        initializer_range=0.2,  # spread scores apart: orderings are compared
+    )
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def rerank_server(cross_encoder_folder):
+    with running_server("--model-path", str(cross_encoder_folder), *server_flags()) as proc:
+        yield proc

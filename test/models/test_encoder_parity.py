@@ -121,6 +121,38 @@ def test_token_states_match_transformers(arch: str, tmp_path: Path) -> None:
     torch.testing.assert_close(alone[0], got[2, : lengths[2]], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "arch", ["BertForSequenceClassification", "XLMRobertaForSequenceClassification"]
+)
+def test_cross_encoder_scores_match_transformers(arch: str, tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    base = "BertModel" if arch.startswith("Bert") else "XLMRobertaModel"
+    config = _tiny_config(base)
+    config.num_labels = 1
+    config.type_vocab_size = 2
+    hf = getattr(transformers, arch)(config).eval()
+    hf.save_pretrained(tmp_path)
+    runner = EmbeddingRunner(tmp_path)
+    assert runner.cfg.is_cross_encoder and runner.hidden_size == 1
+
+    # (query, document) pairs: segment 0 then segment 1, of different lengths
+    pairs = [(4, 9), (2, 3), (6, 1)]
+    jobs, ids_rows, type_rows = [], [], []
+    for q, d in pairs:
+        ids = torch.randint(2, config.vocab_size, (q + d,)).tolist()
+        types = [0] * q + [1] * d
+        jobs.append(EmbeddingJob(ids, None, types))
+        ids_rows.append(ids)
+        type_rows.append(types)
+    got = torch.stack(runner.embed(jobs))[:, 0]
+    for row, (ids, types) in enumerate(zip(ids_rows, type_rows, strict=True)):
+        with torch.no_grad():
+            logit = hf(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[
+                0, 0
+            ]
+        torch.testing.assert_close(got[row], torch.sigmoid(logit), rtol=1e-5, atol=1e-6)
+
+
 def test_pooling_modes() -> None:
     hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 3, 2)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])

@@ -188,6 +188,17 @@ class EmbeddingRequest(_Strict):
     user: str | None = None  # accepted for client compatibility; changes nothing
 
 
+class RerankRequest(_Strict):
+    """POST /v1/rerank, in the shape SGLang, Jina and Cohere share."""
+
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = True
+    model: str | None = None
+    user: str | None = None  # accepted for client compatibility; changes nothing
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a body; the first problem becomes a 400 naming the field (dotted path)."""
     if not isinstance(body, dict):

@@ -1,4 +1,4 @@
-"""The /v1 routes of the OpenAI-compatible API: completions, chat, embeddings, models (tokenize /
+"""The /v1 routes of the OpenAI-compatible API: completions, chat, embeddings, rerank, models (tokenize /
 detokenize live with the native API)."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
 from radixgen.runtime.entrypoints.openai.serving_embedding import create_embedding
+from radixgen.runtime.entrypoints.openai.serving_rerank import create_rerank
 
 router = APIRouter()
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
 router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
+router.add_api_route("/v1/rerank", create_rerank, methods=["POST"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
