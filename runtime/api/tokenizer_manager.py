@@ -325,11 +325,16 @@ class TokenizerManager:
     # --- validation and tokenization ----------------------------------------------------------
 
     async def encode_texts(
-        self, texts: list[str], add_special_tokens: bool, param: str
+        self, texts: list[str], add_special_tokens: bool, param: str, truncate_to: int | None = None
     ) -> list[list[int]]:
-        """Tokenize texts (limits checked first) in a worker thread, off the event loop."""
+        """Tokenize texts (limits checked first) in a worker thread, off the event loop;
+        truncate_to: cut each to that many tokens (special tokens kept)."""
         for text in texts:
             self.limits.check_prompt_chars(len(text), param)
+        if truncate_to is not None:
+            return await asyncio.to_thread(
+                self.tokenizer.encode_batch_truncated, texts, truncate_to
+            )
         return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
 
     async def warm_up(self) -> None:
@@ -364,8 +369,16 @@ class TokenizerManager:
         self.limits.check_sequences(len(inputs))
         return await self.embeddings.embed(inputs, dimensions, param)
 
-    async def rerank(self, query: str, documents: list[str]) -> list[EmbeddingResult]:
-        """Each document's relevance to the query (a cross-encoder's score), in order."""
+    @property
+    def max_embedding_tokens(self) -> int:
+        """The longest input an embedding server takes (its model's limit)."""
+        return self.ready.max_req_input_len
+
+    async def rerank(
+        self, query: str, documents: list[str], truncate: bool = False
+    ) -> list[EmbeddingResult]:
+        """Each document's relevance to the query (a cross-encoder's score), in order;
+        truncate: cut each pair to the model's limit instead of refusing it."""
         self._check_alive()
         if self.embeddings is None or not self.ready.cross_encoder:
             raise InvalidRequestError(
@@ -378,7 +391,8 @@ class TokenizerManager:
         for doc in documents:
             self.limits.check_prompt_chars(len(doc), "documents")
         pairs = [(query, doc) for doc in documents]
-        encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs)
+        limit = self.max_embedding_tokens if truncate else None
+        encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs, limit)
         ids = [e[0] for e in encoded]
         return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
 

@@ -37,17 +37,24 @@ def split_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[in
 
 
 async def embed_request(
-    tm: TokenizerManager, value: Any, dimensions: int | None, param: str
+    tm: TokenizerManager, value: Any, dimensions: int | None, param: str, truncate: bool = False
 ) -> tuple[list[EmbeddingResult], bool]:
-    """The vectors of the request's inputs, in order, and whether it was a batch."""
+    """The vectors of the request's inputs, in order, and whether it was a batch; truncate: an
+    input over the model's limit is cut to it (text: as sentence-transformers cuts, the closing
+    special token kept; token ids: the first ones kept) instead of refused."""
     texts, ids, batch = split_inputs(value, param)
     if texts is not None and not all(texts):  # as OpenAI: an empty text is no input
         i = texts.index("")
         raise InvalidRequestError(f"{param}[{i}] is empty" if batch else f"{param} is empty", param)
     if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)):
         raise InvalidRequestError("dimensions must be an integer", "dimensions")
+    if not isinstance(truncate, bool):
+        raise InvalidRequestError("truncate must be a boolean", "truncate")
     if texts is not None:
         tm.limits.check_sequences(len(texts))  # before tokenizing a huge batch
-        ids = await tm.encode_texts(texts, True, param)
+        limit = tm.max_embedding_tokens if truncate else None
+        ids = await tm.encode_texts(texts, True, param, limit)
+    elif truncate:
+        ids = [seq[: tm.max_embedding_tokens] for seq in ids or []]
     assert ids is not None
     return await tm.embed(ids, dimensions, param), batch

@@ -63,14 +63,19 @@ async def encode(request: Request) -> Response:
         tm = server_state(request).manager()
         if not isinstance(body, dict):
             raise InvalidRequestError("the body must be a JSON object", None)
-        unknown = sorted(set(body) - {"text", "input_ids", "dimensions", "rid", "model"})
+        unknown = sorted(
+            set(body) - {"text", "input_ids", "dimensions", "truncate", "rid", "model"}
+        )
         if unknown:
             raise InvalidRequestError(f"unknown field {unknown[0]!r}", unknown[0])
         param = "input_ids" if body.get("text") is None else "text"
         if (body.get("text") is None) == (body.get("input_ids") is None):
             raise InvalidRequestError("give exactly one of text and input_ids", param)
         results, batch = await until_disconnect(
-            request, embed_request(tm, body[param], body.get("dimensions"), param)
+            request,
+            embed_request(
+                tm, body[param], body.get("dimensions"), param, body.get("truncate", False)
+            ),
         )
     except ClientDisconnected:
         return Response(status_code=499)

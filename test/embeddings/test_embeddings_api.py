@@ -101,6 +101,17 @@ def test_too_long_input_is_a_400_naming_the_limit(oai):
     assert "at most 256" in str(err.value)
 
 
+def test_truncate_cuts_to_the_limit_as_sentence_transformers_does(oai, http, reference):
+    long_text = "the quick brown fox jumps over the lazy dog " * 60  # ~540 tokens
+    resp = oai.embeddings.create(model="m", input=long_text, extra_body={"truncate": True})
+    assert resp.usage.prompt_tokens == 256
+    assert _cosine(resp.data[0].embedding, _want(reference, [long_text])[0]) >= COSINE_MIN
+    ids = reference.tokenizer(long_text)["input_ids"]
+    by_ids = http.post("/encode", json={"input_ids": ids, "truncate": True})
+    assert by_ids.status_code == 200, by_ids.text
+    assert by_ids.json()["meta_info"]["prompt_tokens"] == 256
+
+
 @pytest.mark.parametrize(
     "body, says",
     [

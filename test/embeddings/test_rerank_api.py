@@ -32,7 +32,14 @@ def hf_scores(cross_encoder_folder):
     ).eval()
 
     def score(query: str, docs: list[str]) -> list[float]:
-        enc = tok([query] * len(docs), docs, padding=True, return_tensors="pt")
+        enc = tok(
+            [query] * len(docs),
+            docs,
+            padding=True,
+            truncation=True,
+            max_length=512,
+            return_tensors="pt",
+        )
         with torch.no_grad():
             return torch.sigmoid(model(**enc).logits[:, 0]).tolist()
 
@@ -59,6 +66,15 @@ def test_scores_and_order_match_transformers(rerank_http, hf_scores):
         assert [item["index"] for item in body["results"]] == hf_order
         assert all(item["document"]["text"] == docs[item["index"]] for item in body["results"])
         assert body["usage"]["total_tokens"] > 0
+
+
+def test_truncate_cuts_a_long_pair_to_the_limit(rerank_http, hf_scores):
+    query, docs = "what is a fox?", ["a fox " * 600, "a dog"]
+    r = rerank_http.post("/v1/rerank", json={"query": query, "documents": docs, "truncate": True})
+    assert r.status_code == 200, r.text
+    got = {item["index"]: item["relevance_score"] for item in r.json()["results"]}
+    for i, w in enumerate(hf_scores(query, docs)):
+        assert abs(got[i] - w) < 1e-5
 
 
 def test_top_n_and_return_documents(rerank_http):

@@ -185,6 +185,8 @@ class EmbeddingRequest(_Strict):
     model: str | None = None
     dimensions: int | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    # RadixGen extra: cut an input over the model's limit to it instead of a 400
+    truncate: bool = False
     user: str | None = None  # accepted for client compatibility; changes nothing
 
 
@@ -195,6 +197,7 @@ class RerankRequest(_Strict):
     documents: list[str] = Field(min_length=1)
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = True
+    truncate: bool = False  # cut a pair over the model's limit to it instead of a 400
     model: str | None = None
     user: str | None = None  # accepted for client compatibility; changes nothing
 

@@ -34,7 +34,7 @@ async def create_embedding(request: Request) -> Response:
         tm = state.manager()
         req = await hu.read_parsed(request, lambda body: parse_request(EmbeddingRequest, body))
         results, _ = await hu.until_disconnect(
-            request, embed_request(tm, req.input, req.dimensions, "input")
+            request, embed_request(tm, req.input, req.dimensions, "input", req.truncate)
         )
     except hu.ClientDisconnected:
         return Response(status_code=499)

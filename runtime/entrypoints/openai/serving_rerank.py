@@ -26,7 +26,9 @@ async def create_rerank(request: Request) -> Response:
             raise InvalidRequestError("query is empty", "query")
         if not all(req.documents):
             raise InvalidRequestError(f"documents[{req.documents.index('')}] is empty", "documents")
-        results = await hu.until_disconnect(request, tm.rerank(req.query, req.documents))
+        results = await hu.until_disconnect(
+            request, tm.rerank(req.query, req.documents, req.truncate)
+        )
     except hu.ClientDisconnected:
         return Response(status_code=499)
     except RadixGenError as e:
