@@ -418,6 +418,11 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.scheduler.embedding_scheduler",
     ): _SCHEDULER,
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.model_executor.decoder_embedding_runner",
+    ): _SCHEDULER,
+
 }
 
 

@@ -82,6 +82,14 @@ class EmbeddingRunner:
         return min(own, table) if own else table
 
     @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return self.cfg.is_cross_encoder
+
+    @property
     def hidden_size(self) -> int:
         """The width of what `embed` returns: the vector, or a cross-encoder's one score."""
         return self.cfg.num_labels if self.cfg.is_cross_encoder else self.cfg.hidden_size

@@ -56,16 +56,9 @@ def is_encoder_folder(folder: str | Path) -> bool:
 
 
 def serves_embeddings(is_embedding: bool, folder: str | Path) -> bool:
-    """Whether the server embeds: `--is-embedding`, or a folder holding an encoder. A decoder
-    asked to embed is refused until decoder pooling is served."""
-    if is_encoder_folder(folder):
-        return True
-    if is_embedding:
-        raise _bad(
-            f"--is-embedding: {folder} is not an encoder ({sorted(ENCODER_ARCHITECTURES)}); "
-            "decoder embedding models (last-token pooling) are not served yet"
-        )
-    return False
+    """Whether the server embeds: `--is-embedding` (an encoder, or a decoder with last-token
+    pooling), or a folder holding an encoder (its config says so)."""
+    return is_embedding or is_encoder_folder(folder)
 
 
 @dataclass(frozen=True)

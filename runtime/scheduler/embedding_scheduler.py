@@ -26,6 +26,7 @@ from radixgen.io_struct import (
     GetInternalStateReq,
     TokenizedEmbeddingReq,
 )
+from radixgen.runtime.model_executor.decoder_embedding_runner import DecoderEmbeddingRunner
 from radixgen.runtime.model_executor.embedding_runner import EmbeddingJob, EmbeddingRunner
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,9 @@ logger = logging.getLogger(__name__)
 class EmbeddingScheduler:
     """Queue of embedding requests and the step that serves them."""
 
-    def __init__(self, runner: EmbeddingRunner, max_step_tokens: int) -> None:
+    def __init__(
+        self, runner: EmbeddingRunner | DecoderEmbeddingRunner, max_step_tokens: int
+    ) -> None:
         self.runner = runner
         self.max_step_tokens = max(max_step_tokens, runner.max_input_tokens)
         self.waiting: deque[TokenizedEmbeddingReq] = deque()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.launch.process_utils import PortArgs, configure_child_process
-from radixgen.runtime.models.encoder_config import serves_embeddings
+from radixgen.runtime.models.encoder_config import is_encoder_folder, serves_embeddings
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -288,6 +288,7 @@ def _serve_embeddings(
     TokenizerManager (there is no text to detokenize)."""
     import zmq
 
+    from radixgen.runtime.model_executor.decoder_embedding_runner import DecoderEmbeddingRunner
     from radixgen.runtime.model_executor.embedding_runner import (
         EmbeddingRunner,
         encoder_device,
@@ -296,12 +297,16 @@ def _serve_embeddings(
     from radixgen.runtime.scheduler.embedding_scheduler import EmbeddingScheduler
 
     try:
-        runner = EmbeddingRunner(
-            model_folder,
-            encoder_dtype(args.model.dtype),
-            encoder_device(args.model.device),
-            args.model.pooling,
-        )
+        runner: EmbeddingRunner | DecoderEmbeddingRunner
+        if is_encoder_folder(model_folder):
+            runner = EmbeddingRunner(
+                model_folder,
+                encoder_dtype(args.model.dtype),
+                encoder_device(args.model.device),
+                args.model.pooling,
+            )
+        else:  # a decoder asked to embed (--is-embedding): last-token pooling
+            runner = DecoderEmbeddingRunner(model_folder, args, args.model.pooling)
         scheduler = EmbeddingScheduler(runner, args.scheduler.max_prefill_tokens)
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)
@@ -312,13 +317,13 @@ def _serve_embeddings(
             max_total_num_tokens=scheduler.max_step_tokens,
             max_req_input_len=runner.max_input_tokens,
             context_length=runner.max_input_tokens,
-            vocab_size=runner.cfg.vocab_size,
+            vocab_size=runner.vocab_size,
             num_threads=threads,
             startup_seconds=time.perf_counter() - t0,
             dtype=str(runner.dtype).replace("torch.", ""),
             dp_rank=dp_rank,
             embedding_dim=runner.hidden_size,
-            cross_encoder=runner.cfg.is_cross_encoder,
+            cross_encoder=runner.is_cross_encoder,
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})

@@ -13,7 +13,11 @@ from tiers import mark_fixture_users_slow
 
 
 def pytest_collection_modifyitems(config, items):
-    mark_fixture_users_slow(items, Path(__file__).parent, {"embedding_server", "rerank_server"})
+    mark_fixture_users_slow(
+        items,
+        Path(__file__).parent,
+        {"embedding_server", "rerank_server", "decoder_embedding_server"},
+    )
 
 
 @pytest.fixture(scope="session")
@@ -82,4 +86,12 @@ def cross_encoder_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def rerank_server(cross_encoder_folder):
     with running_server("--model-path", str(cross_encoder_folder), *server_flags()) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def decoder_embedding_server(default_model_folder):
+    """The default generation model (SmolLM2, dequantized to float32) served as an embedder."""
+    flags = ("--is-embedding", "--model-path", default_model_folder, "--dtype", "float32")
+    with running_server(*flags, "--quantization", "unquant", *server_flags()) as proc:
         yield proc
