@@ -47,6 +47,18 @@ class ModelConfig:
         "take last only).",
         ("cls", "mean", "last"),
     )
+    reranker_tokens: str | None = _f(
+        None,
+        "A decoder served with --is-embedding as a yes/no reranker (the Qwen3-Reranker kind): "
+        "two single-token answers, 'yes,no'; /v1/rerank then scores each (query, document) "
+        "as the first answer's probability against the second after the --rerank-template prompt.",
+    )
+    rerank_template: str | None = _f(
+        None,
+        "The yes/no reranker's prompt, with {query} and {document} in it (a file path or inline "
+        "text). Default: Qwen3-Reranker's (a system turn asking for yes or no, its web-search "
+        "instruction, an empty think block).",
+    )
     tokenizer_path: str | None = _f(None, "Tokenizer folder, if not the model's own.")
     dtype: str = _f(
         "auto",

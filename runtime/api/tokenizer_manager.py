@@ -56,6 +56,7 @@ from radixgen.runtime.dp_controller.data_parallel_controller import (
     aggregate_internal_states,
 )
 from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.text.rerank_prompt import rerank_prompt, rerank_template
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
@@ -383,8 +384,9 @@ class TokenizerManager:
         self._check_alive()
         if self.embeddings is None or not self.ready.cross_encoder:
             raise InvalidRequestError(
-                "reranking needs a cross-encoder (e.g. BertForSequenceClassification) served with "
-                f"--is-embedding; this server serves {self.served_model_name!r}",
+                "reranking needs a cross-encoder (e.g. BertForSequenceClassification), or a "
+                "decoder with --reranker-tokens, served with --is-embedding; this server serves "
+                f"{self.served_model_name!r}",
                 None,
             )
         self.limits.check_sequences(len(documents))
@@ -392,6 +394,16 @@ class TokenizerManager:
         self.limits.check_prompt_chars(len(query), "query")
         for doc in documents:
             self.limits.check_prompt_chars(len(doc), "documents")
+        if self.args.model.reranker_tokens is not None:  # a yes/no decoder: one prompt a pair
+            if truncate:
+                raise InvalidRequestError(
+                    "truncate is not served by yes/no rerankers (it would cut the answer turn)",
+                    "truncate",
+                )
+            template = rerank_template(self.args.model.rerank_template)
+            prompts = [rerank_prompt(template, query, doc) for doc in documents]
+            ids = await asyncio.to_thread(self.tokenizer.encode_batch, prompts, False)
+            return await self.embeddings.embed(ids, None, "documents")
         pairs = [(query, doc) for doc in documents]
         limit = self.max_embedding_tokens if truncate else None
         encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs, limit)

@@ -27,6 +27,7 @@ from radixgen.runtime.launch.process_utils import PortArgs, remove_stale_ipc_dir
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
 from radixgen.runtime.models.encoder_config import serves_embeddings
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens, rerank_template
 from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
 
@@ -108,6 +109,9 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     # NOTE: bad tokenizer / chat-template flags fail here, before any child starts
     tokenizer_folder(model_folder, args.model.tokenizer_path)
     chat_template_text(args.model.chat_template)
+    if args.model.reranker_tokens is not None:
+        parse_reranker_tokens(args.model.reranker_tokens)
+        rerank_template(args.model.rerank_template)
     served = args.model.served_model_name or default_served_name(args.model.model_path, embedding)
     if serves_embeddings(embedding, model_folder) and args.parallel.tp_size > 1:
         raise InvalidRequestError("an embedding model runs on one rank: use --tp-size 1", "tp_size")

@@ -1,5 +1,6 @@
-"""Decoder embedding models (the Qwen3-Embedding / e5-mistral kind) on our decoder stack:
-last-token pooling over one prefill (scheduler process).
+"""Decoder embedding models (the Qwen3-Embedding / e5-mistral kind) and yes/no rerankers (the
+Qwen3-Reranker kind) on our decoder stack: last-token pooling, or the answer tokens' odds, over
+one prefill (scheduler process).
 
 The model is loaded by a `ModelRunner` (the same weights, kernels and paged attention as a
 generation server); each batch borrows request rows and KV slots for its prefill and gives them
@@ -27,11 +28,19 @@ logger = logging.getLogger(__name__)
 
 
 class DecoderEmbeddingRunner:
-    """A decoder, its last-token pooling and its input limit (the `EmbeddingRunner` contract)."""
+    """A decoder, its last-token pooling and its input limit (the `EmbeddingRunner` contract).
 
-    is_cross_encoder = False
+    answer_ids: (yes, no) token ids of a yes/no reranker; each input's "vector" is then its one
+    score, p(yes) / (p(yes) + p(no)) at the next token."""
 
-    def __init__(self, folder: str | Path, args: ServerArgs, pooling_override: str | None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        args: ServerArgs,
+        pooling_override: str | None,
+        answer_ids: tuple[int, int] | None = None,
+    ) -> None:
+        self.answer_ids = answer_ids
         self.arch = ModelArchConfig.from_folder(folder)
         self.pooling = PoolingConfig.from_folder(folder, "last", pooling_override)
         if self.pooling.mode != "last":
@@ -53,8 +62,14 @@ class DecoderEmbeddingRunner:
         )
 
     @property
+    def is_cross_encoder(self) -> bool:
+        """Whether it scores (query, document) prompts (/v1/rerank) rather than embedding."""
+        return self.answer_ids is not None
+
+    @property
     def hidden_size(self) -> int:
-        return self.arch.hidden_size
+        """The width of what `embed` returns: the vector, or a reranker's one score."""
+        return 1 if self.answer_ids is not None else self.arch.hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -72,13 +87,26 @@ class DecoderEmbeddingRunner:
                 tokens += len(jobs[end].input_ids)
                 end += 1
             hidden = self._last_states([j.input_ids for j in jobs[start:end]])
+            if self.answer_ids is not None:
+                out.extend(self._answer_scores(hidden))
+                start = end
+                continue
             for row, job in enumerate(jobs[start:end]):
-                out.append(finish_vector(hidden[row], self.pooling.normalize, job.dimensions))
+                vec = hidden[row].float()
+                out.append(finish_vector(vec, self.pooling.normalize, job.dimensions))
             start = end
         return out
 
+    def _answer_scores(self, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """p(yes) against p(no) at the next token of each row: softmax over the two logits."""
+        assert self.answer_ids is not None
+        logits = self.runner.model.compute_logits(hidden.to(self.runner.torch_device)).float()
+        pair = logits[:, list(self.answer_ids)].cpu()
+        return list(torch.softmax(pair, dim=-1)[:, :1])
+
     def _last_states(self, seqs: list[list[int]]) -> torch.Tensor:
-        """[B, H] float32: each sequence's last hidden state, from one prefill of them all."""
+        """[B, H] in the model dtype: each sequence's last hidden state (after the final norm),
+        from one prefill of them all."""
         runner = self.runner
         rows: list[int] = []
         slots: list[torch.Tensor] = []
@@ -106,7 +134,7 @@ class DecoderEmbeddingRunner:
             batch.attn_backend = runner.attn_backend
             runner.attn_backend.init_forward_metadata(batch)
             hidden: torch.Tensor = runner.model(batch.input_ids, batch.positions, batch)
-            return hidden.float().cpu()
+            return hidden.cpu()
         finally:
             for locs in slots:
                 runner.kv_pool.free(locs)

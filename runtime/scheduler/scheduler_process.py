@@ -9,9 +9,11 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.launch.process_utils import PortArgs, configure_child_process
 from radixgen.runtime.models.encoder_config import is_encoder_folder, serves_embeddings
+from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -275,6 +277,26 @@ def _serve(
             dp_sync.end_iteration(runner.model, runner.cfg.hidden_size, runner.dtype)
 
 
+def reranker_answer_ids(args: ServerArgs, model_folder: str) -> tuple[int, int] | None:
+    """The token ids of --reranker-tokens' two answers (each must be one token), or None."""
+    from radixgen.runtime.text.tokenizer import load_tokenizer
+
+    if args.model.reranker_tokens is None:
+        return None
+    tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, None)
+    ids = []
+    for answer in parse_reranker_tokens(args.model.reranker_tokens):
+        encoded = tokenizer.encode(answer, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise InvalidRequestError(
+                f"--reranker-tokens: {answer!r} is {len(encoded)} tokens for this tokenizer (it "
+                "must be one)",
+                "reranker_tokens",
+            )
+        ids.append(encoded[0])
+    return ids[0], ids[1]
+
+
 def _serve_embeddings(
     args: ServerArgs,
     model_folder: str,
@@ -305,8 +327,10 @@ def _serve_embeddings(
                 encoder_device(args.model.device),
                 args.model.pooling,
             )
-        else:  # a decoder asked to embed (--is-embedding): last-token pooling
-            runner = DecoderEmbeddingRunner(model_folder, args, args.model.pooling)
+        else:  # a decoder asked to embed (--is-embedding): last-token pooling, or yes/no odds
+            runner = DecoderEmbeddingRunner(
+                model_folder, args, args.model.pooling, reranker_answer_ids(args, model_folder)
+            )
         scheduler = EmbeddingScheduler(runner, args.scheduler.max_prefill_tokens)
         ctx = zmq.Context(1)
         recv = ctx.socket(zmq.PULL)

@@ -95,3 +95,12 @@ def decoder_embedding_server(default_model_folder):
     flags = ("--is-embedding", "--model-path", default_model_folder, "--dtype", "float32")
     with running_server(*flags, "--quantization", "unquant", *server_flags()) as proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def decoder_rerank_server(default_model_folder):
+    """The default generation model (SmolLM2, float32) served as a yes/no reranker."""
+    flags = ("--is-embedding", "--model-path", default_model_folder, "--dtype", "float32")
+    extra = ("--quantization", "unquant", "--reranker-tokens", "yes,no")
+    with running_server(*flags, *extra, *server_flags()) as proc:
+        yield proc

@@ -40,3 +40,19 @@ def test_last_token_pooling_matches_transformers(variant: str, tmp_path: Path) -
     torch.testing.assert_close(short, torch.nn.functional.normalize(batched[0, :8], dim=-1))
     # nothing is kept: every row and slot went back
     assert runner.runner.kv_pool.available_size() == runner.runner.kv_pool.size
+
+
+def test_yes_no_reranker_scores_match_transformers(tmp_path: Path) -> None:
+    hf = build_hf_model(tiny_config("llama_gqa"))
+    folder = save_hf_model(hf, tmp_path)
+    args = ServerArgs.from_kwargs(dtype="float32", max_total_tokens=4096)
+    yes, no = 5, 9
+    runner = DecoderEmbeddingRunner(folder, args, None, (yes, no))
+    assert runner.is_cross_encoder and runner.hidden_size == 1
+    prompts = [random_ids(n, 10 + n) for n in (17, 4, 30)]
+    got = torch.stack(runner.embed([EmbeddingJob(p) for p in prompts]))[:, 0]
+    for row, p in enumerate(prompts):
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([p])).logits[0, -1].float()
+        want = torch.softmax(logits[[yes, no]], dim=-1)[0]
+        torch.testing.assert_close(got[row], want, rtol=1e-4, atol=1e-5)
