@@ -4,6 +4,7 @@ TokenizerManager."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from radixgen.errors import InvalidRequestError
@@ -34,6 +35,18 @@ def split_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[in
         "lists (non-empty)",
         param,
     )
+
+
+def encode_outputs(results: list[EmbeddingResult], batch: bool) -> Any:
+    """SGLang's encode answer: `{"embedding", "meta_info"}` per input, a list for a batch."""
+    outs = [
+        {
+            "embedding": r.embedding,
+            "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": r.prompt_tokens},
+        }
+        for r in results
+    ]
+    return outs if batch else outs[0]
 
 
 async def embed_request(

@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.entrypoints.embedding_request import embed_request
+from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.http_utils import (
     SSE_DONE,
@@ -81,14 +81,7 @@ async def encode(request: Request) -> Response:
         return Response(status_code=499)
     except RadixGenError as e:
         return error_response(e)
-    outs = [
-        {
-            "embedding": r.embedding,
-            "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": r.prompt_tokens},
-        }
-        for r in results
-    ]
-    return json_response(outs if batch else outs[0])
+    return json_response(encode_outputs(results, batch))
 
 
 # --- generation ----------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 process).
 
 Every step takes the waiting requests in arrival order up to `--max-prefill-tokens` input
-tokens (at least one request), runs them as one batch through the `EmbeddingRunner`, and
-answers each with its vector: no KV is kept, so nothing outlives the step and there is nothing
+tokens (at least one request), runs them as one batch through the runner (`EmbeddingRunner`
+for encoders, `DecoderEmbeddingRunner` for decoders), and answers each with its vector (a
+reranker's: its score): no KV is kept, so nothing outlives the step and there is nothing
 to retract or cache. Requests arriving while a step runs wait for the next one (continuous
 batching at request granularity). A failure is contained to the step's requests (500s).
 """

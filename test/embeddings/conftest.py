@@ -43,12 +43,14 @@ def oai(embedding_server):
 
 
 @pytest.fixture(scope="session")
-def reference(embedding_server):
-    """sentence-transformers on the same unpacked folder the server loaded."""
-    from sentence_transformers import SentenceTransformer
+def reference():
+    """sentence-transformers on the folder the servers and engines load (the cache's)."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from radixgen.runtime.model_loader.default_embedding import unpack_default_embedding_model
+    from radixgen.utils import cache_root
 
-    info = httpx.get(embedding_server.url + "/model_info", timeout=30).json()
-    return SentenceTransformer(info["model_path"], device="cpu")
+    folder = unpack_default_embedding_model(cache_root() / "models")
+    return sentence_transformers.SentenceTransformer(str(folder), device="cpu")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -104,3 +106,13 @@ def decoder_rerank_server(default_model_folder):
     extra = ("--quantization", "unquant", "--reranker-tokens", "yes,no")
     with running_server(*flags, *extra, *server_flags()) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def embedding_engine():
+    """The offline Engine on the default embedding model."""
+    import radixgen as rg
+
+    engine = rg.Engine(is_embedding=True, num_threads=1, log_level="warning")
+    yield engine
+    engine.shutdown()
