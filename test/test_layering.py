@@ -422,7 +422,6 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.model_executor.decoder_embedding_runner",
     ): _SCHEDULER,
-
 }
 
 
