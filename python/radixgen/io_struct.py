@@ -35,6 +35,31 @@ class TokenizedGenerateReq:
 
 
 @dataclass
+class TokenizedEmbeddingReq:
+    """One sequence to embed (prefill-only: the scheduler keeps no KV and sends one vector)."""
+
+    rid: str
+    input_ids: list[int]
+    dimensions: int | None = None  # Matryoshka width asked for; None: the model's full width
+    arrival_time: float = 0.0
+    # a cross-encoder's (query, document) pair: the segment of each token (None: all 0)
+    token_type_ids: list[int] | None = None
+
+
+@dataclass
+class BatchEmbeddingOut:
+    """Scheduler -> TokenizerManager (straight, no detokenizer): finished embeddings of a step.
+
+    Per rid either a vector (float32 values as Python floats; a cross-encoder's: its one
+    relevance score) or an error (message, status)."""
+
+    rids: list[str]
+    embeddings: list[list[float] | None]
+    prompt_tokens: list[int]
+    errors: list[tuple[str, int] | None]
+
+
+@dataclass
 class AbortReq:
     rid: str = ""
     abort_all: bool = False
@@ -103,6 +128,10 @@ class SchedulerReadyOut:
     # and the native CPU kernels' instruction-set variant (None: the torch path, or CUDA)
     quantization: str = "unquant"
     kernel_isa: str | None = None
+    # an embedding model's vector width (`--is-embedding`, or an encoder's config); None: the
+    # server generates text
+    embedding_dim: int | None = None
+    cross_encoder: bool = False  # the embedding model scores (query, document) pairs: /v1/rerank
 
 
 @dataclass

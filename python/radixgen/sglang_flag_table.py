@@ -65,6 +65,7 @@ IMPLEMENTED: tuple[str, ...] = (
     "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "kv-cache-dtype",
     "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
+    "is-embedding",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -192,8 +193,8 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         R,
-        "only text generation is served: no embedding, reward or diffusion models",
-        "is-embedding dllm-algorithm= dllm-algorithm-config=",
+        "only text generation and embeddings are served: no reward or diffusion models",
+        "dllm-algorithm= dllm-algorithm-config=",
     ),
     FlagTopic(
         R,

@@ -31,6 +31,7 @@ from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchStrOut,
     ControlOut,
     ControlReq,
@@ -44,6 +45,7 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.api.request_checks import RequestChecker
 from radixgen.runtime.api.request_limits import RequestLimits
@@ -55,6 +57,7 @@ from radixgen.runtime.dp_controller.data_parallel_controller import (
     aggregate_internal_states,
 )
 from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.text.rerank_prompt import rerank_prompt, rerank_template
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
@@ -115,6 +118,16 @@ class TokenizerManager:
         self._ctx: zmq.asyncio.Context | None = None
         self._loop_task: asyncio.Task | None = None
         self.link: SchedulerLink | None = None  # set by start(): one scheduler or N replicas
+        # an embedding server's requests in flight (None: the server generates text)
+        self.embeddings: EmbeddingRequests | None = None
+        if ready.embedding_dim is not None:
+            self.embeddings = EmbeddingRequests(
+                self._send_embedding,
+                self._send_abort,
+                ready.embedding_dim,
+                ready.max_req_input_len,
+                ready.vocab_size,
+            )
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -155,6 +168,8 @@ class TokenizerManager:
 
     def fail_all(self, reason: str, status_code: int) -> None:
         """Finish every request in flight here with an abort (the engine is not told)."""
+        if self.embeddings is not None:
+            self.embeddings.fail_all(reason)
         for st in self.states.values():
             if not st.finished:
                 st.finish_reason = FinishReason.abort(reason, status_code)
@@ -163,7 +178,10 @@ class TokenizerManager:
     @property
     def num_in_flight(self) -> int:
         """Users' requests not yet finished (a finished one may still be sending its answer)."""
-        return sum(1 for st in self.states.values() if not st.finished and not st.internal)
+        embedding = len(self.embeddings) if self.embeddings is not None else 0
+        return embedding + sum(
+            1 for st in self.states.values() if not st.finished and not st.internal
+        )
 
     async def _recv_loop(self) -> None:
         while True:
@@ -171,6 +189,10 @@ class TokenizerManager:
                 msg = await self._recv.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._on_outputs(msg)
+                elif isinstance(msg, BatchEmbeddingOut) and self.embeddings is not None:
+                    for rid in self.embeddings.on_outputs(msg):
+                        if self.link is not None:
+                            self.link.on_finished(rid)
                 elif isinstance(msg, ControlOut):
                     if self.link is None or not self.link.on_control_reply(msg):
                         logger.debug("dropped a %s nobody waits for", type(msg).__name__)
@@ -290,6 +312,15 @@ class TokenizerManager:
         t = self._early_aborts.pop(rid, None)
         return t is not None and time.monotonic() - t <= EARLY_ABORT_TTL_S
 
+    def check_generates(self) -> None:
+        """A generation request to an embedding server is a 400 that says what it serves."""
+        if self.embeddings is not None:
+            raise InvalidRequestError(
+                f"this server serves the embedding model {self.served_model_name!r} "
+                "(--is-embedding): it generates no text; use /v1/embeddings or /encode",
+                None,
+            )
+
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
@@ -297,12 +328,97 @@ class TokenizerManager:
     # --- validation and tokenization ----------------------------------------------------------
 
     async def encode_texts(
-        self, texts: list[str], add_special_tokens: bool, param: str
+        self, texts: list[str], add_special_tokens: bool, param: str, truncate_to: int | None = None
     ) -> list[list[int]]:
-        """Tokenize texts (limits checked first) in a worker thread, off the event loop."""
+        """Tokenize texts (limits checked first) in a worker thread, off the event loop;
+        truncate_to: cut each to that many tokens (special tokens kept)."""
         for text in texts:
             self.limits.check_prompt_chars(len(text), param)
+        if truncate_to is not None:
+            return await asyncio.to_thread(
+                self.tokenizer.encode_batch_truncated, texts, truncate_to
+            )
         return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens)
+
+    async def warm_up(self) -> None:
+        """One real step through every process before the server says it is healthy: a token
+        generated, or on an embedding server one input embedded."""
+        if self.embeddings is not None:  # a reranker too: one input through its forward
+            await self.embeddings.embed(await self.encode_texts(["Hi"], True, "text"), None, "text")
+            return
+        async for _ in self.generate(
+            GenerateReqInput(text="Hi", sampling_params={"max_new_tokens": 1})
+        ):
+            pass
+
+    # --- embeddings ---------------------------------------------------------------------------
+
+    async def embed(
+        self, inputs: list[list[int]], dimensions: int | None, param: str = "input"
+    ) -> list[EmbeddingResult]:
+        """One vector per token list (an embedding server only; 400 on a generation server)."""
+        self._check_alive()
+        if self.embeddings is None:
+            raise InvalidRequestError(
+                "this server generates text: embeddings need a server started with --is-embedding",
+                None,
+            )
+        if self.ready.cross_encoder:
+            raise InvalidRequestError(
+                f"{self.served_model_name!r} is a cross-encoder (reranker): it scores query and "
+                "document pairs on /v1/rerank and makes no embeddings",
+                None,
+            )
+        self.limits.check_sequences(len(inputs))
+        self._check_capacity(len(inputs))
+        return await self.embeddings.embed(inputs, dimensions, param)
+
+    @property
+    def max_embedding_tokens(self) -> int:
+        """The longest input an embedding server takes (its model's limit)."""
+        return self.ready.max_req_input_len
+
+    async def rerank(
+        self, query: str, documents: list[str], truncate: bool = False
+    ) -> list[EmbeddingResult]:
+        """Each document's relevance to the query (a cross-encoder's score), in order;
+        truncate: cut each pair to the model's limit instead of refusing it."""
+        self._check_alive()
+        if self.embeddings is None or not self.ready.cross_encoder:
+            raise InvalidRequestError(
+                "reranking needs a cross-encoder (e.g. BertForSequenceClassification), or a "
+                "decoder with --reranker-tokens, served with --is-embedding; this server serves "
+                f"{self.served_model_name!r}",
+                None,
+            )
+        self.limits.check_sequences(len(documents))
+        self._check_capacity(len(documents))
+        self.limits.check_prompt_chars(len(query), "query")
+        for doc in documents:
+            self.limits.check_prompt_chars(len(doc), "documents")
+        if self.args.model.reranker_tokens is not None:  # a yes/no decoder: one prompt a pair
+            if truncate:
+                raise InvalidRequestError(
+                    "truncate is not served by yes/no rerankers (it would cut the answer turn)",
+                    "truncate",
+                )
+            template = rerank_template(self.args.model.rerank_template)
+            prompts = [rerank_prompt(template, query, doc) for doc in documents]
+            ids = await asyncio.to_thread(self.tokenizer.encode_batch, prompts, False)
+            return await self.embeddings.embed(ids, None, "documents")
+        pairs = [(query, doc) for doc in documents]
+        limit = self.max_embedding_tokens if truncate else None
+        encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs, limit)
+        ids = [e[0] for e in encoded]
+        return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
+
+    async def _send_embedding(self, msg: Any) -> int:
+        assert self.link is not None
+        return await self.link.send_request(msg)
+
+    async def _send_abort(self, msg: AbortReq) -> None:
+        if self._ctx is not None and self.link is not None:
+            await self.link.send_abort(msg)
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -311,6 +427,7 @@ class TokenizerManager:
     ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
+        self.check_generates()
         obj.check_per_item_lengths()
         self.limits.check_sequences(obj.batch_size())  # before splitting a huge batch into items
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
@@ -405,6 +522,7 @@ class TokenizerManager:
         if cap is None:
             return
         in_flight = sum(1 for s in self.states.values() if not s.finished)
+        in_flight += len(self.embeddings) if self.embeddings is not None else 0
         running = self.args.scheduler.max_running_requests * self.args.parallel.dp_size
         if in_flight + n > running + cap:
             raise QueueFullError(
@@ -527,7 +645,7 @@ class TokenizerManager:
             "model_path": self.args.model.model_path or self.model_folder,
             "served_model_name": self.served_model_name,
             "tokenizer_path": self.args.model.tokenizer_path or self.model_folder,
-            "is_generation": True,
+            "is_generation": self.embeddings is None,
             "context_length": self.context_length,
             "max_total_num_tokens": self.max_total_tokens,
             "vocab_size": self.vocab_size,

@@ -23,7 +23,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixgen.io_struct import AbortReq, ControlOut, ControlReq, TokenizedGenerateReq
+from radixgen.io_struct import (
+    AbortReq,
+    ControlOut,
+    ControlReq,
+    TokenizedEmbeddingReq,
+    TokenizedGenerateReq,
+)
 from radixgen.runtime.dp_controller.load_balance import CacheAwareConfig, LoadBalancer
 
 
@@ -39,7 +45,9 @@ class SchedulerLink:
     def num_replicas(self) -> int:
         return len(self._socks)
 
-    async def send_request(self, msg: TokenizedGenerateReq, rank: int | None = None) -> int:
+    async def send_request(
+        self, msg: TokenizedGenerateReq | TokenizedEmbeddingReq, rank: int | None = None
+    ) -> int:
         """Send a request (to replica `rank` if given, else where the policy says); its rank."""
         await self._socks[0].send_pyobj(msg)
         return 0
@@ -102,7 +110,9 @@ class DataParallelController(SchedulerLink):
         self.dispatched = [0] * len(endpoints)  # requests sent to each replica since start
         self._rank_of: dict[str, int] = {}
 
-    async def send_request(self, msg: TokenizedGenerateReq, rank: int | None = None) -> int:
+    async def send_request(
+        self, msg: TokenizedGenerateReq | TokenizedEmbeddingReq, rank: int | None = None
+    ) -> int:
         if rank is None:
             rank = self.balancer.choose(msg.input_ids, self.loads)
         elif self.balancer.method == "cache_aware":

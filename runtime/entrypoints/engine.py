@@ -17,6 +17,7 @@ from typing import Any
 
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
+from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
 from radixgen.version import __version__
@@ -99,6 +100,19 @@ class Engine:
             rid=rid,
             return_text_in_logprobs=return_text_in_logprobs,
         )
+
+    def encode(
+        self,
+        prompt: str | list[str] | list[int] | list[list[int]],
+        dimensions: int | None = None,
+        truncate: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """SGLang's `Engine.encode` on an embedding engine (`Engine(is_embedding=True)`): text or
+        token ids, one or a batch -> `{"embedding", "meta_info"}` each (a list for a batch)."""
+        work = embed_request(self.tokenizer_manager, prompt, dimensions, "prompt", truncate)
+        results, batch = self._call(work)
+        out: dict[str, Any] | list[dict[str, Any]] = encode_outputs(results, batch)
+        return out
 
     def generate(
         self,

@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API (API process): /generate, health, info, cache, abort, tokenize.
+"""SGLang's native HTTP API (API process): /generate, /encode, health, info, cache, abort, tokenize.
 
 What `sglang.RuntimeEndpoint` and SGLang's HTTP clients call. Streaming sends SSE chunks with the
 cumulative text, delta output logprobs and cumulative token counters, one chunk per output that
@@ -18,6 +18,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.http_utils import (
     SSE_DONE,
@@ -48,6 +49,39 @@ SECRET_ARGS = ("api_key", "api_key_file")
 
 def server_state(request: Request) -> ServerState:
     return request.app.state.server
+
+
+# --- embeddings ----------------------------------------------------------------------------------
+
+
+@router.api_route("/encode", methods=["POST", "PUT"])
+async def encode(request: Request) -> Response:
+    """SGLang's embedding route: `text` or `input_ids` (one or a batch), optional `dimensions`;
+    `{"embedding", "meta_info"}` per input (a list for a batch)."""
+    try:
+        body = await read_json(request)
+        tm = server_state(request).manager()
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the body must be a JSON object", None)
+        unknown = sorted(
+            set(body) - {"text", "input_ids", "dimensions", "truncate", "rid", "model"}
+        )
+        if unknown:
+            raise InvalidRequestError(f"unknown field {unknown[0]!r}", unknown[0])
+        param = "input_ids" if body.get("text") is None else "text"
+        if (body.get("text") is None) == (body.get("input_ids") is None):
+            raise InvalidRequestError("give exactly one of text and input_ids", param)
+        results, batch = await until_disconnect(
+            request,
+            embed_request(
+                tm, body[param], body.get("dimensions"), param, body.get("truncate", False)
+            ),
+        )
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except RadixGenError as e:
+        return error_response(e)
+    return json_response(encode_outputs(results, batch))
 
 
 # --- generation ----------------------------------------------------------------------------------
@@ -110,13 +144,19 @@ async def health(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """Healthy only if one token can be generated now."""
+    """Healthy only if one token can be generated now (an embedding server: one input embedded)."""
     try:
         tm = server_state(request).manager()
-        obj = GenerateReqInput(
-            text="Hi", sampling_params={"max_new_tokens": 1}, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"
-        )
-        await asyncio.wait_for(collect(tm.generate(obj)), HEALTH_GENERATE_TIMEOUT_S)
+        if tm.embeddings is not None:
+            work: Any = tm.warm_up()
+        else:
+            obj = GenerateReqInput(
+                text="Hi",
+                sampling_params={"max_new_tokens": 1},
+                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            )
+            work = collect(tm.generate(obj))
+        await asyncio.wait_for(work, HEALTH_GENERATE_TIMEOUT_S)
     except asyncio.TimeoutError:
         return error_response(EngineDeadError("no token within the health-check timeout"))
     except RadixGenError as e:

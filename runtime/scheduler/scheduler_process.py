@@ -9,8 +9,11 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import SchedulerReadyOut
 from radixgen.runtime.launch.process_utils import PortArgs, configure_child_process
+from radixgen.runtime.models.encoder_config import is_encoder_folder, serves_embeddings
+from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -137,6 +140,9 @@ def run_scheduler_process(
             init = tp_init_method(args, ports, dp_rank)
             rank = dp_rank if par.enable_dp_attention else tp_rank
             tp = TensorParallelGroup(rank, par.tp_size, init, par.dist_timeout)
+        if serves_embeddings(args.model.is_embedding, model_folder):
+            _serve_embeddings(args, model_folder, ports, ready_pipe, dp_rank, threads, t0)
+            return
         if tp is not None and not tp.is_first and not par.enable_dp_attention:
             _run_follower_rank(args, model_folder, ready_pipe, tp, t0)
             return
@@ -269,3 +275,105 @@ def _serve(
             channel.keepalive()
         if dp_sync is not None:
             dp_sync.end_iteration(runner.model, runner.cfg.hidden_size, runner.dtype)
+
+
+def reranker_answer_ids(args: ServerArgs, model_folder: str) -> tuple[int, int] | None:
+    """The token ids of --reranker-tokens' two answers (each must be one token), or None."""
+    from radixgen.runtime.text.tokenizer import load_tokenizer
+
+    if args.model.reranker_tokens is None:
+        return None
+    tokenizer = load_tokenizer(model_folder, args.model.tokenizer_path, None)
+    ids = []
+    for answer in parse_reranker_tokens(args.model.reranker_tokens):
+        encoded = tokenizer.encode(answer, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise InvalidRequestError(
+                f"--reranker-tokens: {answer!r} is {len(encoded)} tokens for this tokenizer (it "
+                "must be one)",
+                "reranker_tokens",
+            )
+        ids.append(encoded[0])
+    return ids[0], ids[1]
+
+
+def _serve_embeddings(
+    args: ServerArgs,
+    model_folder: str,
+    ports: PortArgs,
+    ready_pipe: Connection,
+    dp_rank: int,
+    threads: int,
+    t0: float,
+) -> None:
+    """An embedding model's loop: requests in, one batch a step, vectors straight back to the
+    TokenizerManager (there is no text to detokenize)."""
+    import zmq
+
+    from radixgen.runtime.model_executor.decoder_embedding_runner import DecoderEmbeddingRunner
+    from radixgen.runtime.model_executor.embedding_runner import (
+        EmbeddingRunner,
+        encoder_device,
+        encoder_dtype,
+    )
+    from radixgen.runtime.scheduler.embedding_scheduler import EmbeddingScheduler
+
+    try:
+        runner: EmbeddingRunner | DecoderEmbeddingRunner
+        if is_encoder_folder(model_folder):
+            runner = EmbeddingRunner(
+                model_folder,
+                encoder_dtype(args.model.dtype),
+                encoder_device(args.model.device),
+                args.model.pooling,
+            )
+        else:  # a decoder asked to embed (--is-embedding): last-token pooling, or yes/no odds
+            runner = DecoderEmbeddingRunner(
+                model_folder, args, args.model.pooling, reranker_answer_ids(args, model_folder)
+            )
+        scheduler = EmbeddingScheduler(runner, args.scheduler.max_prefill_tokens)
+        ctx = zmq.Context(1)
+        recv = ctx.socket(zmq.PULL)
+        recv.bind(ports.scheduler_input_for(dp_rank))
+        to_tokenizer = ctx.socket(zmq.PUSH)
+        to_tokenizer.connect(ports.tokenizer_ipc)
+        ready = SchedulerReadyOut(
+            max_total_num_tokens=scheduler.max_step_tokens,
+            max_req_input_len=runner.max_input_tokens,
+            context_length=runner.max_input_tokens,
+            vocab_size=runner.vocab_size,
+            num_threads=threads,
+            startup_seconds=time.perf_counter() - t0,
+            dtype=str(runner.dtype).replace("torch.", ""),
+            dp_rank=dp_rank,
+            embedding_dim=runner.hidden_size,
+            cross_encoder=runner.is_cross_encoder,
+        )
+    except Exception as e:
+        ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})
+        raise
+    ready_pipe.send({"status": "ready", "info": ready})
+    ready_pipe.close()
+    logger.info("embedding scheduler ready in %.1f s (%d threads)", ready.startup_seconds, threads)
+    while True:
+        if not scheduler.has_work:
+            recv.poll(IDLE_POLL_MS)
+        while True:
+            try:
+                msg = recv.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                reply = scheduler.handle(msg)
+            except Exception as e:  # NOTE: a bad message must not kill the loop
+                logger.error("failed to handle %s: %s", type(msg).__name__, e)
+                continue
+            if reply is not None:
+                to_tokenizer.send_pyobj(reply)
+        try:
+            outputs = scheduler.step()
+        except Exception as e:  # NOTE: last resort, for a bug outside step()'s own containment
+            logger.error("embedding step failed: %s\n%s", e, traceback.format_exc())
+            outputs = scheduler.fail_all(e)
+        for out in outputs:
+            to_tokenizer.send_pyobj(out)

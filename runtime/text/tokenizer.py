@@ -79,6 +79,7 @@ class Tokenizer:
     def __init__(self, folder: str, chat_template_override: str | None = None) -> None:
         self.folder = Path(folder)
         self._tok = self._load_backend(self.folder)
+        self._truncating: dict[int, _HFTokenizer] = {}
         cfg_path = self.folder / "tokenizer_config.json"
         self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         model_cfg_path = self.folder / "config.json"
@@ -110,10 +111,16 @@ class Tokenizer:
     def _load_backend(folder: Path) -> _HFTokenizer:
         path = folder / "tokenizer.json"
         if path.exists():
-            return _HFTokenizer.from_file(str(path))
-        from transformers import AutoTokenizer  # slow path: sentencepiece-only folders
+            tok = _HFTokenizer.from_file(str(path))
+        else:
+            from transformers import AutoTokenizer  # slow path: sentencepiece-only folders
 
-        return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+            tok = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+        # NOTE: a tokenizer.json may carry padding and truncation (all-MiniLM-L6-v2's: both to
+        # 128): ids are always the text's own, and an input over a limit is refused, not cut
+        tok.no_padding()
+        tok.no_truncation()
+        return tok
 
     def _find_chat_template(self) -> str | None:
         jinja = self.folder / "chat_template.jinja"
@@ -137,6 +144,30 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate_to: int | None = None
+    ) -> list[tuple[list[int], list[int]]]:
+        """(ids, segment ids) of text pairs encoded as one input each (a cross-encoder's
+        query and document: the tokenizer's pair template, e.g. [CLS] q [SEP] d [SEP]).
+        truncate_to: cut to that many tokens, the longer text first (see `truncating`)."""
+        tok = self._tok if truncate_to is None else self.truncating(truncate_to)
+        return [(e.ids, e.type_ids) for e in tok.encode_batch(pairs)]
+
+    def encode_batch_truncated(self, texts: list[str], max_length: int) -> list[list[int]]:
+        """Texts cut to `max_length` tokens, special tokens included (as sentence-transformers
+        cuts to its max_seq_length: the text is cut, the closing [SEP] kept)."""
+        return [e.ids for e in self.truncating(max_length).encode_batch(texts)]
+
+    def truncating(self, max_length: int) -> _HFTokenizer:
+        """A copy that cuts every encoding to `max_length` tokens (longest text of a pair
+        first); kept per length (a server asks for one: its model's limit)."""
+        tok = self._truncating.get(max_length)
+        if tok is None:
+            tok = _HFTokenizer.from_str(self._tok.to_str())
+            tok.enable_truncation(max_length)
+            self._truncating[max_length] = tok
+        return tok
 
     @cached_property
     def _plain_text_backend(self) -> _HFTokenizer:

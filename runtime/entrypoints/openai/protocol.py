@@ -178,6 +178,30 @@ class ChatCompletionRequest(SGLangSamplingExtras):
 CompletionRequest.model_rebuild()
 
 
+class EmbeddingRequest(_Strict):
+    """POST /v1/embeddings: text, a batch of texts, token ids or a batch of them."""
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    # RadixGen extra: cut an input over the model's limit to it instead of a 400
+    truncate: bool = False
+    user: str | None = None  # accepted for client compatibility; changes nothing
+
+
+class RerankRequest(_Strict):
+    """POST /v1/rerank, in the shape SGLang, Jina and Cohere share."""
+
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = True
+    truncate: bool = False  # cut a pair over the model's limit to it instead of a 400
+    model: str | None = None
+    user: str | None = None  # accepted for client compatibility; changes nothing
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a body; the first problem becomes a 400 naming the field (dotted path)."""
     if not isinstance(body, dict):

@@ -1,4 +1,5 @@
-"""The /v1 routes of the OpenAI-compatible API (tokenize / detokenize live with the native API)."""
+"""The /v1 routes of the OpenAI-compatible API: completions, chat, embeddings, rerank, models (tokenize /
+detokenize live with the native API)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.files_batches import router as files_batches_router
 from radixgen.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import create_completion
+from radixgen.runtime.entrypoints.openai.serving_embedding import create_embedding
+from radixgen.runtime.entrypoints.openai.serving_rerank import create_rerank
 from radixgen.runtime.entrypoints.openai.serving_responses import (
     create_response,
     delete_response,
@@ -25,6 +28,8 @@ router.add_api_route("/v1/responses", create_response, methods=["POST"])
 router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
 router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
 router.add_api_route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"])
+router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
+router.add_api_route("/v1/rerank", create_rerank, methods=["POST"])
 # SageMaker's name for chat completions, which SGLang serves too
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 

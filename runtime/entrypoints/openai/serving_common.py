@@ -226,6 +226,7 @@ async def serve_generation(
     state = request.app.state.server
     try:
         tm = state.manager()
+        tm.check_generates()  # before a chat template is looked for
         req = await hu.read_parsed(request, lambda body: parse_request(request_model, body))
         # NOTE: chat-template rendering and tokenizing are CPU work: a worker thread runs them
         plan = await asyncio.to_thread(make_plan, req, tm)

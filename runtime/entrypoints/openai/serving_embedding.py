@@ -1,0 +1,62 @@
+"""POST /v1/embeddings (API process): OpenAI's embeddings endpoint on an embedding server.
+
+Vectors as float lists or, with `encoding_format: base64`, as base64 of little-endian float32
+(what the official client decodes); `usage` counts the input tokens.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.runtime.entrypoints import http_utils as hu
+from radixgen.runtime.entrypoints.embedding_request import embed_request
+from radixgen.runtime.entrypoints.openai.protocol import EmbeddingRequest, parse_request
+from radixgen.runtime.entrypoints.openai.serving_common import openai_error
+
+
+def encode_base64(vector: list[float]) -> str:
+    """base64 of the vector as little-endian float32."""
+    packed = array.array("f", vector)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+async def create_embedding(request: Request) -> Response:
+    state = request.app.state.server
+    try:
+        tm = state.manager()
+        req = await hu.read_parsed(request, lambda body: parse_request(EmbeddingRequest, body))
+        results, _ = await hu.until_disconnect(
+            request, embed_request(tm, req.input, req.dimensions, "input", req.truncate)
+        )
+    except hu.ClientDisconnected:
+        return Response(status_code=499)
+    except InvalidRequestError as e:
+        return hu.error_response(openai_error(e, "input"))
+    except RadixGenError as e:
+        return hu.error_response(e)
+    as_base64 = req.encoding_format == "base64"
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": encode_base64(r.embedding) if as_base64 else r.embedding,
+        }
+        for i, r in enumerate(results)
+    ]
+    tokens = sum(r.prompt_tokens for r in results)
+    return hu.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": tm.served_model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )

@@ -1,0 +1,154 @@
+"""The scheduler of an embedding server: prefill-only requests, batched per step (scheduler
+process).
+
+Every step takes the waiting requests in arrival order up to `--max-prefill-tokens` input
+tokens (at least one request), runs them as one batch through the runner (`EmbeddingRunner`
+for encoders, `DecoderEmbeddingRunner` for decoders), and answers each with its vector (a
+reranker's: its score): no KV is kept, so nothing outlives the step and there is nothing
+to retract or cache. Requests arriving while a step runs wait for the next one (continuous
+batching at request granularity). A failure is contained to the step's requests (500s).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections import deque
+from typing import Any
+
+from radixgen.io_struct import (
+    AbortReq,
+    BatchEmbeddingOut,
+    DashboardSnapshotOut,
+    DashboardSnapshotReq,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetInternalStateOut,
+    GetInternalStateReq,
+    TokenizedEmbeddingReq,
+)
+from radixgen.runtime.model_executor.decoder_embedding_runner import DecoderEmbeddingRunner
+from radixgen.runtime.model_executor.embedding_runner import EmbeddingJob, EmbeddingRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddingScheduler:
+    """Queue of embedding requests and the step that serves them."""
+
+    def __init__(
+        self, runner: EmbeddingRunner | DecoderEmbeddingRunner, max_step_tokens: int
+    ) -> None:
+        self.runner = runner
+        self.max_step_tokens = max(max_step_tokens, runner.max_input_tokens)
+        self.waiting: deque[TokenizedEmbeddingReq] = deque()
+        self.refused: list[tuple[TokenizedEmbeddingReq, str]] = []  # answered at the next step
+        self.forward_steps = 0
+        self.embedded_requests = 0
+        self.prompt_tokens = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.refused)
+
+    def handle(self, msg: object) -> Any:
+        """Queue a request or apply an abort; answer a control request (its reply, else None)."""
+        if isinstance(msg, TokenizedEmbeddingReq):
+            reason = self._refusal(msg)
+            if reason is not None:
+                self.refused.append((msg, reason))
+            else:
+                self.waiting.append(msg)
+            return None
+        if isinstance(msg, AbortReq):
+            if msg.abort_all:
+                self.waiting.clear()
+            else:
+                self.waiting = deque(r for r in self.waiting if r.rid != msg.rid)
+            return None
+        if isinstance(msg, FlushCacheReq):
+            return FlushCacheOut(
+                True, "an embedding server keeps no cache", request_id=msg.request_id
+            )
+        if isinstance(msg, GetInternalStateReq):
+            return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
+        if isinstance(msg, DashboardSnapshotReq):
+            return DashboardSnapshotOut(
+                {"counters": self.internal_state()}, request_id=msg.request_id
+            )
+        raise TypeError(f"an embedding scheduler cannot handle {type(msg).__name__}")
+
+    def _refusal(self, req: TokenizedEmbeddingReq) -> str | None:
+        """Why the request cannot run (the API process checks the same before sending)."""
+        n, limit = len(req.input_ids), self.runner.max_input_tokens
+        if n == 0:
+            return "the input is empty"
+        if n > limit:
+            return f"the input has {n} tokens; this model takes at most {limit}"
+        dims = req.dimensions
+        if dims is not None and not 1 <= dims <= self.runner.hidden_size:
+            return f"dimensions must be between 1 and {self.runner.hidden_size}"
+        return None
+
+    def step(self) -> list[BatchEmbeddingOut]:
+        """Serve the refused requests and one batch of the waiting ones."""
+        out = BatchEmbeddingOut([], [], [], [])
+        for req, reason in self.refused:
+            self._answer(out, req, None, (reason, 400))
+        self.refused = []
+        batch: list[TokenizedEmbeddingReq] = []
+        tokens = 0
+        while self.waiting:
+            n = len(self.waiting[0].input_ids)
+            if batch and tokens + n > self.max_step_tokens:
+                break
+            batch.append(self.waiting.popleft())
+            tokens += n
+        if batch:
+            try:
+                jobs = [EmbeddingJob(r.input_ids, r.dimensions, r.token_type_ids) for r in batch]
+                vectors = self.runner.embed(jobs)
+            except Exception as e:  # NOTE: contained to this step's requests
+                logger.error("embedding step failed: %r\n%s", e, traceback.format_exc())
+                for req in batch:
+                    self._answer(out, req, None, (f"internal error: {e!r}", 500))
+            else:
+                self.forward_steps += 1
+                self.embedded_requests += len(batch)
+                self.prompt_tokens += tokens
+                for req, vec in zip(batch, vectors, strict=True):
+                    self._answer(out, req, vec.tolist(), None)
+        return [out] if out.rids else []
+
+    @staticmethod
+    def _answer(
+        out: BatchEmbeddingOut,
+        req: TokenizedEmbeddingReq,
+        vector: list[float] | None,
+        error: tuple[str, int] | None,
+    ) -> None:
+        out.rids.append(req.rid)
+        out.embeddings.append(vector)
+        out.prompt_tokens.append(len(req.input_ids))
+        out.errors.append(error)
+
+    def fail_all(self, error: Exception) -> list[BatchEmbeddingOut]:
+        """A failure outside the step's own containment: every queued request gets a 500."""
+        out = BatchEmbeddingOut([], [], [], [])
+        for req in [*self.waiting, *(r for r, _ in self.refused)]:
+            self._answer(out, req, None, (f"internal error: {error!r}", 500))
+        self.waiting.clear()
+        self.refused = []
+        return [out] if out.rids else []
+
+    def internal_state(self) -> dict[str, Any]:
+        return {
+            "running_requests": 0,
+            "waiting_requests": len(self.waiting),
+            "forward_steps": self.forward_steps,
+            "embedded_requests": self.embedded_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": 0,
+            "embedding_dim": self.runner.hidden_size,
+            "max_input_tokens": self.runner.max_input_tokens,
+        }
