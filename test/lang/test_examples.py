@@ -68,6 +68,34 @@ def test_rag_retrieves_and_cites():
     assert result["answer"]
 
 
+@pytest.fixture(scope="module")
+def embedding_engine():
+    engine = rg.Engine(is_embedding=True, num_threads=1)
+    yield engine
+    engine.shutdown()
+
+
+def test_rag_pipeline_embeds_retrieves_reranks_and_answers(embedding_engine):
+    import rag_pipeline
+
+    index = rag_pipeline.VectorIndex(
+        rag_pipeline.load_corpus(), rag_pipeline.engine_embedder(embedding_engine)
+    )
+    assert index.search("Which planet is the hottest?", k=1)[0][0]["id"] == "venus"
+    assert index.search("an animal with three hearts and blue blood", k=1)[0][0]["id"] == "octopus"
+    first = rag_pipeline.ask("Which planet is the hottest?", index)
+    retrieved = [doc for doc, _ in first["retrieved"]]
+    assert retrieved[0] == "venus" and len(retrieved) == 4
+    reranked = [doc for doc, _ in first["reranked"]]
+    assert len(reranked) == 3 and set(reranked) <= set(retrieved)
+    assert all(0.0 < score < 1.0 for _, score in first["reranked"])
+    assert first["cited"] in reranked and first["answer"]
+    # the answer's few-shot block opens every question: a second one reuses it from the cache
+    passages = ["Mars is called the Red Planet.", "Venus is the hottest planet."]
+    state = rag_pipeline.answer.run(question="Which planet is red?", passages=passages)
+    assert state.get_meta_info("answer")["cached_tokens"] >= 40
+
+
 def test_tree_of_thought_gathers_fork_results():
     import tree_of_thought
 
