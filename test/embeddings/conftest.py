@@ -21,9 +21,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def embedding_server():
+def embedding_server(tmp_path_factory):
     pytest.importorskip("sentence_transformers")
-    with running_server("--is-embedding", *server_flags()) as proc:
+    data = str(tmp_path_factory.mktemp("embedding-server-data"))  # its Batch API folder
+    with running_server("--is-embedding", "--data-dir", data, *server_flags()) as proc:
         yield proc
 
 

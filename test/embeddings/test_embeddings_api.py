@@ -144,3 +144,28 @@ def test_generation_is_refused_with_a_400(http, oai):
     assert http.get("/health_generate").status_code == 200
     info = http.get("/model_info").json()
     assert info["is_generation"] is False
+
+
+def test_a_batch_of_embedding_lines(oai):
+    """The Batch API on an embedding server: /v1/embeddings lines, answered as the route does."""
+    import json
+    import time
+
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "m", "input": [f"text {i}", f"another {i}"], "dimensions": 64}}
+             for i in range(3)]  # fmt: skip
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    file = oai.files.create(file=("emb.jsonl", data), purpose="batch")
+    batch = oai.batches.create(input_file_id=file.id, endpoint="/v1/embeddings",
+                               completion_window="24h")  # fmt: skip
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        batch = oai.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    out = [json.loads(x) for x in oai.files.content(batch.output_file_id).text.splitlines()]
+    for record in out:
+        body = record["response"]["body"]
+        assert [len(d["embedding"]) for d in body["data"]] == [64, 64]
+        assert body["usage"]["prompt_tokens"] > 0

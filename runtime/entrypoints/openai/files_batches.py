@@ -2,7 +2,8 @@
 
 Objects are shaped as OpenAI's (the openai SDK parses them); state lives in `radixgen.runtime.batch`
 (SQLite + a folder under --data-dir) and survives restarts. Batch lines run through the same code
-as the HTTP routes (`run_chat_completion`, `run_completion`, `run_response`), behind the API key like every route.
+as the HTTP routes (`run_chat_completion`, `run_completion`, `run_response`,
+`run_embedding`), behind the API key like every route.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from radixgen.runtime.batch.store import DataDirBusyError
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import run_chat_completion
 from radixgen.runtime.entrypoints.openai.serving_completions import run_completion
+from radixgen.runtime.entrypoints.openai.serving_embedding import run_embedding
 from radixgen.runtime.entrypoints.openai.serving_responses import run_response
 
 router = APIRouter()
@@ -36,6 +38,7 @@ BATCH_ENDPOINTS: dict[str, RunOne] = {
     "/v1/chat/completions": run_chat_completion,
     "/v1/completions": run_completion,
     "/v1/responses": run_response,
+    "/v1/embeddings": run_embedding,  # on an embedding server (--is-embedding)
 }
 COMPLETION_WINDOWS = {"24h": 24 * 3600}  # OpenAI accepts only 24h
 FILE_PURPOSES = ("batch",)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import base64
 import sys
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -42,6 +43,24 @@ async def create_embedding(request: Request) -> Response:
         return hu.error_response(openai_error(e, "input"))
     except RadixGenError as e:
         return hu.error_response(e)
+    return hu.json_response(_response(req, results, tm.served_model_name))
+
+
+async def run_embedding(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One request without HTTP (a batch line): (status code, the route's answer body)."""
+    try:
+        tm = state.manager()
+        req = parse_request(EmbeddingRequest, body)
+        results, _ = await embed_request(tm, req.input, req.dimensions, "input", req.truncate)
+        return 200, _response(req, results, tm.served_model_name)
+    except InvalidRequestError as e:
+        failure = hu.error_body(openai_error(e, "input"))
+    except RadixGenError as e:
+        failure = hu.error_body(e)
+    return failure["error"]["code"], failure
+
+
+def _response(req: EmbeddingRequest, results: list[Any], model: str) -> dict[str, Any]:
     as_base64 = req.encoding_format == "base64"
     data = [
         {
@@ -52,11 +71,9 @@ async def create_embedding(request: Request) -> Response:
         for i, r in enumerate(results)
     ]
     tokens = sum(r.prompt_tokens for r in results)
-    return hu.json_response(
-        {
-            "object": "list",
-            "data": data,
-            "model": tm.served_model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
