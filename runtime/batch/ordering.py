@@ -43,11 +43,9 @@ def cache_aware_order(items: Sequence[T], body_of: Callable[[T], dict[str, Any]]
     keys: list[tuple[int, ...]] = []
     for i, item in enumerate(items):
         start = prompt_start(body_of(item))
-        keys.append(
-            tuple(
-                seen.setdefault(hash(start[:n]), i)
-                for seen, n in zip(first_seen, PREFIX_CHARS, strict=True)
-            )
-            + (i,)
+        groups = (
+            seen.setdefault(hash(start[:n]), i)
+            for seen, n in zip(first_seen, PREFIX_CHARS, strict=True)
         )
+        keys.append((*groups, i))
     return [items[i] for i in sorted(range(len(items)), key=keys.__getitem__)]
