@@ -85,8 +85,14 @@ class SchedulerPlanner:
             plan.append(r)
         budget = self.chunk_size or self.max_prefill_tokens
         reserved = self._pages(decodes, 1) * self.page_size
-        # 2) requests part-way through their prefill (chunks, jump-forward text) continue
+        # 2) requests part-way through their prefill (chunks, jump-forward text) continue; a
+        # batch line's next chunk waits while an interactive request waits (its TTFT first)
+        yield_to_interactive = any(r.background for r in extends) and any(
+            not r.background for r in self.waiting
+        )
         for r in extends:
+            if r.background and yield_to_interactive:
+                continue
             self._planning = [r]
             n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
             if n <= 0:

@@ -200,3 +200,17 @@ def test_no_preemption_where_it_would_not_admit_the_waiting_request():
     assert s.stats.retractions == 0 and {r.rid for r in s.running} == {"other", "line"}
     out = run_to_end(s)
     assert out["chat"][0] == reference_output(chat, 4)
+
+
+def test_a_batch_lines_next_prefill_chunk_waits_for_a_waiting_interactive_request():
+    s, runner = make_scheduler(chunked_prefill_size=16)
+    long_prompt = [3 + i % 40 for i in range(64)]
+    _submit(s, "line", long_prompt, background=True, n=3)
+    s.step()  # the line's first chunk
+    _submit(s, "chat", PROMPT, n=3)
+    s.step()
+    assert runner.batches[-1].extend_lens == [16]  # the chat's chunk, not the line's second
+    assert [r.rid for r in s.running] == ["line", "chat"]
+    out = run_to_end(s)
+    assert out["line"][0] == reference_output(long_prompt, 3)
+    assert out["chat"][0] == reference_output(PROMPT, 3)
