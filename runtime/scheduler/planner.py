@@ -145,23 +145,32 @@ class SchedulerPlanner:
                     len(self.running) >= self.max_running
                     or self.req_to_token_pool.available_size() == 0
                 )
-                decode_pages = self._pages(self.running, 1) * self.page_size
-                if not rows_full and self._free_tokens(need + decode_pages):
+                if not rows_full and self._free_tokens(self._admission_need(cand, need)):
                     return
                 victim = self.preemption.victim(cand, self.running)
                 if victim is None:
                     return
                 if not rows_full:
                     victims = [r for r in self.running if self.preemption.victim(cand, [r])]
-                    # its own KV and the cache nodes only it locks become free or evictable
+                    # their own KV and the cache nodes only they lock become free or evictable
                     # (an upper bound: a prefix another request locks stays)
                     held = sum(r.kv_len for r in victims)
                     free = self.kv_pool.available_size() + self.cache.evictable_size()
-                    if free + held < need + decode_pages:
+                    if free + held < self._admission_need(cand, need, without=victims):
                         return  # preempting every candidate victim would not admit it
                 self._retract(victim, reason=f"preempted for {cand.rid}")
         finally:
             self.cache.dec_lock_ref(match.last_node)
+
+    def _admission_need(self, cand: Req, need: int, without: list[Req] | None = None) -> int:
+        """Slots admission asks for `cand` (as `_admit_into` counts them): its tokens, a decode
+        token per running request, and the reservation for running requests' future tokens."""
+        gone = {id(r) for r in without or ()}
+        running = [r for r in self.running if id(r) not in gone]
+        if not running:
+            return need  # alone, admission runs it without a reservation
+        future = sum(self._future_tokens(r) for r in running) + self._future_tokens(cand)
+        return need + self._pages(running, 1) * self.page_size + int(future * self.new_token_ratio)
 
     def _ends_with_pending_token(self, r: Req) -> bool:
         """A request whose token in flight (overlap scheduling) surely finishes it by length: it

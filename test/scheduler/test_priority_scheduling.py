@@ -214,3 +214,19 @@ def test_a_batch_lines_next_prefill_chunk_waits_for_a_waiting_interactive_reques
     out = run_to_end(s)
     assert out["line"][0] == reference_output(long_prompt, 3)
     assert out["chat"][0] == reference_output(PROMPT, 3)
+
+
+def test_preemption_counts_the_reservation_admission_keeps_for_future_tokens():
+    # "chat" fits the free pool on its own, not beside the slots reserved for the line's 170
+    # future tokens: admission would refuse it, so the line is preempted
+    s, _ = make_scheduler(pool_tokens=200)
+    _submit(s, "line", [5, *range(1, 20)], background=True, n=170)
+    s.step()
+    s.step()
+    chat = [40 + i % 9 for i in range(60)]
+    _submit(s, "chat", chat, n=4)
+    s.step()
+    assert [r.rid for r in s.running] == ["chat"] and s.stats.retractions == 1
+    out = run_to_end(s)
+    assert out["chat"][0] == reference_output(chat, 4)
+    assert out["line"][0] == reference_output([5, *range(1, 20)], 170)
