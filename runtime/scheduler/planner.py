@@ -86,9 +86,10 @@ class SchedulerPlanner:
         budget = self.chunk_size or self.max_prefill_tokens
         reserved = self._pages(decodes, 1) * self.page_size
         # 2) requests part-way through their prefill (chunks, jump-forward text) continue; a
-        # batch line's next chunk waits while an interactive request waits (its TTFT first)
+        # step that prefills an interactive request prefills no batch line (its TTFT is then its
+        # own prefill, not the batch's), so a line's next chunk waits while one is waiting
         yield_to_interactive = any(r.background for r in extends) and any(
-            not r.background for r in self.waiting
+            not r.background for r in (*extends, *self.waiting)
         )
         for r in extends:
             if r.background and yield_to_interactive:
@@ -203,6 +204,7 @@ class SchedulerPlanner:
     def _admit_into(self, admitted: list[Req], budget: int, reserved: int, plan: list[Req]) -> None:
         """Admit waiting requests by the policy's order into `admitted` (and the running set)."""
         prefilling = [r for r in plan if r.extend_len > 1]
+        interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
         for req in order_waiting_queue(
             self.waiting, self.args.scheduler.schedule_policy, self.cache
@@ -213,6 +215,8 @@ class SchedulerPlanner:
                 break
             if req.pending_sample:
                 continue  # retracted while its token was in flight: admitted once it arrives
+            if req.background and interactive:
+                break  # batch lines come last in the order; not in an interactive prefill step
             self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
@@ -261,6 +265,7 @@ class SchedulerPlanner:
             req.extend_len = n
             budget -= n
             reserved += need
+            interactive = interactive or not req.background
             admitted.append(req)
             self.running.append(req)
 

@@ -230,3 +230,17 @@ def test_preemption_counts_the_reservation_admission_keeps_for_future_tokens():
     out = run_to_end(s)
     assert out["chat"][0] == reference_output(chat, 4)
     assert out["line"][0] == reference_output([5, *range(1, 20)], 170)
+
+
+def test_a_step_that_prefills_an_interactive_request_admits_no_batch_line():
+    s, runner = make_scheduler()
+    _submit(s, "line0", [3, *PROMPT], background=True, n=6)
+    s.step()
+    _submit(s, "line1", [4, *PROMPT], background=True, n=3)
+    _submit(s, "chat", [5, *PROMPT], n=3)
+    s.step()
+    assert runner.batches[-1].extend_lens == [1, 25]  # line0's decode and the chat's prompt
+    s.step()
+    assert "line1" in [r.rid for r in s.running]  # the next step takes the line
+    out = run_to_end(s)
+    assert out["line1"][0] == reference_output([4, *PROMPT], 3)
