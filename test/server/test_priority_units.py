@@ -4,11 +4,16 @@ resolved before it is sent."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
 from radixgen.cli import build_parser
 from radixgen.errors import InvalidRequestError
+from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.request_checks import resolve_priority
+from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
 from radixgen.server_args import ServerArgs, from_cli_namespace
@@ -57,3 +62,29 @@ def test_priority_resolution_follows_sglang():
     with pytest.raises(InvalidRequestError) as e:
         resolve_priority(99, strict)
     assert e.value.param == "priority"
+
+
+def test_a_batch_line_is_sent_as_background_work_with_its_priority():
+    sent: list[GenerateReqInput] = []
+
+    class FakeManager:
+        async def generate(self, obj: GenerateReqInput):
+            sent.append(obj)
+            yield {"meta_info": {"finish_reason": {"type": "length"}}}
+
+    class Plan:
+        def __init__(self, req: ChatCompletionRequest, tm: FakeManager) -> None:
+            self.req = req
+
+        def generate_input(self) -> GenerateReqInput:
+            return GenerateReqInput(text="x", priority=self.req.priority)
+
+    args = SimpleNamespace(http=SimpleNamespace(enable_cache_report=False))
+    state = SimpleNamespace(manager=FakeManager, args=args)
+    body = {"messages": [{"role": "user", "content": "hi"}], "priority": 3}
+    status, _ = asyncio.run(
+        common.generate_json(
+            state, ChatCompletionRequest, Plan, lambda *a: {"ok": 1}, "messages", body
+        )
+    )
+    assert status == 200 and sent[0].background and sent[0].priority == 3
