@@ -1,5 +1,6 @@
 """Priority scheduling on a real Engine: with the running batch full, a high-priority request
-preempts a low one and finishes first, ahead of earlier low-priority requests still waiting."""
+preempts a low one and finishes first, ahead of earlier low-priority requests still waiting;
+with priorities off, an interactive request does the same to batch lines."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow  # starts an Engine
 PROMPT = "List the days of the week, one per line, starting with Monday. Request "
 
 
-async def _race(tm) -> tuple[list[str], dict[str, dict]]:
+async def _race(tm, background: bool = False) -> tuple[list[str], dict[str, dict]]:
     order: list[str] = []
     metas: dict[str, dict] = {}
 
@@ -23,6 +24,7 @@ async def _race(tm) -> tuple[list[str], dict[str, dict]]:
         await asyncio.sleep(delay)
         sp = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
         obj = GenerateReqInput(text=PROMPT + rid, sampling_params=sp, rid=rid, priority=priority)
+        obj.background = background and rid.startswith("low")  # as the Batch API sends lines
         async for out in tm.generate(obj):
             metas[rid] = out["meta_info"]
         order.append(rid)
@@ -46,3 +48,13 @@ def test_high_priority_request_preempts_and_finishes_first():
     assert order[0] == "high", order  # FCFS would finish it last: 2 run, 2 wait before it
     assert state["retractions"] >= 1  # a running low one was preempted for it
     assert all(metas[f"low{i}"]["completion_tokens"] == 40 for i in range(4))
+
+
+def test_interactive_request_goes_before_batch_lines_with_priorities_off():
+    with radixgen.Engine(
+        max_running_requests=2, max_total_tokens=4096, grammar_backend="none", log_level="warning"
+    ) as eng:
+        order, _ = eng.run(_race(eng.tokenizer_manager, background=True))
+        state = eng.get_server_info()["internal_states"][0]
+    assert order[0] == "high", order  # its priority is ignored; the batch tier is not
+    assert state["retractions"] >= 1
