@@ -32,6 +32,11 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     arrival_time: float = 0.0
+    # resolved by the TokenizerManager: the user's priority, --default-priority-value or 0; 0
+    # while --enable-priority-scheduling is off (the scheduler reads it through its direction)
+    priority: int = 0
+    # a Batch API line: queued below every interactive request, preempted first
+    background: bool = False
 
 
 @dataclass
@@ -218,6 +223,10 @@ class GenerateReqInput:
     data_parallel_rank: int | None = None
     # a traced DSL program's call (radixgen/program_trace.py): recorded for the dashboard
     program_trace: ProgramTraceTag | None = None
+    # SGLang's request priority (--enable-priority-scheduling); one value for the whole batch
+    priority: int | None = None
+    # set by the Batch API's runner, never by a client: the request runs below interactive ones
+    background: bool = False
 
     @property
     def is_batch(self) -> bool:
@@ -272,4 +281,6 @@ class GenerateReqInput:
             stream=self.stream,
             data_parallel_rank=self.data_parallel_rank,
             program_trace=self.program_trace,
+            priority=self.priority,
+            background=self.background,
         )

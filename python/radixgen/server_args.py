@@ -158,6 +158,33 @@ class SchedulerConfig:
         "tests). --disable-overlap-schedule wins.",
     )
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
+    enable_priority_scheduling: bool = _f(
+        False,
+        "Order the waiting queue by each request's `priority` first (then --schedule-policy), and "
+        "preempt lower-priority running requests for a blocked higher-priority one. Off: a "
+        "request's priority is ignored. Batch API lines run below interactive requests either way.",
+    )
+    schedule_low_priority_values_first: bool = _f(
+        False, "Smaller `priority` values run first (default: larger values run first)."
+    )
+    default_priority_value: int | None = _f(
+        None, "The priority of a request that gives none (unset: 0)."
+    )
+    abort_on_priority_when_disabled: bool = _f(
+        False,
+        "Refuse (400) a request that carries a priority while --enable-priority-scheduling is off "
+        "(default: the priority is ignored).",
+    )
+    disable_priority_preemption: bool = _f(
+        False,
+        "Never retract a running request for a higher-priority one (nor a batch line for an "
+        "interactive request): priorities only order the waiting queue.",
+    )
+    priority_scheduling_preemption_threshold: int = _f(
+        10,
+        "A waiting request preempts a running one only when its priority is more than this "
+        "much higher (retraction costs the victim a re-prefill, mostly from the cache).",
+    )
 
 
 @dataclass(frozen=True)
@@ -437,6 +464,11 @@ class ServerArgs:
         if s.chunked_prefill_size == 0 or s.chunked_prefill_size < -1:
             raise InvalidRequestError(
                 "chunked_prefill_size must be -1 or > 0", "chunked_prefill_size"
+            )
+        if s.priority_scheduling_preemption_threshold < 0:
+            raise InvalidRequestError(
+                "priority_scheduling_preemption_threshold must be >= 0",
+                "priority_scheduling_preemption_threshold",
             )
         if s.max_queued_requests is not None and s.max_queued_requests < 0:
             raise InvalidRequestError("max_queued_requests must be >= 0", "max_queued_requests")

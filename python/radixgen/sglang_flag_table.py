@@ -66,6 +66,9 @@ IMPLEMENTED: tuple[str, ...] = (
     "quantization",
     "dist-timeout", "dist-init-addr", "nnodes", "node-rank", "enable-dp-attention",
     "is-embedding",
+    "enable-priority-scheduling", "schedule-low-priority-values-first", "default-priority-value",
+    "abort-on-priority-when-disabled", "disable-priority-preemption",
+    "priority-scheduling-preemption-threshold",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -398,17 +401,6 @@ TOPICS: tuple[FlagTopic, ...] = (
         "prefill-delayer-token-usage-low-watermark= prefill-delayer-forward-passes-buckets=* "
         "prefill-delayer-wait-seconds-buckets=* prefill-delayer-queue-min-ratio= "
         "prefill-delayer-max-delay-ms= min-free-slots-delay=",
-    ),
-    FlagTopic(
-        R,
-        "priority scheduling is not implemented: requests run in --schedule-policy order",
-        "enable-priority-scheduling",
-    ),
-    FlagTopic(
-        N,
-        "a priority-scheduling setting, and priority scheduling is not available here",
-        "disable-priority-preemption default-priority-value= abort-on-priority-when-disabled "
-        "schedule-low-priority-values-first priority-scheduling-preemption-threshold=",
     ),
     FlagTopic(
         N,

@@ -12,6 +12,7 @@ from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.text.tokenizer import Tokenizer
 from radixgen.sampling_params import SamplingParams
+from radixgen.server_args import SchedulerConfig
 
 MAX_TOP_LOGPROBS = 100
 
@@ -106,3 +107,20 @@ class RequestChecker:
                     "logprob_start_len",
                 )
         return ids
+
+
+def resolve_priority(priority: int | None, cfg: SchedulerConfig) -> int:
+    """The priority the scheduler gets, as SGLang resolves it: with priority scheduling on, the
+    request's or --default-priority-value or 0; off, always 0 (a given priority is ignored, or
+    refused under --abort-on-priority-when-disabled)."""
+    if not cfg.enable_priority_scheduling:
+        if priority is not None and cfg.abort_on_priority_when_disabled:
+            raise InvalidRequestError(
+                "priority is given but priority scheduling is off (--enable-priority-scheduling); "
+                "this server refuses it (--abort-on-priority-when-disabled)",
+                "priority",
+            )
+        return 0
+    if priority is not None:
+        return priority
+    return cfg.default_priority_value if cfg.default_priority_value is not None else 0

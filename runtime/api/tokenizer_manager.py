@@ -47,7 +47,7 @@ from radixgen.io_struct import (
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
-from radixgen.runtime.api.request_checks import RequestChecker
+from radixgen.runtime.api.request_checks import RequestChecker, resolve_priority
 from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.api.request_log import RequestLogger
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
@@ -434,6 +434,8 @@ class TokenizerManager:
         # NOTE: everything is validated (params, lengths, rids, capacity) before anything is sent;
         # the cheap checks first, then tokenizing in a worker thread (the loop keeps serving)
         params = [self.checker.check_request(it) for it in items]
+        for it in items:
+            resolve_priority(it.priority, self.args.scheduler)  # a refused priority: 400 first
         self.limits.check_sequences(sum(sp.n for sp in params))
         ids_per_item = await asyncio.to_thread(
             lambda: [
@@ -442,11 +444,12 @@ class TokenizerManager:
         )
         prepared = list(zip(items, ids_per_item, params, strict=True))
         expanded: list[tuple[GenerateReqInput, list[int], SamplingParams]] = []
-        shared_prompts: list[tuple[list[int], int | None]] = []  # ids, the replica asked for
+        # ids, the replica asked for, the item (its priority)
+        shared_prompts: list[tuple[list[int], int | None, GenerateReqInput]] = []
         groups: dict[str, list[str]] = {}  # a user's rid of an n > 1 request -> its samples
         for it, ids, sp in prepared:
             if sp.n > 1:
-                shared_prompts.append((ids, it.data_parallel_rank))
+                shared_prompts.append((ids, it.data_parallel_rank, it))
                 base = it.rid or uuid.uuid4().hex
                 groups[base] = [f"{base}-{k}" for k in range(sp.n)]
                 for k, sample_rid in enumerate(groups[base]):
@@ -466,7 +469,9 @@ class TokenizerManager:
         plural = obj.is_batch or len(expanded) > 1
         try:
             # NOTE: with data parallelism an n > 1 request's samples go where its prompt was cached
-            prompt_rank = {id(ids): await self._cache_prompt(ids, r) for ids, r in shared_prompts}
+            prompt_rank = {
+                id(ids): await self._cache_prompt(ids, r, it) for ids, r, it in shared_prompts
+            }
             for it, ids, sp in expanded:
                 rank = prompt_rank.get(id(ids))
                 rank = it.data_parallel_rank if rank is None else rank
@@ -493,13 +498,16 @@ class TokenizerManager:
             for rid in groups:
                 self.sample_rids.pop(rid, None)
 
-    async def _cache_prompt(self, ids: list[int], rank: int | None) -> int | None:
-        """n > 1: prefill the shared prompt once so the n samples reuse its KV from the cache;
-        returns the replica that holds it (None: no cache to fill)."""
+    async def _cache_prompt(
+        self, ids: list[int], rank: int | None, it: GenerateReqInput
+    ) -> int | None:
+        """n > 1: prefill the shared prompt once (at the request's own priority) so the n samples
+        reuse its KV from the cache; returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
             return None
+        prefill = GenerateReqInput(priority=it.priority, background=it.background)
         st = await self._submit(
-            GenerateReqInput(), ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
+            prefill, ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
         )
         assert self.link is not None
         rank = self.link.replica_of(st.rid)
@@ -571,6 +579,8 @@ class TokenizerManager:
             top_logprobs_num=it.top_logprobs_num or 0,
             stream=it.stream,
             arrival_time=time.time(),
+            priority=resolve_priority(it.priority, self.args.scheduler),
+            background=it.background,
         )
         assert self.link is not None
         await self.link.send_request(msg, rank)

@@ -1,6 +1,7 @@
 """Runs batches: validates the input file, runs its lines through the serving pipeline with a
-bounded number in flight, records each line as it finishes, writes the output and error files
-(API process, on the server's event loop).
+bounded number in flight, grouped by shared prompt prefix (`ordering.py`), records each line as
+it finishes, writes the output and error files (API process, on the server's event loop).
+Lines are sent as background work: the scheduler runs them below interactive requests.
 
 A line is run by an `execute(endpoint, body)` callable (the same code the HTTP route runs), so a
 batch line and an interactive request are answered alike. An answer of 503 (the server is
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.store import BatchStore, PendingLine, new_id
 
 logger = logging.getLogger(__name__)
@@ -128,7 +130,9 @@ class BatchRunner:
         running: set[asyncio.Task[None]] = set()
         self.in_flight[batch_id] = running
         try:
-            for line in self.store.pending_lines(batch_id):
+            # lines sharing a prompt prefix run together (cache hits whatever the input order)
+            pending = cache_aware_order(self.store.pending_lines(batch_id), lambda ln: ln.request)
+            for line in pending:
                 await self.slots.acquire()
                 if self.store.status(batch_id) != "in_progress":
                     self.slots.release()

@@ -25,6 +25,7 @@ _CORE_KEYS = {
     "return_text_in_logprobs",
     "rid",
     "stream",
+    "priority",  # SGLang's request priority (--enable-priority-scheduling)
     TRACE_FIELD,  # radixgen's own: a traced DSL program's call (radixgen/program_trace.py)
 }
 # SGLang request keys this server accepts only while they are unset.
@@ -54,7 +55,6 @@ _UNSUPPORTED_KEYS = {
 }
 # Accepted and ignored: routing and bookkeeping hints that change no output here.
 _IGNORED_KEYS = {
-    "priority",
     "extra_key",
     "cache_salt",
     "routing_key",
@@ -158,6 +158,9 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
             if not _is_int(body[key]):
                 raise InvalidRequestError(f"{key} must be an integer", key)
             dp_rank = dp_rank if dp_rank is not None else body[key]
+    priority = body.get("priority")
+    if priority is not None and not _is_int(priority):
+        raise InvalidRequestError(f"priority must be an integer, got {priority!r}", "priority")
     for flag in ("stream", "return_text_in_logprobs"):
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise InvalidRequestError(f"{flag} must be a boolean", flag)
@@ -174,6 +177,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         stream=bool(body.get("stream")),
         data_parallel_rank=dp_rank,
         program_trace=parse_program_trace(body.get(TRACE_FIELD)),
+        priority=priority,
     )
     obj.check_per_item_lengths()
     return obj

@@ -22,6 +22,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
 from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
@@ -189,7 +190,9 @@ def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
 
         async def all_lines() -> None:
             slots = asyncio.Semaphore(engine.server_args.batch.batch_max_in_flight)
-            await asyncio.gather(*(one(line, slots) for line in batch.todo))
+            # lines sharing a prompt prefix run together (the semaphore admits in this order)
+            todo = cache_aware_order(batch.todo, lambda ln: ln.body)
+            await asyncio.gather(*(one(line, slots) for line in todo))
 
         try:
             engine.run(all_lines())

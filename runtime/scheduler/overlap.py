@@ -16,7 +16,8 @@ off; each token reaches the client one iteration later.
 
 Steps fall back to the synchronous path (after handling the step in flight) when a grammar is
 involved (its mask for N+1 and jump-forward need N's token on the host) or when the pool may be
-too short for the decodes (retraction must see settled requests).
+too short for the decodes or a waiting request may preempt a running one (retraction must see
+settled requests).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class OverlapScheduling:
         def _collect_outputs(self) -> list[BatchTokenIDOut]: ...
         def _free_tokens(self, needed: int) -> bool: ...
         def _pages(self, reqs: list[Req], n: int) -> int: ...
+        def _preemption_candidate(self) -> Req | None: ...
         def _step_sync(self) -> list[BatchTokenIDOut]: ...
 
     def _step_overlapped(self) -> list[BatchTokenIDOut]:
@@ -122,6 +124,8 @@ class OverlapScheduling:
             for r in (*self.running, *self.waiting)
         ):
             return True
+        if self._preemption_candidate() is not None:
+            return True  # a preemption retracts, and retraction must see settled requests
         decodes = [r for r in self.running if r.pending_len == 1]
         return bool(decodes) and not self._free_tokens(self._pages(decodes, 1) * self.page_size)
 

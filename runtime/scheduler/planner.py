@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
-from radixgen.runtime.scheduler.schedule_policy import order_waiting_queue
+from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, order_waiting_queue
 
 if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
@@ -42,6 +42,7 @@ class SchedulerPlanner:
     max_running: int
     context_length: int
     new_token_ratio: float
+    preemption: PreemptionPolicy
     waiting: list[Req]
     running: list[Req]
     _planning: list[Req]
@@ -62,6 +63,7 @@ class SchedulerPlanner:
 
     def _plan_step(self) -> list[Req]:
         plan: list[Req] = []
+        self._preempt_for_waiting()
         decodes = [
             r for r in self.running if r.pending_len == 1 and not self._ends_with_pending_token(r)
         ]
@@ -71,7 +73,8 @@ class SchedulerPlanner:
         # 1) every decoding request gets its token; retract the newest when the pool is short
         self._planning = list(decodes)
         while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
-            victim = max(decodes + extends, key=lambda r: r.arrival_time)
+            # the lowest-ranked (batch lines, low priorities) first, the newest among equals
+            victim = max(decodes + extends, key=lambda r: (r.rank, r.arrival_time))
             self._retract(victim)
             if victim in decodes:
                 decodes.remove(victim)
@@ -82,8 +85,15 @@ class SchedulerPlanner:
             plan.append(r)
         budget = self.chunk_size or self.max_prefill_tokens
         reserved = self._pages(decodes, 1) * self.page_size
-        # 2) requests part-way through their prefill (chunks, jump-forward text) continue
+        # 2) requests part-way through their prefill (chunks, jump-forward text) continue; a
+        # step that prefills an interactive request prefills no batch line (its TTFT is then its
+        # own prefill, not the batch's), so a line's next chunk waits while one is waiting
+        yield_to_interactive = any(r.background for r in extends) and any(
+            not r.background for r in (*extends, *self.waiting)
+        )
         for r in extends:
+            if r.background and yield_to_interactive:
+                continue
             self._planning = [r]
             n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
             if n <= 0:
@@ -105,6 +115,63 @@ class SchedulerPlanner:
             self._planning = list(plan)
             self._plan_drafts(plan)  # speculative drafts where the pool has room (no eviction)
         return plan
+
+    def _preemption_candidate(self) -> Req | None:
+        """The best waiting request when it outranks some running one, else None."""
+        if not (self.preemption.enabled and self.waiting and self.running):
+            return None
+        ready = [r for r in self.waiting if not r.pending_sample]
+        if not ready:
+            return None
+        cand = min(ready, key=lambda r: (r.rank, 0 if r.retractions else 1, r.arrival_time))
+        return cand if self.preemption.victim(cand, self.running) is not None else None
+
+    def _preempt_for_waiting(self) -> None:
+        """Retract lower-ranked running requests while the best waiting request cannot be
+        admitted (rows or pool full), and only where that admits it: a victim must be outranked
+        (`PreemptionPolicy`), and the pool must hold the candidate once the victims' KV is
+        freed. O(running + waiting) per step, and nothing more unless some victim qualifies."""
+        cand = self._preemption_candidate()
+        if cand is None:
+            return
+        self._planning = [cand]
+        match = self.cache.match_prefix(cand.all_ids[: cand.seq_len - 1])
+        need = -(-(cand.seq_len - match.indices.numel()) // self.page_size) * self.page_size
+        if self.chunk_size:
+            need = min(need, -(-self.chunk_size // self.page_size) * self.page_size)
+        self.cache.inc_lock_ref(match.last_node)  # its prefix is what it gains: keep it
+        try:
+            while True:
+                rows_full = (
+                    len(self.running) >= self.max_running
+                    or self.req_to_token_pool.available_size() == 0
+                )
+                if not rows_full and self._free_tokens(self._admission_need(cand, need)):
+                    return
+                victim = self.preemption.victim(cand, self.running)
+                if victim is None:
+                    return
+                if not rows_full:
+                    victims = [r for r in self.running if self.preemption.victim(cand, [r])]
+                    # their own KV and the cache nodes only they lock become free or evictable
+                    # (an upper bound: a prefix another request locks stays)
+                    held = sum(r.kv_len for r in victims)
+                    free = self.kv_pool.available_size() + self.cache.evictable_size()
+                    if free + held < self._admission_need(cand, need, without=victims):
+                        return  # preempting every candidate victim would not admit it
+                self._retract(victim, reason=f"preempted for {cand.rid}")
+        finally:
+            self.cache.dec_lock_ref(match.last_node)
+
+    def _admission_need(self, cand: Req, need: int, without: list[Req] | None = None) -> int:
+        """Slots admission asks for `cand` (as `_admit_into` counts them): its tokens, a decode
+        token per running request, and the reservation for running requests' future tokens."""
+        gone = {id(r) for r in without or ()}
+        running = [r for r in self.running if id(r) not in gone]
+        if not running:
+            return need  # alone, admission runs it without a reservation
+        future = sum(self._future_tokens(r) for r in running) + self._future_tokens(cand)
+        return need + self._pages(running, 1) * self.page_size + int(future * self.new_token_ratio)
 
     def _ends_with_pending_token(self, r: Req) -> bool:
         """A request whose token in flight (overlap scheduling) surely finishes it by length: it
@@ -137,6 +204,7 @@ class SchedulerPlanner:
     def _admit_into(self, admitted: list[Req], budget: int, reserved: int, plan: list[Req]) -> None:
         """Admit waiting requests by the policy's order into `admitted` (and the running set)."""
         prefilling = [r for r in plan if r.extend_len > 1]
+        interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
         for req in order_waiting_queue(
             self.waiting, self.args.scheduler.schedule_policy, self.cache
@@ -147,6 +215,8 @@ class SchedulerPlanner:
                 break
             if req.pending_sample:
                 continue  # retracted while its token was in flight: admitted once it arrives
+            if req.background and interactive:
+                break  # batch lines come last in the order; not in an interactive prefill step
             self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
@@ -195,6 +265,7 @@ class SchedulerPlanner:
             req.extend_len = n
             budget -= n
             reserved += need
+            interactive = interactive or not req.background
             admitted.append(req)
             self.running.append(req)
 
@@ -222,12 +293,16 @@ class SchedulerPlanner:
                 return True
         return False
 
-    def _retract(self, req: Req) -> None:
-        """Send a running request back to the queue; its KV goes to the cache (evictable)."""
+    def _retract(self, req: Req, reason: str = "") -> None:
+        """Send a running request back to the queue; its KV goes to the cache (evictable).
+        `reason` names a preemption; without one the pool was short, so admissions reserve more
+        for future tokens from now on."""
         self.cache.cache_finished_req(req)
         self.running.remove(req)
         req.reset_for_retract()  # NOTE: output_ids are kept, so a grammar's state stays valid
         self.waiting.append(req)
         self.stats.retractions += 1
-        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
-        logger.info("retracted %s (pool short): %d running", req.rid, len(self.running))
+        if not reason:
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+        why = reason or "pool short"
+        logger.info("retracted %s (%s): %d running", req.rid, why, len(self.running))

@@ -35,6 +35,11 @@ class Req:
         self.top_logprobs_num = msg.top_logprobs_num
         self.stream = msg.stream
         self.arrival_time = msg.arrival_time
+        self.priority = msg.priority
+        self.background = msg.background  # a Batch API line
+        # the waiting-queue rank, smaller first: (tier: 0 interactive, 1 background, priority
+        # key); the scheduler re-derives it under --schedule-low-priority-values-first
+        self.rank: tuple[int, int] = (int(msg.background), -msg.priority)
         seed = msg.sampling_params.seed
         self.seed = (
             seed

@@ -55,6 +55,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
     allocate_step_slots,
     build_step_batch,
 )
+from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, priority_rank
 from radixgen.runtime.speculative.scheduling import SpeculativeScheduling
 from radixgen.server_args import ServerArgs
 
@@ -140,6 +141,11 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.chunk_size = sched.chunked_prefill_size if sched.chunked_prefill_size > 0 else None
         self.max_prefill_tokens = sched.max_prefill_tokens
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT * sched.schedule_conservativeness
+        self.preemption = PreemptionPolicy(
+            enabled=not sched.disable_priority_preemption,
+            by_priority=sched.enable_priority_scheduling,
+            threshold=sched.priority_scheduling_preemption_threshold,
+        )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.grammar_waiting: list[Req] = []
@@ -179,6 +185,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.args.model.random_seed)
+        low_first = self.args.scheduler.schedule_low_priority_values_first
+        req.rank = priority_rank(req.priority, req.background, low_first)
         # NOTE: the TokenizerManager refuses these with precise 4xx errors first (its limit is
         # `max_request_tokens`, sent in SchedulerReadyOut); this guard keeps a request that could
         # never fit out of the queue whatever the caller.

@@ -121,6 +121,7 @@ class ChatPlan:
             rid=req.rid,
             stream=req.stream,
             data_parallel_rank=req.data_parallel_rank,
+            priority=req.priority,
         )
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:

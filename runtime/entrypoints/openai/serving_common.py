@@ -257,12 +257,15 @@ async def generate_json(
     body: dict[str, Any],
 ) -> tuple[int, dict[str, Any]]:
     """One non-streaming request from a parsed body, answered as its route would answer it:
-    (status code, body). For work that has no HTTP request of its own (a batch line)."""
+    (status code, body). For work that has no HTTP request of its own (a batch line), so it is
+    sent as background work: the scheduler queues it below every interactive request."""
     try:
         tm = state.manager()
         req = parse_request(request_model, body)
         plan = await asyncio.to_thread(make_plan, req, tm)
-        result = await hu.collect(tm.generate(plan.generate_input()))
+        obj = plan.generate_input()
+        obj.background = True
+        result = await hu.collect(tm.generate(obj))
         results = result if isinstance(result, list) else [result]
         hu.raise_if_failed(results)
         return 200, build_response(plan, results, tm, state.args.http.enable_cache_report)

@@ -61,6 +61,7 @@ class CompletionPlan:
             rid=req.rid,
             stream=req.stream,
             data_parallel_rank=req.data_parallel_rank,
+            priority=req.priority,
         )
 
     def prompt_text(self, choice: int) -> str:

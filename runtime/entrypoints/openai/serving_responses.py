@@ -102,7 +102,9 @@ async def run_response(state: Any, body: dict[str, Any]) -> tuple[int, dict[str,
         tm = state.manager()
         req = parse_request(ResponsesRequest, body)
         turn = await _start_turn(req, tm, state.responses)
-        result = await hu.collect(tm.generate(turn.plan.generate_input()))
+        obj = turn.plan.generate_input()
+        obj.background = True  # a batch line: below interactive requests in the scheduler
+        result = await hu.collect(tm.generate(obj))
         hu.raise_if_failed(result)
         return 200, _finished(turn, result, tm, state.responses)
     except InvalidRequestError as e:
