@@ -36,6 +36,7 @@ class CheckFailure:
     token_index: int
     keyword: str
     pointer: str  # the value's JSON pointer (messages)
+    last_token: int  # the output token holding the value's last byte
 
 
 class _Frame:
@@ -100,8 +101,15 @@ class ValueChecker:
             self.advance(output_ids[:keep], False)
         finally:
             self._replaying = False
-        for pos in [p for p in self.banned if p > keep]:
-            del self.banned[pos]  # bans of a discarded continuation
+
+    def retry_position(self, failure: CheckFailure, output_len: int) -> int | None:
+        """Where to redo a failed value: its latest token with rollbacks left (a depth-first
+        search from the value's end: "12" for a multiple of 5 is redone as "1?" before "?"),
+        never the first output token (the prompt's last token would need recomputing)."""
+        for pos in range(min(failure.last_token, output_len - 1), failure.token_index - 1, -1):
+            if pos >= 1 and self.rollbacks.get(pos, 0) < self.max_rollbacks:
+                return pos
+        return None
 
     def note_rollback(self, position: int, token_id: int) -> bool:
         """Count a rollback to `position` and ban `token_id` there; False past the bound."""
@@ -109,6 +117,8 @@ class ValueChecker:
         if count > self.max_rollbacks:
             return False
         self.rollbacks[position] = count
+        for pos in [p for p in self.banned if p > position]:
+            del self.banned[pos]  # bans of the continuation being discarded
         self.banned.setdefault(position, set()).add(token_id)
         self.total_rollbacks += 1
         return True
@@ -227,12 +237,12 @@ class ValueChecker:
         if check is not None and not self._replaying:
             keyword = self._validate(check, value)
             if keyword is not None:
-                return self._failure(start, keyword, path)
+                return self._failure(start, end, keyword, path)
         if unique:
             assert parent is not None and parent.seen is not None
             key = _canonical(value)
             if key in parent.seen:
-                return self._failure(start, "uniqueItems", path)
+                return self._failure(start, end, "uniqueItems", path)
             parent.seen.add(key)
         return None
 
@@ -248,10 +258,13 @@ class ValueChecker:
         keyword = error.validator
         return str(keyword) if keyword else self.plan.checks[index].keywords[0]
 
-    def _failure(self, start: int, keyword: str, path: tuple[str | int, ...]) -> CheckFailure:
-        token = max(0, bisect_right(self.token_starts, start) - 1)
+    def _failure(
+        self, start: int, end: int, keyword: str, path: tuple[str | int, ...]
+    ) -> CheckFailure:
+        first = max(0, bisect_right(self.token_starts, start) - 1)
+        last = max(first, bisect_right(self.token_starts, end - 1) - 1)
         pointer = "".join(f"/{str(p).replace('~', '~0').replace('/', '~1')}" for p in path)
-        return CheckFailure(token, keyword, pointer)
+        return CheckFailure(first, keyword, pointer, last)
 
 
 def _canonical(value: Any) -> str:

@@ -383,10 +383,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         failure = checker.advance(r.output_ids, grammar.is_terminated())
         if failure is None:
             return False
-        # a value at the first output token is redone from the second (the prompt's last
-        # token would have to be recomputed, and its KV may be shared)
-        k = max(failure.token_index, 1)
-        if k < len(r.output_ids) and checker.note_rollback(k, r.output_ids[k]):
+        k = checker.retry_position(failure, len(r.output_ids))
+        if k is not None and checker.note_rollback(k, r.output_ids[k]):
             self._roll_back_output(r, k)
             return True
         self._roll_back_output(r, failure.token_index)  # the failed value is never sent
@@ -394,7 +392,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             FinishReason.abort(
                 f"json_schema: the output kept breaking '{failure.keyword}' at "
                 f"{failure.pointer or '/'}; no valid continuation found after "
-                f"{checker.rollbacks.get(k, 0)} rollbacks",
+                f"{checker.total_rollbacks} rollbacks",
                 400,
             )
         )
