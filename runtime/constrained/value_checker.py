@@ -22,8 +22,10 @@ from jsonschema.exceptions import best_match
 
 from radixgen.runtime.constrained.schema_checks import CheckPlan, ValueCheck
 
-# rollbacks to one output position before the request ends with an abort naming the keyword
+# rollbacks to one output position before the search moves a token back, and (times 8) to one
+# request before it ends with an abort naming the keyword: each costs a token's forward again
 MAX_VALUE_ROLLBACKS = 8
+_REQUEST_BOUND_FACTOR = 8
 
 _WS = frozenset(b" \t\r\n")
 _SCALAR = frozenset(b"+-.0123456789eEtruefalsn")
@@ -116,6 +118,8 @@ class ValueChecker:
         count = self.rollbacks.get(position, 0) + 1
         if count > self.max_rollbacks:
             return False
+        if self.total_rollbacks >= self.max_rollbacks * _REQUEST_BOUND_FACTOR:
+            return False  # bounded per request too: a search over many positions must end
         self.rollbacks[position] = count
         for pos in [p for p in self.banned if p > position]:
             del self.banned[pos]  # bans of the continuation being discarded

@@ -164,6 +164,8 @@ def test_truncate_replays_and_bans_are_bounded() -> None:
     assert checker.advance(ids[:k] + _ids('"c"]'), False) is None
     assert checker.note_rollback(k, 1) and not checker.note_rollback(k, 2)
     assert checker.total_rollbacks == 2
+    # per request too: 8 times the per-position bound over all positions
+    assert sum(checker.note_rollback(p, 0) for p in range(100, 120)) == 14
 
 
 def _exact_on(schema: Any, instance: Any) -> bool:
