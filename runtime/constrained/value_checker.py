@@ -107,8 +107,15 @@ class ValueChecker:
     def retry_position(self, failure: CheckFailure, output_len: int) -> int | None:
         """Where to redo a failed value: its latest token with rollbacks left (a depth-first
         search from the value's end: "12" for a multiple of 5 is redone as "1?" before "?"),
-        never the first output token (the prompt's last token would need recomputing)."""
-        for pos in range(min(failure.last_token, output_len - 1), failure.token_index - 1, -1):
+        never the first output token (the prompt's last token would need recomputing). A
+        repeated item is redone from its front instead, starting one token before it (the
+        separator, whose alternative is often the array's end): its last tokens rarely matter."""
+        last = min(failure.last_token, output_len - 1)
+        if failure.keyword == "uniqueItems":
+            order = range(failure.token_index - 1, last + 1)
+        else:
+            order = range(last, failure.token_index - 1, -1)
+        for pos in order:
             if pos >= 1 and self.rollbacks.get(pos, 0) < self.max_rollbacks:
                 return pos
         return None

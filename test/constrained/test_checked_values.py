@@ -195,3 +195,20 @@ def test_relaxed_schema_plus_checks_is_exact_on_the_corpus() -> None:
         for instance in item.invalid:
             assert not _exact_on(item.schema, instance), (item.name, instance)
     assert served >= 5
+
+
+def test_retry_search_order() -> None:
+    """A number is redone from its last token back; a repeated item from the token before it."""
+    plan = plan_checks(TAGS)
+    assert plan is not None
+    checker = ValueChecker(plan, BYTES, max_rollbacks=1)
+    ids = _ids('{"tags":[],"n":12,')
+    number = checker.advance(ids, False)
+    assert number is not None and (number.token_index, number.last_token) == (15, 16)
+    assert checker.retry_position(number, len(ids)) == 16
+    checker.note_rollback(16, ids[16])
+    assert checker.retry_position(number, len(ids)) == 15
+    ids = _ids('{"tags":["a","a"]')
+    repeated = ValueChecker(plan, BYTES).advance(ids, False)
+    assert repeated is not None and repeated.keyword == "uniqueItems"
+    assert checker.retry_position(repeated, len(ids)) == repeated.token_index - 1
