@@ -8,11 +8,14 @@ xgrammar only, llguidance only (--disable-grammar-backend-fallback) and the defa
 falling back to llguidance per request). One JSON line per setup: accepted (served), valid
 (finished and validates with `jsonschema`, format checks on), invalid (finished, does not
 validate: must be 0), unfinished (hit the token limit), refused (a 400, counted per keyword),
-and which backend served how many.
+and which backend served how many, and the keywords the checked layer validated
+(`schema_checks`) with its rollbacks. `--choice-only` runs no model: the choice-time refusals by
+keyword with the masks alone and with the checked layer (runtime/constrained/schema_checks.py).
 
 Examples:
   python benchmark/bench_schema_corpus.py
   python benchmark/bench_schema_corpus.py --limit 40 --setups combined
+  python benchmark/bench_schema_corpus.py --limit 1000 --choice-only
 """
 
 from __future__ import annotations
@@ -69,15 +72,23 @@ def run_one(engine: Any, item: Any, max_new_tokens: int) -> dict[str, Any]:
         return {"outcome": "refused", "keywords": keywords_of(str(e))}
     meta = out["meta_info"]
     backend = meta.get("grammar_backend")
-    if (meta.get("finish_reason") or {}).get("type") != "stop":
-        return {"outcome": "unfinished", "backend": backend, "text": out["text"]}
+    checked = {
+        "checks": meta.get("schema_checks", []),
+        "rollbacks": meta.get("schema_check_rollbacks", 0),
+    }
+    finish = meta.get("finish_reason") or {}
+    if finish.get("type") == "abort":  # the checked layer's bound: a clean error naming it
+        return {"outcome": "refused", "keywords": keywords_of(finish.get("message", "")), **checked}
+    if finish.get("type") != "stop":
+        return {"outcome": "unfinished", "backend": backend, "text": out["text"], **checked}
     cls = jsonschema.validators.validator_for(item.schema)
     validator = cls(item.schema, format_checker=cls.FORMAT_CHECKER)
     try:
         ok = validator.is_valid(json.loads(out["text"]))
     except json.JSONDecodeError:
         ok = False
-    return {"outcome": "valid" if ok else "invalid", "backend": backend, "text": out["text"]}
+    outcome = "valid" if ok else "invalid"
+    return {"outcome": outcome, "backend": backend, "text": out["text"], **checked}
 
 
 def run_setup(name: str, items: list[Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -105,6 +116,8 @@ def run_setup(name: str, items: list[Any], args: argparse.Namespace) -> dict[str
         "refused": outcomes["refused"],
         "refused_by_keyword": dict(refused.most_common()),
         "served_by": dict(Counter(r["backend"] for r in results if r.get("backend"))),
+        "checked_by_keyword": dict(Counter(k for r in results for k in r.get("checks", []))),
+        "check_rollbacks": sum(r.get("rollbacks", 0) for r in results),
         "invalid_examples": invalid[:5],
         "unfinished_examples": [
             {"schema": it.name, "text_end": r["text"][-120:]}
@@ -116,6 +129,40 @@ def run_setup(name: str, items: list[Any], args: argparse.Namespace) -> dict[str
     }
 
 
+def choice_only(items: list[Any]) -> dict[str, Any]:
+    """Choice-time refusals by keyword, model-free: the masks alone, then with the checked layer."""
+    from radixgen.errors import GrammarError
+    from radixgen.runtime.constrained.schema_checks import serving_plan
+    from radixgen.runtime.constrained.schema_support import schema_plan
+
+    order = ["xgrammar", "llguidance"]
+    before: Counter[str] = Counter()
+    after: Counter[str] = Counter()
+    checked: Counter[str] = Counter()
+    refused = [0, 0]
+    for it in items:
+        try:
+            schema_plan(it.spec, order)
+        except GrammarError as e:
+            refused[0] += 1
+            before.update(set(keywords_of(str(e))))
+        try:
+            plan = serving_plan(it.spec, order)[2]
+            checked.update(plan.keywords if plan is not None else ())
+        except GrammarError as e:
+            refused[1] += 1
+            after.update(set(keywords_of(str(e))))
+    return {
+        "bench": "schema_corpus_choice",
+        "schemas": len(items),
+        "refused_masks_only": refused[0],
+        "refused_by_keyword_masks_only": dict(before.most_common()),
+        "refused_with_checks": refused[1],
+        "refused_by_keyword_with_checks": dict(after.most_common()),
+        "served_with_checks_by_keyword": dict(checked.most_common()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=80, help="Schemas, sampled evenly.")
@@ -123,8 +170,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--show-unfinished", type=int, default=0, help="Print N output tails.")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    parser.add_argument("--choice-only", action="store_true", help="No model: refusals only.")
     args = parser.parse_args()
     items = load_corpus(args.limit)
+    if args.choice_only:
+        print(json.dumps(choice_only(items)), flush=True)
+        return
     for name in args.setups:
         print(json.dumps(run_setup(name, items, args)), flush=True)
 

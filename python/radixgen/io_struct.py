@@ -156,6 +156,10 @@ class RequestMeta:
     grammar_backend: str | None = None  # constrained requests: the backend that served it
     # json_schema requests: the exact schema rewrites that served it ("not:required", "if", ...)
     schema_rewrites: tuple[str, ...] = ()
+    # json_schema requests: the keywords the checked layer validated ("uniqueItems", ...) and
+    # the rollbacks it made (runtime/constrained/value_checker.py)
+    schema_checks: tuple[str, ...] = ()
+    schema_check_rollbacks: int = 0
 
 
 @dataclass

@@ -60,6 +60,9 @@ def build_output(st: ReqState, output_lp_from: int, tokenizer: Tokenizer) -> dic
         info["grammar_backend"] = meta.grammar_backend
     if meta is not None and meta.schema_rewrites:
         info["schema_rewrites"] = list(meta.schema_rewrites)
+    if meta is not None and meta.schema_checks:
+        info["schema_checks"] = list(meta.schema_checks)
+        info["schema_check_rollbacks"] = meta.schema_check_rollbacks
     if st.finished:
         info["e2e_latency"] = (st.finished_time or time.perf_counter()) - st.created
     if st.return_logprob:

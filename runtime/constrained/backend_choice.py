@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.compile_cache import GrammarKey
-from radixgen.runtime.constrained.schema_support import schema_plan
+from radixgen.runtime.constrained.schema_checks import CheckPlan, serving_plan
 
 # backends a request may fall back to, in order, when the configured one cannot serve it exactly
 FALLBACK_BACKENDS = ("xgrammar", "llguidance")
@@ -20,7 +20,8 @@ FALLBACK_BACKENDS = ("xgrammar", "llguidance")
 # keyed by digest so that 4096 entries cost ~1 MB however large the specs are
 CHOICE_CACHE_SIZE = 4096
 
-_Choice = tuple[list[str], tuple[str, ...]]  # exact backends, best first; schema rewrites
+# exact backends, best first; schema rewrites; the checked layer's plan (None: no checks)
+_Choice = tuple[list[str], tuple[str, ...], CheckPlan | None]
 
 
 class BackendChooser:
@@ -40,8 +41,9 @@ class BackendChooser:
         """The backends that serve this constraint exactly, best first; none: a GrammarError."""
         return self.plan(key)[0]
 
-    def plan(self, key: GrammarKey) -> tuple[list[str], tuple[str, ...]]:
-        """`choose`, and the schema rewrites the backends apply to it (meta_info).
+    def plan(self, key: GrammarKey) -> _Choice:
+        """`choose`, the schema rewrites the backends apply to it (meta_info), and the checks
+        the scheduler runs on its outputs (schema_checks.py).
 
         A schema is parsed once per spec, on the scheduler thread (~1 ms per 100 kB).
         """
@@ -51,7 +53,9 @@ class BackendChooser:
             kind, spec = key
             try:
                 choice = (
-                    schema_plan(spec, self.order) if kind == "json_schema" else (self.order[:1], ())
+                    serving_plan(spec, self.order)
+                    if kind == "json_schema"
+                    else (self.order[:1], (), None)
                 )
             except GrammarError as e:
                 choice = e
@@ -66,8 +70,8 @@ class BackendChooser:
         """Later requests of `key` start at `remaining` (its first backend failed to compile it)."""
         digest = _digest(key)
         known = self._choices.get(digest)
-        rewrites = known[1] if isinstance(known, tuple) else ()
-        self._remember(digest, (remaining, rewrites))
+        rewrites, checks = (known[1], known[2]) if isinstance(known, tuple) else ((), None)
+        self._remember(digest, (remaining, rewrites, checks))
 
     def _remember(self, digest: tuple[str, bytes], choice: _Choice | GrammarError) -> None:
         self._choices[digest] = choice

@@ -31,6 +31,8 @@ from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
 from radixgen.runtime.constrained.compile_pool import CompilePool, GrammarCompileTimeout
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
+from radixgen.runtime.constrained.schema_checks import CheckPlan
+from radixgen.runtime.constrained.value_checker import MAX_VALUE_ROLLBACKS, ValueChecker
 from radixgen.runtime.constrained.vocab import GrammarVocab
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class _PendingCompile:
     backend: str
     fallbacks: list[str]  # backends that also enforce it exactly, tried if this compile fails
     rewrites: tuple[str, ...]  # the exact schema rewrites the schema backends apply
+    checks: CheckPlan | None  # the checked layer's plan (value_checker.py), if any
     errors: list[tuple[str, str]] = field(default_factory=list)  # backends tried before: messages
 
 
@@ -91,6 +94,7 @@ class GrammarManager:
         self.pool, self.cache = self._pools[default], self._caches[default]
         self.chooser = BackendChooser(default, not grammar_config.disable_grammar_backend_fallback)
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
+        self.max_value_rollbacks = MAX_VALUE_ROLLBACKS  # per output position (value_checker.py)
         # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
         if not grammar_config.disable_jump_forward:
             _ = self.vocab.extendable
@@ -122,15 +126,16 @@ class GrammarManager:
         req.grammar_key = key
         names = [self.chooser.default]
         rewrites: tuple[str, ...] = ()
+        checks: CheckPlan | None = None
         try:
             check_constraint(*key, self.limits)  # NOTE: the API checked too; this guards the pool
             names = self.choose_backends(key)
-            rewrites = self.chooser.plan(key)[1]  # cached by choose_backends
+            rewrites, checks = self.chooser.plan(key)[1:]  # cached by choose_backends
             future = self._caches[names[0]].get(key)
         except GrammarError as e:
             future = Future()
             future.set_exception(e)
-        pending = _PendingCompile(req, key, future, names[0], names[1:], rewrites)
+        pending = _PendingCompile(req, key, future, names[0], names[1:], rewrites, checks)
         self._pending[id(req)] = pending
         self._set_backend(pending, names[0])
 
@@ -139,6 +144,8 @@ class GrammarManager:
         req.grammar_backend = name
         # only the backends that compile the rewritten schema report its rewrites
         req.schema_rewrites = pending.rewrites if name in REWRITING_BACKENDS else ()
+        checked = pending.checks is not None and name in REWRITING_BACKENDS
+        req.schema_checks = pending.checks.keywords if checked and pending.checks else ()
         if name != self.chooser.default:
             self.counters["grammar_backend_fallbacks"] += 1
 
@@ -222,6 +229,10 @@ class GrammarManager:
                     try:
                         backend = self._backends[pending.backend]
                         req.grammar = backend.create_grammar(pending.future.result())
+                        if pending.checks is not None and req.schema_checks:
+                            req.value_checker = ValueChecker(
+                                pending.checks, self.vocab.token_bytes, self.max_value_rollbacks
+                            )
                     except Exception as e:  # a library failure must cost only this request
                         logger.exception("creating a matcher for %s failed", req.rid)
                         error = e
@@ -286,6 +297,12 @@ class GrammarManager:
             block = bitmask[len(idx) : len(idx) + len(idx_g)]  # NOTE: contiguous rows
             restricts += self._backends[name].fill_bitmask(grammars_g, block)
             idx += idx_g
+        for j, i in enumerate(idx):  # the checked layer's bans (a few requests, rarely any)
+            checker = reqs[i].value_checker
+            if checker is not None and checker.banned:
+                bans = checker.bans_at(len(reqs[i].output_ids))
+                if bans and _ban_tokens(bitmask[j], bans):
+                    restricts[j] = True
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
             self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
@@ -436,3 +453,17 @@ class GrammarManager:
             pool.shutdown()
         for backend in self._backends.values():
             backend.shutdown()
+
+
+def _ban_tokens(row: torch.Tensor, tokens: set[int]) -> bool:
+    """Clear the banned tokens' bits in a bitmask row, unless that would leave no token (the
+    model then repeats itself and the rollback bound ends the request). True if cleared."""
+    words = row.numpy().view(np.uint32)  # same memory
+    saved = words.copy()
+    for tok in tokens:
+        if 0 <= tok < words.size * 32:
+            words[tok >> 5] &= np.uint32(~(1 << (tok & 31)) & 0xFFFFFFFF)
+    if words.any():
+        return True
+    words[:] = saved
+    return False

@@ -25,6 +25,7 @@ from radixgen.runtime.constrained.grammar_spec import (
     load_json_schema,
     utf8_prefix,
 )
+from radixgen.runtime.constrained.schema_checks import relax_for_checks
 from radixgen.runtime.constrained.schema_rewrite import rewrite_spec
 from radixgen.runtime.constrained.schema_support import (
     LLGUIDANCE_FORMATS,
@@ -144,7 +145,8 @@ class LLGuidanceBackend(BaseGrammarBackend):
 
     def _compile(self, kind: str, spec: str) -> llguidance.LLMatcher:
         if kind == "json_schema":
-            schema = load_json_schema(rewrite_spec(spec)[0])
+            # the checked layer validates what relax_for_checks drops
+            schema = relax_for_checks(load_json_schema(rewrite_spec(spec)[0]))
             refuse_gaps(self.name, schema)  # any oneOf left is disjoint: anyOf is then exact
             # NOTE: objects closed as in xgrammar's strict mode, so the backends agree
             schema = close_objects(strip_unknown_formats(schema, LLGUIDANCE_FORMATS))

@@ -41,7 +41,10 @@ _ANNOTATIONS = frozenset(
 )
 
 # Gaps shared by every backend here: accepted-and-ignored, or refused by the library. (not, if
-# and the dependency keywords reach the tables only in forms schema_rewrite.py cannot rewrite.)
+# and the dependency keywords reach the tables only in forms schema_rewrite.py cannot rewrite;
+# these, uniqueItems, contains and overlapping oneOf are then served by the checked layer,
+# schema_checks.py, which drops them from the compiled schema and validates them at run time.
+# The tables still say what the masks alone enforce: `schema_plan` is that choice.)
 _NO_BACKEND = frozenset(
     {
         "not",

@@ -22,6 +22,7 @@ from radixgen.runtime.constrained.grammar_spec import (
     load_choices,
     load_json_schema,
 )
+from radixgen.runtime.constrained.schema_checks import relax_for_checks
 from radixgen.runtime.constrained.schema_rewrite import rewrite_spec
 from radixgen.runtime.constrained.schema_support import drop_false_properties, refuse_gaps
 
@@ -93,8 +94,10 @@ class XGrammarBackend(BaseGrammarBackend):
             # would serve unenforced (the manager routes such schemas to llguidance first)
             spec, rewrites = rewrite_spec(spec)
             schema = load_json_schema(spec)
-            if rewrites:  # the rewrites' "absent" properties, in the form xgrammar takes
-                schema = drop_false_properties(schema)
+            relaxed = relax_for_checks(schema)  # the checked layer validates what it drops
+            if rewrites or relaxed is not schema:
+                # the rewrites' "absent" properties, in the form xgrammar takes
+                schema = drop_false_properties(relaxed)
                 spec = json.dumps(schema)
             refuse_gaps(self.name, schema)
             # NOTE: strict_mode treats a missing additionalProperties as false (no extra keys)

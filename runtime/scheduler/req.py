@@ -12,6 +12,7 @@ from radixgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
+    from radixgen.runtime.constrained.value_checker import ValueChecker
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
     from radixgen.runtime.speculative.draft_tree import StepDraft
     from radixgen.runtime.speculative.policy import DraftState
@@ -73,6 +74,8 @@ class Req:
         self.grammar_key: tuple[str, str] | None = None
         self.grammar_backend: str | None = None  # the backend that serves it (meta_info)
         self.schema_rewrites: tuple[str, ...] = ()  # the schema rewrites it compiles (meta_info)
+        self.schema_checks: tuple[str, ...] = ()  # keywords the checked layer serves (meta_info)
+        self.value_checker: ValueChecker | None = None  # only for schemas with checks
         self.jump_forward_tokens = 0
 
         # outputs
@@ -164,6 +167,10 @@ class Req:
             ),
             grammar_backend=self.grammar_backend,
             schema_rewrites=self.schema_rewrites,
+            schema_checks=self.schema_checks,
+            schema_check_rollbacks=(
+                self.value_checker.total_rollbacks if self.value_checker is not None else 0
+            ),
         )
 
     def __repr__(self) -> str:

@@ -378,6 +378,45 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self._replace_output_tail(req, edit.keep, edit.tokens)
         req.jump_forward_tokens += edit.added
         self.stats.jump_forward_tokens += edit.added
+        if req.value_checker is not None:
+            self._check_values(req)
+
+    def _check_values(self, r: Req) -> bool:
+        """The checked layer (runtime/constrained/value_checker.py): validate the values the
+        new tokens complete; on a failure roll the request back to where the value starts and
+        ban that token there, or past the bound end it with an abort naming the keyword.
+        True when the output was rolled back (its last token is gone: no finish check)."""
+        checker, grammar = r.value_checker, r.grammar
+        assert checker is not None and grammar is not None
+        failure = checker.advance(r.output_ids, grammar.is_terminated())
+        if failure is None:
+            return False
+        k = checker.retry_position(failure, len(r.output_ids))
+        if k is not None and checker.note_rollback(k, r.output_ids[k]):
+            self._roll_back_output(r, k)
+            return True
+        self._roll_back_output(r, failure.token_index)  # the failed value is never sent
+        r.finish(
+            FinishReason.abort(
+                f"json_schema: the output kept breaking '{failure.keyword}' at "
+                f"{failure.pointer or '/'}; no valid continuation found after "
+                f"{checker.total_rollbacks} rollbacks",
+                400,
+            )
+        )
+        return True
+
+    def _roll_back_output(self, r: Req, k: int) -> None:
+        """Cut the output to its first k tokens: grammar, KV (token k-1 is recomputed, so the
+        next step samples token k), logprobs and the checker's state."""
+        assert r.grammar is not None and r.value_checker is not None
+        r.grammar.rollback(len(r.output_ids) - k)
+        del r.output_token_logprobs[k:]
+        del r.output_top_logprobs[k:]
+        if k > 0:
+            self._replace_output_tail(r, k - 1, [r.output_ids[k - 1]])
+        else:
+            self._replace_output_tail(r, 0, [])
 
     def _replace_output_tail(self, req: Req, keep: int, new_tokens: list[int]) -> None:
         """Replace output_ids[keep:] by `new_tokens` (jump-forward after retokenization).
@@ -395,6 +434,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             req.kv_len = keep_pos
         del req.output_ids[keep:]
         req.output_ids.extend(new_tokens)
+        if req.value_checker is not None:
+            req.value_checker.truncate(keep, req.output_ids)
         req.draft_state = None  # its n-gram index holds the replaced tokens
         if req.stop_regex is not None:
             req.stop_regex.reset()
@@ -486,6 +527,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 r.output_top_logprobs.append(top)
         if self.grammar_manager is not None and r.grammar is not None:
             self.grammar_manager.accept(r, tok)
+            if r.value_checker is not None and not r.finished and self._check_values(r):
+                return
         check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:

@@ -253,6 +253,7 @@ class SpeculativeScheduling:
             r.kv_len + r.extend_len == r.seq_len
             and bool(r.output_ids)
             and not r.pending_sample
+            and r.value_checker is None  # its rollbacks and bans work one token at a time
             and (sp.is_greedy or not self.args.speculative.speculative_greedy_only)
             and not sp.logit_bias
             and not sp.frequency_penalty

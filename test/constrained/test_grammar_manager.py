@@ -298,14 +298,33 @@ def test_mixed_backend_batch_fills_each_row_from_its_own_matcher(manager, encode
 
 
 def test_schema_no_backend_enforces_fails_alone_naming_it(manager):
-    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    # a gap of each backend (xgrammar: a required name not declared; llguidance:
+    # propertyNames), and no keyword the checked layer validates
+    both = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a", "b"],
+        "propertyNames": {"maxLength": 1},
+    }
     ok, bad = submit_all(
-        manager, [make_req("ok", json_schema=SCHEMA), make_req("u", json_schema=unique)]
+        manager, [make_req("ok", json_schema=SCHEMA), make_req("u", json_schema=both)]
     )
     ready, failed = settle(manager, [ok, bad])
     assert ready == [ok] and failed == [bad]
     assert bad.finished_reason.status_code == 400
-    assert "'uniqueItems' (at /), which no grammar backend" in bad.finished_reason.message
+    assert "'propertyNames' (at /)" in bad.finished_reason.message
+
+
+def test_checked_schema_is_served_with_a_value_checker(manager):
+    """uniqueItems is served by the checked layer: a relaxed grammar and a checker (meta_info)."""
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    plain, checked = submit_all(
+        manager, [make_req("ok", json_schema=SCHEMA), make_req("u", json_schema=unique)]
+    )
+    ready, failed = settle(manager, [plain, checked])
+    assert ready == [plain, checked] and not failed
+    assert checked.schema_checks == ("uniqueItems",) and checked.value_checker is not None
+    assert plain.schema_checks == () and plain.value_checker is None
 
 
 def test_fallback_disabled_refuses_with_the_configured_backend(tokenizer):

@@ -20,6 +20,7 @@ from schema_corpus import MADE_HERE, schemastore_schemas, suite_schemas
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
+from radixgen.runtime.constrained.schema_checks import plan_checks, serving_plan
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 from radixgen.runtime.constrained.schema_support import (
     SCHEMA_GAPS,
@@ -28,6 +29,7 @@ from radixgen.runtime.constrained.schema_support import (
     schema_backends,
     schema_features,
 )
+from radixgen.runtime.constrained.value_checker import ValueChecker
 
 AUDITED = ("xgrammar", "llguidance")
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -180,8 +182,9 @@ def test_listed_gap_is_measured(backends, encode, name, feature):
     for instance in bad:
         assert not jsonschema.validators.validator_for(schema)(schema).is_valid(instance)
     if feature in SCHEMA_GAPS[name]:
-        with pytest.raises(GrammarError, match="cannot enforce"):
-            backend.compile("json_schema", json.dumps(schema))
+        if not _checked(schema):  # else: served relaxed, the scheduler checks the values
+            with pytest.raises(GrammarError, match="cannot enforce"):
+                backend.compile("json_schema", json.dumps(schema))
         compiled = raw_compile(backend, schema)
         if compiled is not None:
             leaks = [x for x in bad if walks(backend.create_grammar(compiled), encode, compact(x))]
@@ -195,6 +198,14 @@ def test_listed_gap_is_measured(backends, encode, name, feature):
             assert not walks(backend.create_grammar(compiled), encode, compact(instance))
 
 
+def _checked(schema: Any) -> bool:
+    """Whether the checked layer serves the schema (its rewrite may be refused first)."""
+    try:
+        return plan_checks(rewrite_schema(schema).schema) is not None
+    except GrammarError:
+        return False
+
+
 def _audit_cases() -> list[Any]:
     return [pytest.param(item, id=item.name) for item in [*MADE_HERE, *suite_schemas()]]
 
@@ -203,9 +214,11 @@ def _audit_cases() -> list[Any]:
 def test_corpus_instances_against_the_masks(backends, encode, item):
     """Every backend allowed to serve a corpus schema blocks each of its invalid instances, and
     the fallback choice serves it unless some keyword is enforced by no backend."""
-    gaps = backend_gaps(rewrite_schema(item.schema).schema)  # what the backends compile
+    rewritten = rewrite_schema(item.schema).schema
+    plan = plan_checks(rewritten)  # the checked layer: the backends compile plan.schema
+    gaps = backend_gaps(rewritten if plan is None else plan.schema)
     try:
-        chosen = choose_schema_backend(item.spec, ORDER)
+        chosen = serving_plan(item.spec, ORDER)[0][0]
     except GrammarError as e:
         assert all(gaps[n] for n in ORDER)
         assert "'" in str(e)  # names the keyword
@@ -224,6 +237,12 @@ def test_corpus_instances_against_the_masks(backends, encode, item):
             if validator.is_valid(instance):
                 continue  # a format this machine's jsonschema cannot check
             text = compact(instance)
+            if plan is not None and walks(backends[name].create_grammar(compiled), encode, text):
+                checker = ValueChecker(plan, [bytes([b]) for b in range(256)])
+                assert checker.advance(list(text.encode()), True) is not None, (
+                    f"{name} and the checks let invalid {text} through"
+                )
+                continue
             assert not walks(backends[name].create_grammar(compiled), encode, text), (
                 f"{name} lets invalid {text} through"
             )

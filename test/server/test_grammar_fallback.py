@@ -1,8 +1,9 @@
 """Per-request grammar backend choice over real HTTP (the shared server's default: xgrammar).
 
 A schema xgrammar cannot enforce exactly is served by llguidance, and meta_info says so; one no
-backend enforces gets a 400 naming the keyword; a batch mixing both backends decodes together;
-a schema served after exact rewrites says which in meta_info.schema_rewrites.
+backend enforces (nor the checked layer validates) gets a 400 naming the keyword; a checked
+keyword is served and named in meta_info.schema_checks; a batch mixing both backends decodes
+together; a schema served after exact rewrites says which in meta_info.schema_rewrites.
 """
 
 from __future__ import annotations
@@ -64,12 +65,38 @@ def test_schema_xgrammar_cannot_enforce_is_served_by_llguidance(http):
 
 @needs_grammar
 def test_schema_no_backend_enforces_is_a_400_naming_the_keyword(http):
-    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    # a gap of each backend (xgrammar: `b` not declared; llguidance: propertyNames) that the
+    # checked layer does not validate
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a", "b"],
+        "propertyNames": {"maxLength": 1},
+    }
     r = _generate(http, schema)
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
-    assert "'uniqueItems'" in message and "no grammar backend" in message
+    assert "'propertyNames'" in message and "'required (a name not in properties)'" in message
     assert http.get("/health").status_code == 200
+
+
+@needs_grammar
+def test_checked_keyword_is_served_and_meta_info_names_the_check(http):
+    """uniqueItems: no backend's mask enforces it; the checked layer validates each item."""
+    schema = {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1, "maximum": 9},
+        "minItems": 4,
+        "maxItems": 4,
+        "uniqueItems": True,
+    }
+    r = _generate(http, schema, "The list 1, 1, 1, 1 as JSON: ")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["meta_info"]["schema_checks"] == ["uniqueItems"]
+    assert out["meta_info"]["schema_check_rollbacks"] >= 0
+    _valid(schema, out)
+    assert "schema_checks" not in _generate(http, XGR_SCHEMA).json()["meta_info"]
 
 
 @needs_grammar
