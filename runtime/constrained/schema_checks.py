@@ -15,6 +15,7 @@ every reachable dropped keyword lies under some check, so the served outputs sta
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,17 +101,48 @@ def checked_here(root: Any, s: dict[str, Any]) -> list[str]:
     return out
 
 
+def _walk(root: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every subschema reachable from `root` (local $refs followed), each once, without
+    recursion: a schema hundreds of levels deep must not overflow the stack."""
+    stack: list[Any] = [root]
+    seen: set[int] = set()
+    while stack:
+        s = stack.pop()
+        if not isinstance(s, dict) or id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        stack.extend(_children(s))
+        ref = s.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            stack.append(_resolve(root, ref))
+
+
+def _any_checked(root: dict[str, Any]) -> bool:
+    return any(checked_here(root, s) for s in _walk(root))
+
+
+def _checked_keywords(root: dict[str, Any]) -> set[str]:
+    return {k for s in _walk(root) for k in checked_here(root, s)}
+
+
 def plan_checks(schema: Any) -> CheckPlan | None:
     """The checked layer's plan for a (rewritten) schema; None when it needs no check."""
     if not isinstance(schema, dict):
         return None
+    if not _any_checked(schema):  # iterative: a plain schema of any depth costs one walk
+        return None
     finder = _Finder(schema)
-    if not finder.needs(schema):
-        return None
-    finder.collect(schema, (), frozenset())
-    if not finder.checks:
-        return None
-    relaxed = _relax(schema, schema)
+    try:
+        finder.collect(schema, (), frozenset())
+        if not finder.checks:
+            return None
+        relaxed = _relax(schema, schema)
+    except RecursionError:
+        raise GrammarError(
+            "json_schema is nested too deeply for its checked keywords "
+            f"({', '.join(sorted(_checked_keywords(schema)))})", "json_schema"
+        ) from None  # fmt: skip
     keywords = tuple(sorted({k for c in finder.checks for k in c.keywords}))
     return CheckPlan(relaxed, tuple(finder.checks), keywords, schema)
 

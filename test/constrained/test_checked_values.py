@@ -212,3 +212,22 @@ def test_retry_search_order() -> None:
     repeated = ValueChecker(plan, BYTES).advance(ids, False)
     assert repeated is not None and repeated.keyword == "uniqueItems"
     assert checker.retry_position(repeated, len(ids)) == repeated.token_index - 1
+
+
+def test_deep_schemas_plan_without_recursion():
+    """A plain schema hundreds of levels deep needs no check and plans in one walk; a deep one
+    with a checked keyword is refused by name, never a RecursionError (a 500)."""
+    from grammar_helpers import nested_array_schema
+
+    from radixgen.errors import GrammarError
+    from radixgen.runtime.constrained.schema_checks import plan_checks
+
+    assert plan_checks(nested_array_schema(2000)) is None
+    deep = nested_array_schema(2000)
+    deep["uniqueItems"] = True
+    node = deep
+    for _ in range(1999):
+        node = node["items"]
+    node["items"] = {"type": "integer", "multipleOf": 3}
+    with pytest.raises(GrammarError, match=r"nested too deeply.*multipleOf"):
+        plan_checks(deep)
