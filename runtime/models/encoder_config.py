@@ -7,12 +7,15 @@ facts. What the encoder code cannot honour is refused here, at load time, naming
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixgen.errors import InvalidRequestError
+from radixgen.runtime.models.model_config import (
+    config_error,
+    missing_required_keys,
+    read_config_json,
+)
 
 # architecture -> model_type (XLM-R shifts positions past its padding index, see `position_offset`)
 ENCODER_ARCHITECTURES = {
@@ -23,35 +26,11 @@ ENCODER_ARCHITECTURES = {
     "XLMRobertaForSequenceClassification": "xlm-roberta",
 }
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-_REQUIRED_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
-
-
-def _bad(message: str) -> InvalidRequestError:
-    return InvalidRequestError(message, "model_path")
-
-
-def _read_config(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise _bad(f"{folder} has no config.json (not a Hugging Face model folder)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise _bad(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise _bad(f"{path} is not a JSON object")
-    return raw
 
 
 def is_encoder_folder(folder: str | Path) -> bool:
     """Whether the folder's config names an encoder architecture (so it serves embeddings)."""
-    archs = _read_config(folder).get("architectures") or []
+    archs = read_config_json(folder).get("architectures") or []
     return any(a in ENCODER_ARCHITECTURES for a in archs)
 
 
@@ -98,37 +77,41 @@ class EncoderArchConfig:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> EncoderArchConfig:
-        return cls.from_dict(_read_config(folder))
+        return cls.from_dict(read_config_json(folder))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EncoderArchConfig:
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in ENCODER_ARCHITECTURES), None)
         if arch is None:
-            raise _bad(
+            raise config_error(
                 f"unsupported encoder architecture {archs} "
                 f"(supported: {sorted(ENCODER_ARCHITECTURES)})"
             )
-        missing = [k for k in _REQUIRED_KEYS if k not in raw]
+        missing = missing_required_keys(raw)
         if missing:
-            raise _bad(f"config.json lacks {missing}")
+            raise config_error(f"config.json lacks {missing}")
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         if hidden % heads:
-            raise _bad(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+            raise config_error(
+                f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )
         act = str(raw.get("hidden_act", "gelu"))
         if act not in SUPPORTED_ACTIVATIONS:
-            raise _bad(f"hidden_act {act!r} is not supported ({', '.join(SUPPORTED_ACTIVATIONS)})")
+            raise config_error(
+                f"hidden_act {act!r} is not supported ({', '.join(SUPPORTED_ACTIVATIONS)})"
+            )
         num_labels = 0
         if arch.endswith("ForSequenceClassification"):
             num_labels = len(raw.get("id2label") or {}) or int(raw.get("num_labels", 2))
             if num_labels != 1:
-                raise _bad(
+                raise config_error(
                     f"{arch} with {num_labels} labels: only one-score cross-encoders (rerankers) "
                     "are served"
                 )
         kind = raw.get("position_embedding_type", "absolute")
         if kind != "absolute":
-            raise _bad(f"position_embedding_type {kind!r} is not supported (absolute only)")
+            raise config_error(f"position_embedding_type {kind!r} is not supported (absolute only)")
         return cls(
             architecture=arch,
             model_type=ENCODER_ARCHITECTURES[arch],

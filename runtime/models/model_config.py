@@ -42,8 +42,29 @@ _REQUIRED_KEYS = (
 )
 
 
-def _bad(message: str) -> InvalidRequestError:
+def config_error(message: str) -> InvalidRequestError:
+    """A 400 naming --model-path: the folder's config cannot be served."""
     return InvalidRequestError(message, "model_path")
+
+
+def read_config_json(folder: str | Path) -> dict[str, Any]:
+    """A Hugging Face model folder's config.json as a dict; a clear 400 naming the folder when
+    it is missing or not a JSON object (decoders and encoders read it alike)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise config_error(f"{folder} has no config.json (not a Hugging Face model folder)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise config_error(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise config_error(f"{path} is not a JSON object")
+    return raw
+
+
+def missing_required_keys(raw: dict[str, Any]) -> list[str]:
+    """The shape keys every supported architecture's config must have."""
+    return [k for k in _REQUIRED_KEYS if k not in raw]
 
 
 @dataclass(frozen=True)
@@ -85,14 +106,7 @@ class ModelArchConfig:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelArchConfig:
-        path = Path(folder) / "config.json"
-        if not path.is_file():
-            raise _bad(f"{folder} has no config.json (not a Hugging Face model folder)")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise _bad(f"{path} is not valid JSON: {e}") from e
-        cfg = cls.from_dict(raw)
+        cfg = cls.from_dict(read_config_json(folder))
         # NOTE: instruct models often list their end-of-turn token only in generation_config.json
         gen_path = Path(folder) / "generation_config.json"
         if gen_path.is_file():
@@ -110,18 +124,18 @@ class ModelArchConfig:
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise _bad(
+            raise config_error(
                 f"unsupported architecture {archs} (supported: {sorted(SUPPORTED_ARCHITECTURES)})"
             )
-        missing = [k for k in _REQUIRED_KEYS if k not in raw]
+        missing = missing_required_keys(raw)
         if missing:
-            raise _bad(f"config.json lacks {missing}")
+            raise config_error(f"config.json lacks {missing}")
         model_type = SUPPORTED_ARCHITECTURES[arch]
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         if heads % kv_heads:
-            raise _bad(
+            raise config_error(
                 f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
         act = hidden_act(raw, model_type)
@@ -140,7 +154,7 @@ class ModelArchConfig:
             qkv_bias = bool(raw.get("qkv_bias", True))
         factors = tuple(float(f) for f in raw.get("rope_freq_factors") or ())
         if factors and len(factors) != head_dim // 2:
-            raise _bad(
+            raise config_error(
                 f"rope_freq_factors has {len(factors)} values; head_dim {head_dim} needs {head_dim // 2}"
             )
         return cls(
@@ -193,13 +207,13 @@ def _rope(raw: dict[str, Any], model_type: str) -> tuple[float, dict[str, Any] |
         kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
         supported = SUPPORTED_ROPE_TYPES if model_type == "phi3" else SUPPORTED_ROPE_TYPES[:3]
         if kind not in supported:
-            raise _bad(
+            raise config_error(
                 f"rope scaling type {kind!r} is not supported for {model_type} "
                 f"(supported: {supported})"
             )
         partial = float(scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
         if partial != 1.0:
-            raise _bad(f"partial_rotary_factor {partial} is not supported")
+            raise config_error(f"partial_rotary_factor {partial} is not supported")
         needs = {
             "default": (),
             "linear": ("factor",),
@@ -208,7 +222,7 @@ def _rope(raw: dict[str, Any], model_type: str) -> tuple[float, dict[str, Any] |
         }
         lacking = [k for k in needs[kind] if k not in scaling]
         if lacking:
-            raise _bad(f"rope scaling {kind!r} lacks {lacking}")
+            raise config_error(f"rope scaling {kind!r} lacks {lacking}")
         scaling = None if kind == "default" else {**scaling, "rope_type": kind}
     return float(theta), scaling
 
@@ -223,7 +237,7 @@ def _layer_windows(raw: dict[str, Any], model_type: str, num_layers: int) -> tup
         return (None,) * num_layers
     window = int(window)
     if window <= 0:
-        raise _bad(f"sliding_window must be positive, got {window}")
+        raise config_error(f"sliding_window must be positive, got {window}")
     if model_type in ("mistral", "mixtral", "phi3"):
         return (window,) * num_layers
     types = raw.get("layer_types")
@@ -233,5 +247,5 @@ def _layer_windows(raw: dict[str, Any], model_type: str, num_layers: int) -> tup
         first = int(raw.get("max_window_layers", num_layers))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     if len(types) != num_layers:
-        raise _bad(f"layer_types has {len(types)} entries for {num_layers} layers")
+        raise config_error(f"layer_types has {len(types)} entries for {num_layers} layers")
     return tuple(window if t == "sliding_attention" else None for t in types)
