@@ -14,23 +14,32 @@ from radixgen.io_struct import GenerateReqInput
 pytestmark = pytest.mark.slow  # starts an Engine
 
 PROMPT = "List the days of the week, one per line, starting with Monday. Request "
+LOW_TOKENS = 64  # far more decode steps than the high request needs to prefill and finish
 
 
 async def _race(tm, background: bool = False) -> tuple[list[str], dict[str, dict]]:
+    """Four low requests fill the batch and its queue; the high one is sent only once low0 has
+    streamed its first token, so it always meets a full running batch, whatever the CPU's speed."""
     order: list[str] = []
     metas: dict[str, dict] = {}
+    low0_decoding = asyncio.Event()
 
-    async def one(rid: str, priority: int, n: int, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def one(rid: str, priority: int, n: int) -> None:
+        if rid == "high":
+            await low0_decoding.wait()
         sp = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
-        obj = GenerateReqInput(text=PROMPT + rid, sampling_params=sp, rid=rid, priority=priority)
+        obj = GenerateReqInput(
+            text=PROMPT + rid, sampling_params=sp, rid=rid, priority=priority, stream=True
+        )
         obj.background = background and rid.startswith("low")  # as the Batch API sends lines
         async for out in tm.generate(obj):
             metas[rid] = out["meta_info"]
+            if rid == "low0" and out["meta_info"]["completion_tokens"] >= 1:
+                low0_decoding.set()
         order.append(rid)
 
-    lows = [one(f"low{i}", 0, 40, 0.0) for i in range(4)]
-    await asyncio.gather(*lows, one("high", 10, 4, 0.5))
+    lows = [one(f"low{i}", 0, LOW_TOKENS) for i in range(4)]
+    await asyncio.gather(*lows, one("high", 10, 4))
     return order, metas
 
 
@@ -47,7 +56,7 @@ def test_high_priority_request_preempts_and_finishes_first():
         state = eng.get_server_info()["internal_states"][0]
     assert order[0] == "high", order  # FCFS would finish it last: 2 run, 2 wait before it
     assert state["retractions"] >= 1  # a running low one was preempted for it
-    assert all(metas[f"low{i}"]["completion_tokens"] == 40 for i in range(4))
+    assert all(metas[f"low{i}"]["completion_tokens"] == LOW_TOKENS for i in range(4))
 
 
 def test_interactive_request_goes_before_batch_lines_with_priorities_off():
