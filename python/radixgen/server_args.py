@@ -158,6 +158,13 @@ class SchedulerConfig:
         "tests). --disable-overlap-schedule wins.",
     )
     debug_invariants: bool = _f(False, "Check KV-pool and cache accounting every step (slow).")
+    background_step_ms: float = _f(
+        100.0,
+        "Target length of a step that prefills batch lines (Batch API, background work) while "
+        "interactive requests run or arrived in the last 10 s: their prompt tokens per step are "
+        "cut to what the measured step rate fits in it, so an interactive request waits about "
+        "this long for the step in flight. A batch alone keeps full chunks. 0: no cut.",
+    )
     enable_priority_scheduling: bool = _f(
         False,
         "Order the waiting queue by each request's `priority` first (then --schedule-policy), and "
@@ -465,6 +472,8 @@ class ServerArgs:
             raise InvalidRequestError(
                 "chunked_prefill_size must be -1 or > 0", "chunked_prefill_size"
             )
+        if not s.background_step_ms >= 0:
+            raise InvalidRequestError("background_step_ms must be >= 0", "background_step_ms")
         if s.priority_scheduling_preemption_threshold < 0:
             raise InvalidRequestError(
                 "priority_scheduling_preemption_threshold must be >= 0",

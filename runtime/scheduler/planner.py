@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.scheduler.background_budget import BackgroundBudget
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, order_waiting_queue
@@ -48,6 +49,8 @@ class SchedulerPlanner:
     _planning: list[Req]
     stats: SchedulerStats
     spec_enabled: bool
+    background_budget: BackgroundBudget
+    _plan_tokens: int
 
     if TYPE_CHECKING:  # SpeculativeScheduling
 
@@ -84,6 +87,13 @@ class SchedulerPlanner:
             r.extend_len = 1
             plan.append(r)
         budget = self.chunk_size or self.max_prefill_tokens
+        # batch lines' prompt tokens this step: with interactive traffic about, what
+        # --background-step-ms holds at the measured rate
+        background = self.background_budget.tokens(
+            len(decodes), any(not r.background for r in self.running), time.monotonic()
+        )
+        if background is None or not self.chunk_size:  # nothing measured yet, or no chunking
+            background = budget
         reserved = self._pages(decodes, 1) * self.page_size
         # 2) requests part-way through their prefill (chunks, jump-forward text) continue; a
         # step that prefills an interactive request prefills no batch line (its TTFT is then its
@@ -92,10 +102,12 @@ class SchedulerPlanner:
             not r.background for r in (*extends, *self.waiting)
         )
         for r in extends:
-            if r.background and yield_to_interactive:
+            if r.background and (yield_to_interactive or background <= 0):
                 continue
             self._planning = [r]
             n = min(r.pending_len, budget) if self.chunk_size else r.pending_len
+            if r.background:
+                n = min(n, background)
             if n <= 0:
                 break
             need = pages_needed(r, n, self.page_size) * self.page_size
@@ -106,11 +118,18 @@ class SchedulerPlanner:
             r.extend_len = n
             reserved += need
             budget -= n
+            if r.background:
+                background -= n
             plan.append(r)
         # 3) admit waiting requests
         self._planning = list(self.waiting)  # until one is picked: the queue's order failed
         if budget > 0 and self.waiting:
-            plan.extend(self._admit(budget, reserved, plan))
+            plan.extend(self._admit(budget, reserved, plan, background))
+        # 4) a step that prefills an interactive request decodes no batch line either: it is
+        # that request's time to first token, and it stays as short as the request alone
+        if any(r.extend_len > 1 and not r.background for r in plan):
+            plan = [r for r in plan if not (r.background and r.extend_len == 1)]
+        self._plan_tokens = sum(r.extend_len for r in plan)
         if self.spec_enabled:
             self._planning = list(plan)
             self._plan_drafts(plan)  # speculative drafts where the pool has room (no eviction)
@@ -191,18 +210,21 @@ class SchedulerPlanner:
         left = r.sampling_params.max_new_tokens - len(r.output_ids)
         return min(max(left, 0), RESERVE_CLIP)
 
-    def _admit(self, budget: int, reserved: int, plan: list[Req]) -> list[Req]:
+    def _admit(self, budget: int, reserved: int, plan: list[Req], background: int) -> list[Req]:
         admitted: list[Req] = []
         try:
-            self._admit_into(admitted, budget, reserved, plan)
+            self._admit_into(admitted, budget, reserved, plan, background)
         finally:  # NOTE: also when planning fails part-way: an admitted request never waits twice
             if admitted:
                 ids = {id(r) for r in admitted}
                 self.waiting = [r for r in self.waiting if id(r) not in ids]
         return admitted
 
-    def _admit_into(self, admitted: list[Req], budget: int, reserved: int, plan: list[Req]) -> None:
-        """Admit waiting requests by the policy's order into `admitted` (and the running set)."""
+    def _admit_into(
+        self, admitted: list[Req], budget: int, reserved: int, plan: list[Req], background: int
+    ) -> None:
+        """Admit waiting requests by the policy's order into `admitted` (and the running set);
+        batch lines (background) take at most `background` prompt tokens in all."""
         prefilling = [r for r in plan if r.extend_len > 1]
         interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
@@ -215,7 +237,7 @@ class SchedulerPlanner:
                 break
             if req.pending_sample:
                 continue  # retracted while its token was in flight: admitted once it arrives
-            if req.background and interactive:
+            if req.background and (interactive or background <= 0):
                 break  # batch lines come last in the order; not in an interactive prefill step
             self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
@@ -227,7 +249,7 @@ class SchedulerPlanner:
                 continue  # its prefix will be in the cache after this step
             extend = req.seq_len - prefix_len
             if self.chunk_size:
-                n = min(extend, budget)
+                n = min(extend, budget, background) if req.background else min(extend, budget)
             else:
                 if extend > budget and (admitted or prefilling):
                     break
@@ -264,6 +286,8 @@ class SchedulerPlanner:
                 self.stats.cached_tokens += prefix_len
             req.extend_len = n
             budget -= n
+            if req.background:
+                background -= n
             reserved += need
             interactive = interactive or not req.background
             admitted.append(req)

@@ -34,6 +34,7 @@ from radixgen.io_struct import (
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
+from radixgen.runtime.scheduler.background_budget import BackgroundBudget
 from radixgen.runtime.scheduler.containment import (
     internal_error,
     log_internal_error,
@@ -156,6 +157,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.probe = DashboardProbe()
         self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
         self.inflight: InflightStep | None = None
+        self.background_budget = BackgroundBudget(sched.background_step_ms)
+        self._plan_tokens = 0  # tokens of the step being run: the step rate's measure
         self._init_speculation()
         self.future_ids = torch.zeros(
             self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
@@ -187,6 +190,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         req = Req(msg, self.args.model.random_seed)
         low_first = self.args.scheduler.schedule_low_priority_values_first
         req.rank = priority_rank(req.priority, req.background, low_first)
+        if not req.background:
+            self.background_budget.interactive_arrived(time.monotonic())
         # NOTE: the TokenizerManager refuses these with precise 4xx errors first (its limit is
         # `max_request_tokens`, sent in SchedulerReadyOut); this guard keeps a request that could
         # never fit out of the queue whatever the caller.
@@ -278,8 +283,11 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         the traceback once; the loop and every other request carry on.
         """
         t0 = time.perf_counter()
+        self._plan_tokens = 0
         out = self._step_overlapped() if self.overlap else self._step_sync()
-        self.stats.step_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.step_seconds += seconds
+        self.background_budget.observe_step(self._plan_tokens, seconds)
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return out

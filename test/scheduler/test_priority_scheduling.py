@@ -8,6 +8,11 @@ import time
 from toy_runner import make_scheduler, reference_output, run_to_end
 
 from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.runtime.scheduler.background_budget import (
+    INTERACTIVE_WINDOW_S,
+    MIN_BACKGROUND_TOKENS,
+    BackgroundBudget,
+)
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_policy import (
     order_waiting_queue,
@@ -239,8 +244,42 @@ def test_a_step_that_prefills_an_interactive_request_admits_no_batch_line():
     _submit(s, "line1", [4, *PROMPT], background=True, n=3)
     _submit(s, "chat", [5, *PROMPT], n=3)
     s.step()
-    assert runner.batches[-1].extend_lens == [1, 25]  # line0's decode and the chat's prompt
+    assert runner.batches[-1].extend_lens == [25]  # the chat's prompt alone: line0's decode waits
     s.step()
     assert "line1" in [r.rid for r in s.running]  # the next step takes the line
     out = run_to_end(s)
     assert out["line1"][0] == reference_output([4, *PROMPT], 3)
+
+
+def test_batch_prefill_is_cut_to_the_step_target_only_while_interactive_traffic_is_about():
+    s, runner = make_scheduler(chunked_prefill_size=64, background_step_ms=100.0)
+    long_prompt = [3 + i % 40 for i in range(200)]
+    _submit(s, "line0", long_prompt, background=True, n=2)
+    s.background_budget.seconds_per_token = 0.1 / 40  # 40 tokens fit in 100 ms
+    s.step()
+    assert runner.batches[-1].extend_lens == [64]  # a batch alone: full chunks
+    s.background_budget.interactive_arrived(time.monotonic())  # a chat arrived just now
+    s.background_budget.seconds_per_token = 0.1 / 40
+    s.step()
+    assert runner.batches[-1].extend_lens == [40]  # cut to what 100 ms holds
+    s.background_budget.last_interactive = time.monotonic() - INTERACTIVE_WINDOW_S - 1
+    s.background_budget.seconds_per_token = 0.1 / 40
+    s.step()
+    assert runner.batches[-1].extend_lens == [64]  # the window has passed
+    out = run_to_end(s)
+    assert out["line0"][0] == reference_output(long_prompt, 2)
+
+
+def test_background_budget_measures_the_step_rate_and_keeps_a_floor():
+    b = BackgroundBudget(target_ms=100.0)
+    b.interactive_arrived(time.monotonic())
+    assert b.tokens(0, False, time.monotonic()) is None  # nothing measured yet: no cut
+    b.observe_step(8, 1.0)  # too small a step to measure
+    assert b.seconds_per_token is None
+    b.observe_step(100, 0.2)
+    assert b.tokens(10, False, time.monotonic()) == 50 - 10
+    assert b.tokens(10, False, time.monotonic() + INTERACTIVE_WINDOW_S + 1) is None
+    assert b.tokens(10, True, time.monotonic() + INTERACTIVE_WINDOW_S + 1) == 40  # one running
+    b.observe_step(100, 2.0)  # slower steps lower the budget, down to the floor
+    assert b.tokens(45, True, time.monotonic()) == MIN_BACKGROUND_TOKENS
+    assert BackgroundBudget(target_ms=0).tokens(0, True, time.monotonic()) is None
