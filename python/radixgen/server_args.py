@@ -118,6 +118,15 @@ class CacheConfig:
     disable_radix_cache: bool = _f(
         False, "Turn off RadixAttention prefix sharing (a ChunkCache instead)."
     )
+    enable_hierarchical_cache: bool = _f(
+        False,
+        "HiCache: radix-tree KV evicted from the pool is kept in a host tier (at the pool's KV "
+        "dtype) and copied back into the pool when a request's prefix continues into it.",
+    )
+    hicache_ratio: float = _f(
+        2.0, "Host tier capacity as a multiple of the KV pool's tokens (unless --hicache-size)."
+    )
+    hicache_size: float = _f(0.0, "Host tier capacity in GB (0: use --hicache-ratio).")
 
 
 @dataclass(frozen=True)
@@ -493,6 +502,15 @@ class ServerArgs:
             raise InvalidRequestError("page_size must be >= 1", "page_size")
         if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
             raise InvalidRequestError("max_total_tokens must be >= 16", "max_total_tokens")
+        if self.cache.hicache_ratio <= 0 or self.cache.hicache_size < 0:
+            raise InvalidRequestError(
+                "hicache_ratio must be > 0 and hicache_size >= 0", "hicache_ratio"
+            )
+        if self.cache.enable_hierarchical_cache and self.cache.disable_radix_cache:
+            raise InvalidRequestError(
+                "--enable-hierarchical-cache needs the radix cache: drop --disable-radix-cache",
+                "enable_hierarchical_cache",
+            )
         if not 0.0 < self.cache.mem_fraction_static < 1.0:
             raise InvalidRequestError(
                 "mem_fraction_static must be in (0, 1)", "mem_fraction_static"

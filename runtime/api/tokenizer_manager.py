@@ -592,7 +592,7 @@ class TokenizerManager:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
-        return build_output(st, 0, self.tokenizer)
+        return build_output(st, 0, self.tokenizer, self.args.cache.enable_hierarchical_cache)
 
     async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
@@ -621,7 +621,12 @@ class TokenizerManager:
                     # output (the finish too) may arrive; it sets the event for the next round
                     final = st.finished
                     if final or len(st.text) > sent_text[i]:
-                        chunk = build_output(st, sent_lp[i], self.tokenizer)
+                        chunk = build_output(
+                            st,
+                            sent_lp[i],
+                            self.tokenizer,
+                            self.args.cache.enable_hierarchical_cache,
+                        )
                         sent_lp[i] = len(st.output_token_logprobs)
                         sent_text[i] = len(st.text)
                         if plural:

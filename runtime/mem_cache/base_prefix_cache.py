@@ -19,6 +19,9 @@ class MatchResult:
 
     indices: torch.Tensor
     last_node: TreeNode | None  # None: nothing to lock (no radix tree)
+    # of `indices`, the tokens just copied back into the pool from a lower tier (host tier);
+    # the rest were in the pool already
+    host_tokens: int = 0
 
 
 class BasePrefixCache(ABC):
@@ -30,6 +33,11 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def match_prefix(self, key: list[int]) -> MatchResult: ...
+
+    def match_and_load(self, key: list[int]) -> MatchResult:
+        """`match_prefix` for an admission: a cache with lower tiers first copies back what
+        they hold of the key's continuation (into fresh pool pages, owned by the cache)."""
+        return self.match_prefix(key)
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode | None) -> None: ...
@@ -61,6 +69,10 @@ class BasePrefixCache(ABC):
     def record_hit(self, node: TreeNode | None) -> None:
         """A request was admitted reusing the prefix ending at `node` (hit counts, if kept)."""
         return None  # only the radix tree keeps hit counts
+
+    def tier_state(self) -> dict[str, int]:
+        """Lower cache tiers' capacities, use and counters (none without HiCache)."""
+        return {}
 
     def cached_slots(self) -> list[torch.Tensor]:
         """Every KV slot the cache holds (debug accounting)."""

@@ -54,6 +54,7 @@ class Req:
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None  # the locked cache node (radix cache only)
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.host_cached_tokens = 0  # of those, copied back from the host tier (HiCache)
         self.admitted_once = False
 
         # step plan, set by the scheduler each step
@@ -157,6 +158,7 @@ class Req:
             prompt_tokens=len(self.origin_input_ids),
             completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens,
+            host_cached_tokens=self.host_cached_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
             retractions=self.retractions,
             first_token_delay=self.first_token_delay,

@@ -87,6 +87,7 @@ class SchedulerStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, copied back from the host tier (HiCache)
     generated_tokens: int = 0
     retractions: int = 0
     evicted_tokens: int = 0
@@ -567,6 +568,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             "tp_comm_seconds": float(getattr(self.model_runner, "comm_seconds", 0.0)),
             "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
             **asdict(st),
+            **self.cache.tier_state(),
             **asdict(self.spec_stats),
             **self.spec_stats.summary(),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),

@@ -55,13 +55,25 @@ def resolve_context_length(requested: int | None, model_max: int) -> int:
 def create_prefix_cache(
     args: ServerArgs, req_to_token_pool: ReqToTokenPool, kv_pool: TokenToKVPool
 ) -> BasePrefixCache:
-    """The radix tree, or the no-sharing chunk cache with `--disable-radix-cache`."""
+    """The radix tree, over a host tier with `--enable-hierarchical-cache`, or the no-sharing
+    chunk cache with `--disable-radix-cache`."""
     from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
+    from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache, host_block_tokens
+    from radixgen.runtime.mem_cache.host_tier import HostKVTier
     from radixgen.runtime.mem_cache.radix_cache import RadixCache
 
-    if args.cache.disable_radix_cache:
+    cache = args.cache
+    if cache.disable_radix_cache:
         return ChunkCache(req_to_token_pool, kv_pool)
-    return RadixCache(req_to_token_pool, kv_pool, args.cache.page_size)
+    if not cache.enable_hierarchical_cache:
+        return RadixCache(req_to_token_pool, kv_pool, cache.page_size)
+    if cache.hicache_size > 0:
+        host_tokens = int(cache.hicache_size * 2**30 // kv_pool.bytes_per_token())
+    else:
+        host_tokens = int(cache.hicache_ratio * kv_pool.size)
+    block = host_block_tokens(cache.page_size)
+    host = HostKVTier(host_tokens // block, block)
+    return HiRadixCache(req_to_token_pool, kv_pool, cache.page_size, host)
 
 
 def build_scheduler(

@@ -1,0 +1,106 @@
+"""HiCache (`--enable-hierarchical-cache`) in the scheduler, with the toy runner on a small pool:
+prefixes evicted from the pool come back from the host tier instead of being prefilled, and
+every output still equals the toy model's reference (which breaks if a loaded block were wrong,
+shifted or shared), with the KV accounting checked after every step (`debug_invariants`).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from toy_runner import make_scheduler, reference_output, run_to_end, submit
+
+from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache
+from radixgen.runtime.mem_cache.radix_cache import RadixCache
+
+DOCS = [[(7 * d + 3 * i) % 45 + 2 for i in range(64)] for d in range(4)]  # 64-token documents
+
+
+def _run(s, rid: str, prompt: list[int], n: int = 4) -> list[int]:
+    submit(s, rid, prompt, max_new_tokens=n)
+    out = run_to_end(s)
+    assert out[rid][0] == reference_output(prompt, n)
+    return out[rid][0]
+
+
+def test_flag_off_builds_the_plain_tree_and_on_the_tiered_one():
+    off, _ = make_scheduler(pool_tokens=256)
+    on, _ = make_scheduler(pool_tokens=256, enable_hierarchical_cache=True)
+    assert type(off.cache) is RadixCache
+    assert isinstance(on.cache, HiRadixCache)
+    assert on.cache.host.capacity_tokens() == 512  # --hicache-ratio 2.0 of the pool, in blocks
+
+
+def test_an_evicted_prefix_is_loaded_back_from_the_host_tier():
+    s, runner = make_scheduler(pool_tokens=128, enable_hierarchical_cache=True)
+    _run(s, "a", [*DOCS[0], 1])
+    _run(s, "b", [*DOCS[1], 1])  # 2 x 69 tokens > 128: DOCS[0] is evicted to the host tier
+    assert s.cache.host.stats.stored_blocks >= 4
+    assert s.cache.match_prefix(DOCS[0]).indices.numel() < 64  # gone from the pool
+    _run(s, "a2", [*DOCS[0], 5])
+    req_batch = runner.batches[-4]  # the admission's prefill
+    assert req_batch.prefix_lens == [64] and req_batch.extend_lens == [1]
+    assert s.stats.host_cached_tokens > 0
+    state = s.internal_state()
+    assert state["host_hit_tokens"] == s.stats.host_cached_tokens
+    assert state["host_used_tokens"] > 0
+
+
+def test_without_the_flag_the_evicted_prefix_is_prefilled_again():
+    s, runner = make_scheduler(pool_tokens=128)
+    _run(s, "a", [*DOCS[0], 1])
+    _run(s, "b", [*DOCS[1], 1])
+    _run(s, "a2", [*DOCS[0], 5])
+    assert runner.batches[-4].prefix_lens[0] < 64
+    assert "host_hit_tokens" not in s.internal_state()
+
+
+def test_flush_empties_the_host_tier_too():
+    s, _ = make_scheduler(pool_tokens=128, enable_hierarchical_cache=True)
+    _run(s, "a", [*DOCS[0], 1])
+    _run(s, "b", [*DOCS[1], 1])
+    assert len(s.cache.host) > 0
+    assert s.flush_cache().success
+    assert len(s.cache.host) == 0
+
+
+requests = st.lists(
+    st.tuples(
+        st.integers(0, len(DOCS) - 1),  # which document
+        st.integers(0, 64),  # how much of it
+        st.lists(st.integers(1, 49), max_size=6),  # a question after it
+        st.integers(1, 6),  # tokens to generate
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    waves=st.lists(requests, min_size=1, max_size=4),
+    page_size=st.sampled_from([1, 4, 8]),
+    pool=st.sampled_from([96, 160]),
+    host_ratio=st.sampled_from([0.5, 2.0]),
+)
+def test_eviction_storms_give_the_reference_outputs(waves, page_size, pool, host_ratio):
+    """Waves of requests over shared documents on a pool that holds about one of them: every
+    wave evicts, the host tier (small or large, its own LRU) serves some, recompute the rest."""
+    s, _ = make_scheduler(
+        pool_tokens=pool,
+        page_size=page_size,
+        enable_hierarchical_cache=True,
+        hicache_ratio=host_ratio,
+        max_running_requests=4,
+    )
+    for w, wave in enumerate(waves):
+        expected = {}
+        for i, (doc, cut, question, n) in enumerate(wave):
+            prompt = [*DOCS[doc][:cut], *question] or [1]
+            rid = f"w{w}r{i}"
+            submit(s, rid, prompt, max_new_tokens=n)
+            expected[rid] = reference_output(prompt, n)
+        out = run_to_end(s)
+        assert {rid: ids for rid, (ids, _) in out.items()} == expected
+    s.check_invariants()
+    assert s.stats.host_cached_tokens <= s.stats.cached_tokens
