@@ -127,6 +127,27 @@ class CacheConfig:
         2.0, "Host tier capacity as a multiple of the KV pool's tokens (unless --hicache-size)."
     )
     hicache_size: float = _f(0.0, "Host tier capacity in GB (0: use --hicache-ratio).")
+    hicache_storage_backend: str | None = _f(
+        None,
+        "A tier below the host tier: file = KV blocks in --hicache-file-dir, kept across "
+        "restarts (entries keyed by the token prefix and the model, dtype and KV layout, "
+        "checksummed; a bad entry is recomputed).",
+        ("file",),
+    )
+    hicache_write_policy: str = _f(
+        "write_through",
+        "When the file tier is written: write_through (every block the radix tree takes), "
+        "write_through_selective (a block the pool evicts), write_back (a block the host tier "
+        "drops).",
+        ("write_through", "write_back", "write_through_selective"),
+    )
+    hicache_file_dir: str = _f(
+        "~/.cache/radixgen/hicache",
+        "The file tier's directory (servers of other models or KV layouts may share it).",
+    )
+    hicache_file_size: float = _f(
+        16.0, "The file tier's size cap in GB (least recently used entries are deleted)."
+    )
 
 
 @dataclass(frozen=True)
@@ -505,6 +526,21 @@ class ServerArgs:
         if self.cache.hicache_ratio <= 0 or self.cache.hicache_size < 0:
             raise InvalidRequestError(
                 "hicache_ratio must be > 0 and hicache_size >= 0", "hicache_ratio"
+            )
+        if self.cache.hicache_file_size <= 0:
+            raise InvalidRequestError("hicache_file_size must be > 0", "hicache_file_size")
+        if self.cache.hicache_storage_backend and not self.cache.enable_hierarchical_cache:
+            raise InvalidRequestError(
+                "--hicache-storage-backend needs --enable-hierarchical-cache",
+                "hicache_storage_backend",
+            )
+        if self.cache.enable_hierarchical_cache and (
+            self.parallel.tp_size > 1 or self.parallel.enable_dp_attention
+        ):
+            raise InvalidRequestError(
+                "--enable-hierarchical-cache is not served with --tp-size > 1 or DP attention "
+                "(the lower tiers copy rank 0's KV only)",
+                "enable_hierarchical_cache",
             )
         if self.cache.enable_hierarchical_cache and self.cache.disable_radix_cache:
             raise InvalidRequestError(

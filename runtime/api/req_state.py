@@ -61,7 +61,12 @@ def build_output(
     }
     if tier_details:
         host = meta.host_cached_tokens if meta else 0
-        info["cached_tokens_details"] = {"device": info["cached_tokens"] - host, "host": host}
+        storage = meta.storage_cached_tokens if meta else 0
+        info["cached_tokens_details"] = {
+            "device": info["cached_tokens"] - host - storage,
+            "host": host,
+            "storage": storage,
+        }
     if meta is not None and meta.grammar_backend is not None:
         info["grammar_backend"] = meta.grammar_backend
     if meta is not None and meta.schema_rewrites:

@@ -19,9 +19,10 @@ class MatchResult:
 
     indices: torch.Tensor
     last_node: TreeNode | None  # None: nothing to lock (no radix tree)
-    # of `indices`, the tokens just copied back into the pool from a lower tier (host tier);
-    # the rest were in the pool already
+    # of `indices`, the tokens just copied back into the pool from the host tier; the rest
+    # were in the pool already (or came from the file tier)
     host_tokens: int = 0
+    storage_tokens: int = 0  # likewise, from the file tier
 
 
 class BasePrefixCache(ABC):

@@ -11,6 +11,7 @@ the pool's own KV dtype (exact: a block comes back bit for bit).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixgen.runtime.mem_cache.memory_pool import KVBlock
@@ -29,9 +30,16 @@ class TierStats:
 class HostKVTier:
     """Up to `capacity_blocks` blocks of `block_tokens` tokens each, least recently used out first."""
 
-    def __init__(self, capacity_blocks: int, block_tokens: int) -> None:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_tokens: int,
+        on_drop: Callable[[bytes, KVBlock], None] | None = None,
+    ) -> None:
         self.capacity_blocks = max(0, capacity_blocks)
         self.block_tokens = block_tokens
+        # called with each block the LRU drops (write-back to the file tier)
+        self.on_drop = on_drop
         self._blocks: OrderedDict[bytes, KVBlock] = OrderedDict()
         self.stats = TierStats()
 
@@ -62,8 +70,10 @@ class HostKVTier:
             self._blocks.move_to_end(key)
             return
         while len(self._blocks) >= self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            old_key, old_block = self._blocks.popitem(last=False)
             self.stats.evicted_blocks += 1
+            if self.on_drop is not None:
+                self.on_drop(old_key, old_block)
         self._blocks[key] = block
         self.stats.stored_blocks += 1
 

@@ -224,7 +224,7 @@ class SchedulerPlanner:
                 key_len = min(key_len, req.input_logprob_start)
             match = self.cache.match_and_load(req.all_ids[:key_len])
             prefix_len = match.indices.numel()
-            loaded = loaded or match.host_tokens > 0
+            loaded = loaded or match.host_tokens + match.storage_tokens > 0
             if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
                 continue  # its prefix will be in the cache after this step
             extend = req.seq_len - prefix_len
@@ -261,11 +261,13 @@ class SchedulerPlanner:
                 req.admitted_once = True
                 req.cached_tokens = prefix_len
                 req.host_cached_tokens = match.host_tokens
+                req.storage_cached_tokens = match.storage_tokens
                 req.admit_time = time.time()
                 self.cache.record_hit(match.last_node)
                 self.stats.prompt_tokens += len(req.origin_input_ids)
                 self.stats.cached_tokens += prefix_len
                 self.stats.host_cached_tokens += match.host_tokens
+                self.stats.storage_cached_tokens += match.storage_tokens
             req.extend_len = n
             budget -= n
             reserved += need

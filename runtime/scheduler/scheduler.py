@@ -88,6 +88,7 @@ class SchedulerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     host_cached_tokens: int = 0  # of cached_tokens, copied back from the host tier (HiCache)
+    storage_cached_tokens: int = 0  # of cached_tokens, read back from the file tier (HiCache)
     generated_tokens: int = 0
     retractions: int = 0
     evicted_tokens: int = 0

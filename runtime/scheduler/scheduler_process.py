@@ -53,11 +53,16 @@ def resolve_context_length(requested: int | None, model_max: int) -> int:
 
 
 def create_prefix_cache(
-    args: ServerArgs, req_to_token_pool: ReqToTokenPool, kv_pool: TokenToKVPool
+    args: ServerArgs,
+    req_to_token_pool: ReqToTokenPool,
+    kv_pool: TokenToKVPool,
+    model_folder: str | None = None,
 ) -> BasePrefixCache:
-    """The radix tree, over a host tier with `--enable-hierarchical-cache`, or the no-sharing
-    chunk cache with `--disable-radix-cache`."""
+    """The radix tree, over a host tier (and a file tier) with `--enable-hierarchical-cache`,
+    or the no-sharing chunk cache with `--disable-radix-cache`. `model_folder` goes into the
+    file tier's KV validity digest."""
     from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
+    from radixgen.runtime.mem_cache.file_tier import FileKVTier, kv_validity_digest, model_identity
     from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache, host_block_tokens
     from radixgen.runtime.mem_cache.host_tier import HostKVTier
     from radixgen.runtime.mem_cache.radix_cache import RadixCache
@@ -73,7 +78,26 @@ def create_prefix_cache(
         host_tokens = int(cache.hicache_ratio * kv_pool.size)
     block = host_block_tokens(cache.page_size)
     host = HostKVTier(host_tokens // block, block)
-    return HiRadixCache(req_to_token_pool, kv_pool, cache.page_size, host)
+    files = None
+    if cache.hicache_storage_backend == "file":
+        k = kv_pool.k_buffer
+        validity = kv_validity_digest(
+            {
+                "model": model_identity(model_folder),
+                "dtype": str(kv_pool.dtype),
+                "kv_format": kv_pool.kv_format.name,
+                "kv_shape": [k.shape[0], k.shape[2], k.shape[3]],  # layers, kv heads, head dim
+                "page_size": cache.page_size,
+                "block_tokens": block,
+                "tp_size": args.parallel.tp_size,
+                "quantization": args.model.quantization,
+                "format": 1,
+            }
+        )
+        files = FileKVTier(cache.hicache_file_dir, int(cache.hicache_file_size * 2**30), validity)
+    return HiRadixCache(
+        req_to_token_pool, kv_pool, cache.page_size, host, files, cache.hicache_write_policy
+    )
 
 
 def build_scheduler(
@@ -107,7 +131,7 @@ def build_scheduler(
         from radixgen.runtime.distributed.tp_worker import StepChannel
 
         runner.step_channel = StepChannel(tp)
-    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
+    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool, model_folder)
     return Scheduler(args, runner, tokenizer, cache, grammar_manager, limits)
 
 

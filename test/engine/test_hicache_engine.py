@@ -48,7 +48,7 @@ def test_outputs_are_identical_from_pool_host_tier_and_recompute(engine):
     engine.flush_cache()
     cold, meta = _gen(engine, DOC_A)  # computed
     assert meta["cached_tokens"] == 0
-    assert meta["cached_tokens_details"] == {"device": 0, "host": 0}
+    assert meta["cached_tokens_details"] == {"device": 0, "host": 0, "storage": 0}
     assert meta["prompt_tokens"] > 170  # two do not fit in the pool beside their answers
     pool, meta = _gen(engine, DOC_A)  # from the pool
     assert meta["cached_tokens_details"]["device"] >= meta["prompt_tokens"] - 1
@@ -62,3 +62,38 @@ def test_outputs_are_identical_from_pool_host_tier_and_recompute(engine):
     engine.flush_cache()  # every tier: recomputed again
     again, meta = _gen(engine, DOC_A)
     assert meta["cached_tokens"] == 0 and again == cold
+
+
+def _file_engine(folder) -> radixgen.Engine:
+    return radixgen.Engine(
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="file",
+        hicache_file_dir=str(folder),
+        max_total_tokens=320,
+        grammar_backend="none",
+        debug_invariants=True,
+        log_level="warning",
+    )
+
+
+def test_a_restart_serves_the_prefix_from_the_file_tier_and_skips_corrupt_entries(tmp_path):
+    with _file_engine(tmp_path) as eng:
+        cold, meta = _gen(eng, DOC_A)  # computed, written through to the directory
+    assert meta["cached_tokens"] == 0
+    entries = sorted(tmp_path.glob("*.kv"))
+    assert len(entries) == meta["prompt_tokens"] // 16
+    with _file_engine(tmp_path) as eng:  # a restart on the same directory
+        warm, meta = _gen(eng, DOC_A)
+        state = eng.get_server_info()["internal_states"][0]
+    assert meta["cached_tokens_details"]["storage"] >= 160, meta
+    assert warm == cold
+    assert state["storage_hit_tokens"] == meta["cached_tokens_details"]["storage"]
+    for path in tmp_path.glob("*.kv"):  # corrupt every entry's payload
+        raw = bytearray(path.read_bytes())
+        raw[-3] ^= 0x5A
+        path.write_bytes(bytes(raw))
+    with _file_engine(tmp_path) as eng:
+        again, meta = _gen(eng, DOC_A)
+        state = eng.get_server_info()["internal_states"][0]
+    assert meta["cached_tokens"] == 0 and state["storage_bad_entries"] == 1
+    assert again == cold

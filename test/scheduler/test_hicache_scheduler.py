@@ -6,6 +6,8 @@ shifted or shared), with the KV accounting checked after every step (`debug_inva
 
 from __future__ import annotations
 
+import tempfile
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from toy_runner import make_scheduler, reference_output, run_to_end, submit
@@ -104,3 +106,62 @@ def test_eviction_storms_give_the_reference_outputs(waves, page_size, pool, host
         assert {rid: ids for rid, (ids, _) in out.items()} == expected
     s.check_invariants()
     assert s.stats.host_cached_tokens <= s.stats.cached_tokens
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    waves=st.lists(requests, min_size=1, max_size=3),
+    page_size=st.sampled_from([1, 4]),
+    policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+    host_ratio=st.sampled_from([0.25, 1.0]),
+)
+def test_file_tier_storms_and_a_restart_give_the_reference_outputs(
+    waves, page_size, policy, host_ratio
+):
+    """The same storms over host and file tiers, then a new scheduler on the same directory
+    (a restart) serves the last wave again, from disk where it can."""
+    with tempfile.TemporaryDirectory() as d:
+        flags = dict(
+            pool_tokens=96,
+            page_size=page_size,
+            enable_hierarchical_cache=True,
+            hicache_ratio=host_ratio,
+            hicache_storage_backend="file",
+            hicache_file_dir=d,
+            hicache_write_policy=policy,
+            max_running_requests=4,
+        )
+        s, _ = make_scheduler(**flags)
+        for w, wave in enumerate(waves):
+            assert _run_wave(s, f"w{w}", wave)
+        restarted, _ = make_scheduler(**flags)
+        assert _run_wave(restarted, "again", waves[-1])
+        restarted.check_invariants()
+        st_ = restarted.stats
+        assert st_.host_cached_tokens + st_.storage_cached_tokens <= st_.cached_tokens
+
+
+def _run_wave(s, tag: str, wave) -> bool:
+    expected = {}
+    for i, (doc, cut, question, n) in enumerate(wave):
+        prompt = [*DOCS[doc][:cut], *question] or [1]
+        submit(s, f"{tag}r{i}", prompt, max_new_tokens=n)
+        expected[f"{tag}r{i}"] = reference_output(prompt, n)
+    out = run_to_end(s)
+    return {rid: ids for rid, (ids, _) in out.items()} == expected
+
+
+def test_a_restart_serves_a_document_from_the_file_tier(tmp_path):
+    flags = dict(
+        pool_tokens=256,
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="file",
+        hicache_file_dir=str(tmp_path),
+    )
+    s, _ = make_scheduler(**flags)
+    _run(s, "a", [*DOCS[0], 1])  # write-through: on disk with no eviction at all
+    restarted, runner = make_scheduler(**flags)
+    _run(restarted, "a2", [*DOCS[0], 9])
+    assert runner.batches[0].prefix_lens == [64]
+    assert restarted.stats.storage_cached_tokens == 64
+    assert restarted.internal_state()["storage_hit_tokens"] == 64
