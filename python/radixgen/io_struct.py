@@ -85,7 +85,8 @@ class ControlOut:
 
 @dataclass
 class FlushCacheReq(ControlReq):
-    pass
+    # HiCache: empty only the KV pool's radix tree, keeping the host and file tiers
+    keep_lower_tiers: bool = False
 
 
 @dataclass

@@ -257,9 +257,10 @@ class TokenizerManager:
             assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
         return replies
 
-    async def flush_cache(self) -> FlushCacheOut:
-        """Flush every replica's cache; refused (with the first refusal's reason) if any refuses."""
-        outs = await self._control(FlushCacheReq(), FlushCacheOut)
+    async def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
+        """Flush every replica's cache (with HiCache every tier, or the pool only with
+        `keep_lower_tiers`); refused (with the first refusal's reason) if any refuses."""
+        outs = await self._control(FlushCacheReq(keep_lower_tiers=keep_lower_tiers), FlushCacheOut)
         refused = [o for o in outs if not o.success]
         return refused[0] if refused else outs[0]
 

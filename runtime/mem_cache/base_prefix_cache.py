@@ -67,6 +67,10 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None: ...
 
+    def flush(self, keep_lower_tiers: bool = False) -> None:
+        """Empty the cache (`/flush_cache`); a cache with lower tiers keeps them if asked."""
+        self.reset()
+
     def record_hit(self, node: TreeNode | None) -> None:
         """A request was admitted reusing the prefix ending at `node` (hit counts, if kept)."""
         return None  # only the radix tree keeps hit counts

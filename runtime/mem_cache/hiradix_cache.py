@@ -74,6 +74,9 @@ class HiRadixCache(RadixCache):
             if self.files is not None:
                 self.files.clear()
 
+    def flush(self, keep_lower_tiers: bool = False) -> None:
+        self.reset(keep_lower_tiers)
+
     def _path(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
         """The tokens and pool slots from the root to the end of `node`."""
         nodes: list[TreeNode] = []

@@ -174,7 +174,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             self.abort(msg)
             return None
         if isinstance(msg, FlushCacheReq):
-            reply = self.flush_cache()
+            reply = self.flush_cache(msg.keep_lower_tiers)
             reply.request_id = msg.request_id
             return reply
         if isinstance(msg, GetInternalStateReq):
@@ -251,14 +251,16 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 self._release(r)
                 self.outbox.append(r)
 
-    def flush_cache(self) -> FlushCacheOut:
+    def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
+        """Empty the prefix cache and the pools (every HiCache tier unless `keep_lower_tiers`);
+        refused while requests are in flight."""
         if self.running or self.waiting or self.grammar_waiting:
             return FlushCacheOut(
                 False,
                 f"cannot flush the cache while requests are in flight "
                 f"({len(self.running)} running, {len(self.waiting) + len(self.grammar_waiting)} waiting)",
             )
-        self.cache.reset()
+        self.cache.flush(keep_lower_tiers)
         self.spec_corpus.clear()
         self.kv_pool.clear()
         self.req_to_token_pool.clear()
