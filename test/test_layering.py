@@ -405,6 +405,10 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.file_tier"): (
         _SCHEDULER
     ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.host_codec"): (
+        _SCHEDULER
+    ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.kernels.kv_quant"): (_SCHEDULER),
     (
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.model_executor.model_runner",

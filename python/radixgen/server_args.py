@@ -127,6 +127,14 @@ class CacheConfig:
         2.0, "Host tier capacity as a multiple of the KV pool's tokens (unless --hicache-size)."
     )
     hicache_size: float = _f(0.0, "Host tier capacity in GB (0: use --hicache-ratio).")
+    hicache_host_kv_dtype: str = _f(
+        "auto",
+        "How the host tier keeps KV: auto = as the pool stores it (exact); int8 or fp8_e4m3 = "
+        "one byte per value with per-token, per-head scales (about 2x the tokens of bf16 in "
+        "the same memory; a prefix served from it matches --kv-cache-dtype int8 / fp8_e4m3, "
+        "not the exact recompute). Only over an unquantized pool.",
+        ("auto", "int8", "fp8_e4m3"),
+    )
     hicache_storage_backend: str | None = _f(
         None,
         "A tier below the host tier: file = KV blocks in --hicache-file-dir, kept across "
@@ -526,6 +534,15 @@ class ServerArgs:
         if self.cache.hicache_ratio <= 0 or self.cache.hicache_size < 0:
             raise InvalidRequestError(
                 "hicache_ratio must be > 0 and hicache_size >= 0", "hicache_ratio"
+            )
+        if self.cache.hicache_host_kv_dtype != "auto" and self.cache.kv_cache_dtype in (
+            "int8",
+            "fp8_e4m3",
+        ):
+            raise InvalidRequestError(
+                "--hicache-host-kv-dtype compresses an unquantized pool: the pool is already "
+                f"{self.cache.kv_cache_dtype}",
+                "hicache_host_kv_dtype",
             )
         if self.cache.hicache_file_size <= 0:
             raise InvalidRequestError("hicache_file_size must be > 0", "hicache_file_size")

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from radixgen.runtime.mem_cache.host_codec import HostCompression
 from radixgen.runtime.mem_cache.memory_pool import KVBlock
 
 
@@ -35,11 +36,14 @@ class HostKVTier:
         capacity_blocks: int,
         block_tokens: int,
         on_drop: Callable[[bytes, KVBlock], None] | None = None,
+        compression: HostCompression | None = None,
     ) -> None:
         self.capacity_blocks = max(0, capacity_blocks)
         self.block_tokens = block_tokens
         # called with each block the LRU drops (write-back to the file tier)
         self.on_drop = on_drop
+        # blocks kept compressed (--hicache-host-kv-dtype); None: exactly as the pool stores them
+        self.compression = compression
         self._blocks: OrderedDict[bytes, KVBlock] = OrderedDict()
         self.stats = TierStats()
 
@@ -73,16 +77,20 @@ class HostKVTier:
             old_key, old_block = self._blocks.popitem(last=False)
             self.stats.evicted_blocks += 1
             if self.on_drop is not None:
-                self.on_drop(old_key, old_block)
-        self._blocks[key] = block
+                self.on_drop(old_key, self._out(old_block))
+        self._blocks[key] = block if self.compression is None else self.compression.compress(block)
         self.stats.stored_blocks += 1
 
     def get(self, key: bytes) -> KVBlock | None:
         """The block, marked recently used, or None."""
         block = self._blocks.get(key)
-        if block is not None:
-            self._blocks.move_to_end(key)
-        return block
+        if block is None:
+            return None
+        self._blocks.move_to_end(key)
+        return self._out(block)
+
+    def _out(self, block: KVBlock) -> KVBlock:
+        return block if self.compression is None else self.compression.decompress(block)
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -61,9 +61,11 @@ def create_prefix_cache(
     """The radix tree, over a host tier (and a file tier) with `--enable-hierarchical-cache`,
     or the no-sharing chunk cache with `--disable-radix-cache`. `model_folder` goes into the
     file tier's KV validity digest."""
+    from radixgen.kernels.kv_quant import resolve_kv_cache_format
     from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
     from radixgen.runtime.mem_cache.file_tier import FileKVTier, kv_validity_digest, model_identity
     from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache, host_block_tokens
+    from radixgen.runtime.mem_cache.host_codec import HostCompression
     from radixgen.runtime.mem_cache.host_tier import HostKVTier
     from radixgen.runtime.mem_cache.radix_cache import RadixCache
 
@@ -72,12 +74,20 @@ def create_prefix_cache(
         return ChunkCache(req_to_token_pool, kv_pool)
     if not cache.enable_hierarchical_cache:
         return RadixCache(req_to_token_pool, kv_pool, cache.page_size)
+    compression = None
+    host_bytes_per_token = kv_pool.bytes_per_token()
+    if cache.hicache_host_kv_dtype != "auto":
+        fmt = resolve_kv_cache_format(cache.hicache_host_kv_dtype, kv_pool.dtype)
+        compression = HostCompression(fmt, kv_pool.k_buffer.dtype)
+        k = kv_pool.k_buffer
+        host_bytes_per_token = fmt.bytes_per_token(k.shape[0], k.shape[2], k.shape[3])
     if cache.hicache_size > 0:
-        host_tokens = int(cache.hicache_size * 2**30 // kv_pool.bytes_per_token())
-    else:
-        host_tokens = int(cache.hicache_ratio * kv_pool.size)
+        host_bytes = cache.hicache_size * 2**30
+    else:  # the ratio is of memory: a compressed tier holds more tokens in it
+        host_bytes = cache.hicache_ratio * kv_pool.size * kv_pool.bytes_per_token()
     block = host_block_tokens(cache.page_size)
-    host = HostKVTier(host_tokens // block, block)
+    host_tokens = int(host_bytes // host_bytes_per_token)
+    host = HostKVTier(host_tokens // block, block, compression=compression)
     files = None
     if cache.hicache_storage_backend == "file":
         k = kv_pool.k_buffer

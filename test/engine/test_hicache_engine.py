@@ -97,3 +97,25 @@ def test_a_restart_serves_the_prefix_from_the_file_tier_and_skips_corrupt_entrie
         state = eng.get_server_info()["internal_states"][0]
     assert meta["cached_tokens"] == 0 and state["storage_bad_entries"] == 1
     assert again == cold
+
+
+def test_an_int8_host_tier_reports_its_agreement_with_the_exact_outputs():
+    """--hicache-host-kv-dtype int8 is lossy (the pool's int8 --kv-cache-dtype quantization of
+    the evicted prefix): greedy outputs served from it are compared with the exact cold ones
+    and the agreement printed, as the --kv-cache-dtype tests do."""
+    docs = [_doc(t) for t in ("river", "mountain", "forest", "desert")]
+    with radixgen.Engine(
+        enable_hierarchical_cache=True,
+        hicache_host_kv_dtype="int8",
+        max_total_tokens=320,
+        grammar_backend="none",
+        debug_invariants=True,
+        log_level="warning",
+    ) as eng:
+        cold = [_gen(eng, d)[0] for d in docs]  # each evicts the one before to the host tier
+        served = [_gen(eng, d) for d in docs]
+    assert all(meta["cached_tokens_details"]["host"] >= 128 for _, meta in served)
+    agree = sum(out == ref for (out, _), ref in zip(served, cold, strict=True))
+    first = sum(out[:4] == ref[:4] for (out, _), ref in zip(served, cold, strict=True))
+    print(f"int8 host tier: {agree}/{len(docs)} greedy 8-token outputs identical, {first} on 4")
+    assert first >= len(docs) - 1

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixgen.kernels.kv_quant import resolve_kv_cache_format
+from radixgen.kernels.kv_quant import dequantize_kv, quantize_kv, resolve_kv_cache_format
 from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache, host_block_tokens
+from radixgen.runtime.mem_cache.host_codec import HostCompression
 from radixgen.runtime.mem_cache.host_tier import HostKVTier
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.mem_cache.prefix_hash import chain_hashes
@@ -112,4 +113,32 @@ def test_a_load_never_takes_a_locked_prefix_and_stops_when_the_pool_is_full():
     cache.inc_lock_ref(cache.match_prefix(other).last_node)  # the whole pool, locked
     got = cache.match_and_load(doc)
     assert got.indices.numel() == 0 and got.host_tokens == 0
+    check_kv_accounting(pool, cache, rows, [])
+
+
+@pytest.mark.parametrize("host_kv", ["int8", "fp8_e4m3"])
+def test_a_compressed_host_tier_gives_back_what_the_pools_quantization_would_hold(host_kv):
+    """--hicache-host-kv-dtype: a block comes back as the pool's own --kv-cache-dtype
+    quantization of it would read (dequantized to the pool dtype), not bit for bit."""
+    fmt = resolve_kv_cache_format(host_kv, torch.bfloat16)
+    pool = TokenToKVPool(96, 1, LAYERS, HEADS, DIM, torch.bfloat16)
+    rows = ReqToTokenPool(2, 256)
+    host = HostKVTier(16, 16, compression=HostCompression(fmt, torch.bfloat16))
+    cache = HiRadixCache(rows, pool, 1, host)
+    tokens = list(range(1, 33))
+    slots = _fill(pool, tokens)
+    exact = pool.read_slots(slots)
+    cache.insert(tokens, slots)
+    cache.evict(32)
+    stored = next(iter(host._blocks.values()))
+    assert stored.k.element_size() == 1 and stored.k_scale is not None  # one byte a value
+    got = cache.match_and_load(tokens)
+    assert got.host_tokens == 32
+    back = pool.read_slots(got.indices)
+    assert back.k.dtype == torch.bfloat16 and back.k_scale is None
+    for x, y in ((exact.k, back.k), (exact.v, back.v)):
+        q, scale = quantize_kv(x, fmt, torch.bfloat16)
+        assert torch.equal(y, dequantize_kv(q, scale, torch.bfloat16))  # the pool format's
+        err = (x.float() - y.float()).abs().amax().item()
+        assert 0 < err < 0.1 * x.float().abs().amax().item()
     check_kv_accounting(pool, cache, rows, [])

@@ -66,6 +66,16 @@ def test_flush_empties_the_host_tier_too():
     assert len(s.cache.host) == 0
 
 
+def test_a_compressed_host_tier_holds_twice_the_tokens_of_a_bf16_one():
+    plain, _ = make_scheduler(pool_tokens=256, enable_hierarchical_cache=True)
+    packed, _ = make_scheduler(
+        pool_tokens=256, enable_hierarchical_cache=True, hicache_host_kv_dtype="int8"
+    )
+    # the toy pool is float32 with a head dim of 1: 4 bytes a value against 1 + a 4-byte scale
+    assert plain.cache.host.capacity_tokens() == 512
+    assert packed.cache.host.capacity_tokens() == 512 * 4 // 5 // 16 * 16
+
+
 requests = st.lists(
     st.tuples(
         st.integers(0, len(DOCS) - 1),  # which document
