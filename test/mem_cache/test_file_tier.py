@@ -178,3 +178,19 @@ def test_flush_empties_the_file_tier_unless_asked_to_keep_it(tmp_path):
     assert len(cache.files) == 2
     cache.reset()
     assert len(cache.files) == 0 and not list(tmp_path.glob("*.kv"))
+
+
+def test_two_servers_sharing_a_directory_never_serve_a_broken_entry(tmp_path):
+    """Two tiers on one directory (two servers): the same key written by both is one whole
+    entry; an entry one of them deleted (its size cap) is a miss for the other, not an error."""
+    a = FileKVTier(tmp_path, 1 << 30, DIGEST)
+    b = FileKVTier(tmp_path, 1 << 30, DIGEST)
+    a.put(b"s" * 16, _block(4))
+    b.put(b"s" * 16, _block(4))  # b's index did not know it: rewritten whole, same content
+    b.put(b"t" * 16, _block(5))
+    got = a.get(b"s" * 16)
+    assert got is not None and _same(got, _block(4))
+    assert len(list(tmp_path.glob("*.kv"))) == 2 and not list(tmp_path.glob("*.tmp"))
+    b.clear()  # removes both files a may have indexed
+    assert a.get(b"s" * 16) is None and len(a) == 0 and a.bad_entries == 0
+    assert FileKVTier(tmp_path, 1 << 30, DIGEST).get(b"t" * 16) is None
