@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import tempfile
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from toy_runner import make_scheduler, reference_output, run_to_end, submit
 
 from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache
+from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
+from radixgen.runtime.scheduler.scheduler_process import create_prefix_cache
+from radixgen.server_args import ServerArgs
 
 DOCS = [[(7 * d + 3 * i) % 45 + 2 for i in range(64)] for d in range(4)]  # 64-token documents
 
@@ -66,12 +70,21 @@ def test_flush_empties_the_host_tier_too():
     assert len(s.cache.host) == 0
 
 
-def test_a_compressed_host_tier_holds_twice_the_tokens_of_a_bf16_one():
+def test_a_compressed_host_tier_is_sized_by_its_own_bytes_per_token():
+    """--hicache-ratio is of memory: an int8 host tier over a bf16 pool of head dim 64 holds
+    ~1.9x the tokens (64 + a 4-byte scale against 128 bytes a head); over the toy's float32
+    pool of head dim 1 it holds fewer (1 + 4 bytes against 4)."""
+    args = ServerArgs.from_kwargs(
+        max_total_tokens=256, enable_hierarchical_cache=True, hicache_host_kv_dtype="int8"
+    )
+    pool = TokenToKVPool(256, 1, 2, 2, 64, torch.bfloat16)
+    cache = create_prefix_cache(args, ReqToTokenPool(2, 64), pool)
+    assert isinstance(cache, HiRadixCache)
+    assert cache.host.capacity_tokens() == 512 * 128 // 68 // 16 * 16  # 960: 1.88x of 512
     plain, _ = make_scheduler(pool_tokens=256, enable_hierarchical_cache=True)
     packed, _ = make_scheduler(
         pool_tokens=256, enable_hierarchical_cache=True, hicache_host_kv_dtype="int8"
     )
-    # the toy pool is float32 with a head dim of 1: 4 bytes a value against 1 + a 4-byte scale
     assert plain.cache.host.capacity_tokens() == 512
     assert packed.cache.host.capacity_tokens() == 512 * 4 // 5 // 16 * 16
 
