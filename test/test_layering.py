@@ -396,6 +396,19 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.radix_cache"): (
         _SCHEDULER
     ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.hiradix_cache"): (
+        _SCHEDULER
+    ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.host_tier"): (
+        _SCHEDULER
+    ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.file_tier"): (
+        _SCHEDULER
+    ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.runtime.mem_cache.host_codec"): (
+        _SCHEDULER
+    ),
+    ("radixgen.runtime.scheduler.scheduler_process", "radixgen.kernels.kv_quant"): (_SCHEDULER),
     (
         "radixgen.runtime.scheduler.scheduler_process",
         "radixgen.runtime.model_executor.model_runner",

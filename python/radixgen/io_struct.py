@@ -85,7 +85,8 @@ class ControlOut:
 
 @dataclass
 class FlushCacheReq(ControlReq):
-    pass
+    # HiCache: empty only the KV pool's radix tree, keeping the host and file tiers
+    keep_lower_tiers: bool = False
 
 
 @dataclass
@@ -148,6 +149,9 @@ class RequestMeta:
     cached_tokens: int
     jump_forward_tokens: int = 0
     retractions: int = 0
+    # of cached_tokens, those copied back from the host tier (--enable-hierarchical-cache)
+    host_cached_tokens: int = 0
+    storage_cached_tokens: int = 0  # likewise, from the file tier
     # wall-clock seconds from the API's submit to the first output token (scheduler's view), so
     # time to first token is known for requests that are not streamed too
     first_token_delay: float | None = None

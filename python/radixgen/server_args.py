@@ -118,6 +118,44 @@ class CacheConfig:
     disable_radix_cache: bool = _f(
         False, "Turn off RadixAttention prefix sharing (a ChunkCache instead)."
     )
+    enable_hierarchical_cache: bool = _f(
+        False,
+        "HiCache: radix-tree KV evicted from the pool is kept in a host tier (at the pool's KV "
+        "dtype) and copied back into the pool when a request's prefix continues into it.",
+    )
+    hicache_ratio: float = _f(
+        2.0, "Host tier capacity as a multiple of the KV pool's tokens (unless --hicache-size)."
+    )
+    hicache_size: float = _f(0.0, "Host tier capacity in GB (0: use --hicache-ratio).")
+    hicache_host_kv_dtype: str = _f(
+        "auto",
+        "How the host tier keeps KV: auto = as the pool stores it (exact); int8 or fp8_e4m3 = "
+        "one byte per value with per-token, per-head scales (about 2x the tokens of bf16 in "
+        "the same memory; a prefix served from it matches --kv-cache-dtype int8 / fp8_e4m3, "
+        "not the exact recompute). Only over an unquantized pool.",
+        ("auto", "int8", "fp8_e4m3"),
+    )
+    hicache_storage_backend: str | None = _f(
+        None,
+        "A tier below the host tier: file = KV blocks in --hicache-file-dir, kept across "
+        "restarts (entries keyed by the token prefix and the model, dtype and KV layout, "
+        "checksummed; a bad entry is recomputed).",
+        ("file",),
+    )
+    hicache_write_policy: str = _f(
+        "write_through",
+        "When the file tier is written: write_through (every block the radix tree takes), "
+        "write_through_selective (a block the pool evicts), write_back (a block the host tier "
+        "drops).",
+        ("write_through", "write_back", "write_through_selective"),
+    )
+    hicache_file_dir: str = _f(
+        "~/.cache/radixgen/hicache",
+        "The file tier's directory (servers of other models or KV layouts may share it).",
+    )
+    hicache_file_size: float = _f(
+        16.0, "The file tier's size cap in GB (least recently used entries are deleted)."
+    )
 
 
 @dataclass(frozen=True)
@@ -502,6 +540,39 @@ class ServerArgs:
             raise InvalidRequestError("page_size must be >= 1", "page_size")
         if self.cache.max_total_tokens is not None and self.cache.max_total_tokens < 16:
             raise InvalidRequestError("max_total_tokens must be >= 16", "max_total_tokens")
+        if self.cache.hicache_ratio <= 0 or self.cache.hicache_size < 0:
+            raise InvalidRequestError(
+                "hicache_ratio must be > 0 and hicache_size >= 0", "hicache_ratio"
+            )
+        if self.cache.hicache_host_kv_dtype != "auto" and self.cache.kv_cache_dtype in (
+            "int8",
+            "fp8_e4m3",
+        ):
+            raise InvalidRequestError(
+                "--hicache-host-kv-dtype compresses an unquantized pool: the pool is already "
+                f"{self.cache.kv_cache_dtype}",
+                "hicache_host_kv_dtype",
+            )
+        if self.cache.hicache_file_size <= 0:
+            raise InvalidRequestError("hicache_file_size must be > 0", "hicache_file_size")
+        if self.cache.hicache_storage_backend and not self.cache.enable_hierarchical_cache:
+            raise InvalidRequestError(
+                "--hicache-storage-backend needs --enable-hierarchical-cache",
+                "hicache_storage_backend",
+            )
+        if self.cache.enable_hierarchical_cache and (
+            self.parallel.tp_size > 1 or self.parallel.enable_dp_attention
+        ):
+            raise InvalidRequestError(
+                "--enable-hierarchical-cache is not served with --tp-size > 1 or DP attention "
+                "(the lower tiers copy rank 0's KV only)",
+                "enable_hierarchical_cache",
+            )
+        if self.cache.enable_hierarchical_cache and self.cache.disable_radix_cache:
+            raise InvalidRequestError(
+                "--enable-hierarchical-cache needs the radix cache: drop --disable-radix-cache",
+                "enable_hierarchical_cache",
+            )
         if not 0.0 < self.cache.mem_fraction_static < 1.0:
             raise InvalidRequestError(
                 "mem_fraction_static must be in (0, 1)", "mem_fraction_static"

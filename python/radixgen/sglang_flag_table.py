@@ -69,6 +69,8 @@ IMPLEMENTED: tuple[str, ...] = (
     "enable-priority-scheduling", "schedule-low-priority-values-first", "default-priority-value",
     "abort-on-priority-when-disabled", "disable-priority-preemption",
     "priority-scheduling-preemption-threshold",
+    "enable-hierarchical-cache", "hicache-ratio", "hicache-size", "hicache-storage-backend",
+    "hicache-write-policy",
 )  # fmt: skip
 
 # SGLang flags implemented here without a `ServerArgs` field (read before the parse), with help.
@@ -84,6 +86,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "dp-size": ("data-parallel-size",),
     "dist-init-addr": ("nccl-init-addr",),
     "data-dir": ("file-storage-path",),
+    "enable-hierarchical-cache": ("enable-hicache",),
 }
 
 VALUE_COMPAT: dict[str, ValueCompat] = {
@@ -409,10 +412,13 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         N,
-        "the prefix cache lives in the KV pool: no host-memory, storage or external cache tier",
-        "enable-hierarchical-cache|enable-hicache hicache-host-memory-mode= hicache-ratio= "
-        "hicache-size= hicache-write-policy= hicache-io-backend= hicache-mem-layout= "
-        "hicache-storage-backend= hicache-storage-prefetch-policy= "
+        "the hierarchical cache has a host tier and a file tier (--enable-hierarchical-cache, "
+        "--hicache-ratio, --hicache-size, --hicache-storage-backend file, "
+        "--hicache-write-policy): no other storage backends, host layouts, I/O backends, "
+        "prefetch policies or external caches",
+        "hicache-host-memory-mode= "
+        "hicache-io-backend= hicache-mem-layout= "
+        "hicache-storage-prefetch-policy= "
         "hicache-storage-backend-extra-config= hicache-storage-prefetch-retry-poll-interval= "
         "hicache-storage-prefetch-retry-max-attempts= hicache-host-memory-fraction= "
         "enable-hisparse hisparse-config|hierarchical-sparse-attention-extra-config= "

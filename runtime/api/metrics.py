@@ -85,6 +85,13 @@ class ServerMetrics:
         self.cached_tokens = Counter(
             PREFIX + "cached_tokens", "Prompt tokens served from the prefix cache.", registry=r
         )
+        self.tier_cached_tokens = Counter(
+            PREFIX + "hicache_cached_tokens",
+            "Prompt tokens served from the prefix cache by tier (device: the KV pool; host, "
+            "storage: HiCache's lower tiers).",
+            ["tier"],
+            registry=r,
+        )
         self.generation_tokens = Counter(
             PREFIX + "generation_tokens", "Generated tokens.", registry=r
         )
@@ -149,7 +156,16 @@ class ServerMetrics:
         reason = st.finish_reason.kind if st.finish_reason else "unknown"
         self.requests.labels(finish_reason=reason).inc()
         if st.meta is not None:
-            self.cached_tokens.inc(st.meta.cached_tokens)
+            meta = st.meta
+            self.cached_tokens.inc(meta.cached_tokens)
+            lower = meta.host_cached_tokens + meta.storage_cached_tokens
+            for tier, n in (
+                ("device", meta.cached_tokens - lower),
+                ("host", meta.host_cached_tokens),
+                ("storage", meta.storage_cached_tokens),
+            ):
+                if n:
+                    self.tier_cached_tokens.labels(tier=tier).inc(n)
         self.sglang.on_finish(st, now - st.created, ttft)
 
     def _observe_first_output(self, st: Any, new_tokens: int, now: float) -> float | None:

@@ -45,8 +45,11 @@ class ReqState:
         return self.finish_reason is not None
 
 
-def build_output(st: ReqState, output_lp_from: int, tokenizer: Tokenizer) -> dict[str, Any]:
-    """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming)."""
+def build_output(
+    st: ReqState, output_lp_from: int, tokenizer: Tokenizer, tier_details: bool = False
+) -> dict[str, Any]:
+    """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming);
+    `tier_details` (HiCache on): which cache tier served the cached tokens."""
     meta = st.meta
     info: dict[str, Any] = {
         "id": st.rid,
@@ -56,6 +59,14 @@ def build_output(st: ReqState, output_lp_from: int, tokenizer: Tokenizer) -> dic
         "cached_tokens": meta.cached_tokens if meta else 0,
         "jump_forward_tokens": meta.jump_forward_tokens if meta else 0,
     }
+    if tier_details:
+        host = meta.host_cached_tokens if meta else 0
+        storage = meta.storage_cached_tokens if meta else 0
+        info["cached_tokens_details"] = {
+            "device": info["cached_tokens"] - host - storage,
+            "host": host,
+            "storage": storage,
+        }
     if meta is not None and meta.grammar_backend is not None:
         info["grammar_backend"] = meta.grammar_backend
     if meta is not None and meta.schema_rewrites:

@@ -172,12 +172,20 @@ class SGLangMetrics(Collector):
         """One finished request: `st` is the TokenizerManager's ReqState."""
         labels, completion = self._labels(), len(st.output_ids)
         stream_labels = (*labels, _flag(st.stream))
-        cached = st.meta.cached_tokens if st.meta is not None else 0
+        meta = st.meta
+        cached = meta.cached_tokens if meta is not None else 0
+        host = meta.host_cached_tokens if meta is not None else 0
+        storage = meta.storage_cached_tokens if meta is not None else 0
         self.prompt_tokens.labels(*stream_labels).inc(st.prompt_tokens)
         self.generation_tokens.labels(*stream_labels).inc(completion)
         self.requests.labels(*stream_labels).inc()
-        if cached:
-            self.cached_tokens.labels(*labels, "device").inc(cached)
+        for source, n in (
+            ("device", cached - host - storage),
+            ("host", host),
+            ("storage", storage),
+        ):
+            if n:
+                self.cached_tokens.labels(*labels, source).inc(n)
         if st.constrained:
             self.so_requests.labels(*labels).inc()
         if st.finish_reason is not None and st.finish_reason.is_abort:

@@ -257,9 +257,10 @@ class TokenizerManager:
             assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
         return replies
 
-    async def flush_cache(self) -> FlushCacheOut:
-        """Flush every replica's cache; refused (with the first refusal's reason) if any refuses."""
-        outs = await self._control(FlushCacheReq(), FlushCacheOut)
+    async def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
+        """Flush every replica's cache (with HiCache every tier, or the pool only with
+        `keep_lower_tiers`); refused (with the first refusal's reason) if any refuses."""
+        outs = await self._control(FlushCacheReq(keep_lower_tiers=keep_lower_tiers), FlushCacheOut)
         refused = [o for o in outs if not o.success]
         return refused[0] if refused else outs[0]
 
@@ -592,7 +593,7 @@ class TokenizerManager:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
-        return build_output(st, 0, self.tokenizer)
+        return build_output(st, 0, self.tokenizer, self.args.cache.enable_hierarchical_cache)
 
     async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
@@ -621,7 +622,12 @@ class TokenizerManager:
                     # output (the finish too) may arrive; it sets the event for the next round
                     final = st.finished
                     if final or len(st.text) > sent_text[i]:
-                        chunk = build_output(st, sent_lp[i], self.tokenizer)
+                        chunk = build_output(
+                            st,
+                            sent_lp[i],
+                            self.tokenizer,
+                            self.args.cache.enable_hierarchical_cache,
+                        )
                         sent_lp[i] = len(st.output_token_logprobs)
                         sent_text[i] = len(st.text)
                         if plural:

@@ -217,9 +217,10 @@ class Engine:
 
     # --- control ------------------------------------------------------------------------------
 
-    def flush_cache(self) -> dict[str, Any]:
-        """Empty the prefix cache; refused (success False, with a message) while requests run."""
-        out = self._call(self.tokenizer_manager.flush_cache())
+    def flush_cache(self, keep_lower_tiers: bool = False) -> dict[str, Any]:
+        """Empty the prefix cache (with HiCache every tier, or only the KV pool with
+        `keep_lower_tiers`); refused (success False, with a message) while requests run."""
+        out = self._call(self.tokenizer_manager.flush_cache(keep_lower_tiers))
         return {"success": out.success, "message": out.message}
 
     def get_server_info(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
 from radixgen.io_struct import GenerateReqInput
+from radixgen.runtime.api.hicache_status import hicache_tiers
 from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.http_utils import (
@@ -230,13 +231,35 @@ async def server_info(request: Request) -> Response:
     )
 
 
+@router.get("/hicache")
+async def hicache_status(request: Request) -> Response:
+    """HiCache's tiers per replica: capacities, use and hits (device, host, storage)."""
+    state = server_state(request)
+    try:
+        internal = await state.manager().get_internal_states()
+    except (RadixGenError, asyncio.TimeoutError) as e:
+        return error_response(e if isinstance(e, RadixGenError) else EngineDeadError(str(e)))
+    cache = state.args.cache
+    return json_response(
+        {
+            "enabled": cache.enable_hierarchical_cache,
+            "storage_backend": cache.hicache_storage_backend,
+            "write_policy": cache.hicache_write_policy,
+            "replicas": [hicache_tiers(s) for s in internal],
+        }
+    )
+
+
 # --- control -------------------------------------------------------------------------------------
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
+    """Empty the prefix cache: every HiCache tier, or only the KV pool's tree with
+    `?pool_only=true` (the host and file tiers then serve the next requests)."""
+    pool_only = request.query_params.get("pool_only", "").lower() in ("1", "true", "yes")
     try:
-        out = await server_state(request).manager().flush_cache()
+        out = await server_state(request).manager().flush_cache(keep_lower_tiers=pool_only)
     except RadixGenError as e:
         return error_response(e)
     if out.success:

@@ -19,6 +19,10 @@ class MatchResult:
 
     indices: torch.Tensor
     last_node: TreeNode | None  # None: nothing to lock (no radix tree)
+    # of `indices`, the tokens just copied back into the pool from the host tier; the rest
+    # were in the pool already (or came from the file tier)
+    host_tokens: int = 0
+    storage_tokens: int = 0  # likewise, from the file tier
 
 
 class BasePrefixCache(ABC):
@@ -30,6 +34,11 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def match_prefix(self, key: list[int]) -> MatchResult: ...
+
+    def match_and_load(self, key: list[int]) -> MatchResult:
+        """`match_prefix` for an admission: a cache with lower tiers first copies back what
+        they hold of the key's continuation (into fresh pool pages, owned by the cache)."""
+        return self.match_prefix(key)
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode | None) -> None: ...
@@ -58,9 +67,17 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None: ...
 
+    def flush(self, keep_lower_tiers: bool = False) -> None:
+        """Empty the cache (`/flush_cache`); a cache with lower tiers keeps them if asked."""
+        self.reset()
+
     def record_hit(self, node: TreeNode | None) -> None:
         """A request was admitted reusing the prefix ending at `node` (hit counts, if kept)."""
         return None  # only the radix tree keeps hit counts
+
+    def tier_state(self) -> dict[str, int]:
+        """Lower cache tiers' capacities, use and counters (none without HiCache)."""
+        return {}
 
     def cached_slots(self) -> list[torch.Tensor]:
         """Every KV slot the cache holds (debug accounting)."""

@@ -8,10 +8,49 @@ tokens' slots are listed in its row of `req_to_token`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from radixgen.kernels.device_io import upload
 from radixgen.kernels.kv_quant import KVCacheFormat, quantize_kv, resolve_kv_cache_format
+
+
+@dataclass
+class KVBlock:
+    """KV of some tokens outside the pool: [layers, tokens, kv heads, head dim] K and V in the
+    pool's storage dtype (fp8 as its raw bytes), and float32 [layers, tokens, kv heads] scales
+    for a scaled format."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    def tokens(self, start: int, end: int) -> KVBlock:
+        """Tokens [start, end) of this block (views)."""
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[:, start:end]
+
+        return KVBlock(
+            self.k[:, start:end], self.v[:, start:end], cut(self.k_scale), cut(self.v_scale)
+        )
+
+    @staticmethod
+    def cat(blocks: list[KVBlock]) -> KVBlock:
+        """Blocks joined along the token axis."""
+
+        def join(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if ts[0] is None else torch.cat([t for t in ts if t is not None], dim=1)
+
+        k = torch.cat([b.k for b in blocks], dim=1)
+        v = torch.cat([b.v for b in blocks], dim=1)
+        return KVBlock(k, v, join([b.k_scale for b in blocks]), join([b.v_scale for b in blocks]))
+
+    def nbytes(self) -> int:
+        parts = [self.k, self.v, self.k_scale, self.v_scale]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 class ReqToTokenPool:
@@ -207,6 +246,30 @@ class TokenToKVPool:
                 buf[layer_id].index_copy_(0, slots, data)
             if scales is not None and scale is not None:
                 scales[i].index_copy_(0, slots, scale)
+
+    def read_slots(self, slots: torch.Tensor) -> KVBlock:
+        """A host copy of every layer's K, V (and scales) at `slots`, exactly as stored, for a
+        lower cache tier (`write_slots` puts it back bit for bit)."""
+        idx = slots.to(self.k_buffer.device)
+
+        def take(buf: torch.Tensor) -> torch.Tensor:
+            raw = buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf
+            return raw[:, idx].to("cpu", copy=True)
+
+        k_scale = take(self.k_scale) if self.k_scale is not None else None
+        v_scale = take(self.v_scale) if self.v_scale is not None else None
+        return KVBlock(take(self.k_buffer), take(self.v_buffer), k_scale, v_scale)
+
+    def write_slots(self, slots: torch.Tensor, block: KVBlock) -> None:
+        """Store a `read_slots` copy (of len(slots) tokens) at `slots`."""
+        idx = slots.to(self.k_buffer.device)
+        pairs = [(self.k_buffer, block.k), (self.v_buffer, block.v)]
+        if self.k_scale is not None and self.v_scale is not None:
+            assert block.k_scale is not None and block.v_scale is not None, "scales missing"
+            pairs += [(self.k_scale, block.k_scale), (self.v_scale, block.v_scale)]
+        for buf, data in pairs:
+            raw = buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf
+            raw[:, idx] = data.to(raw.device)
 
     def bytes_per_token(self) -> int:
         """What one token costs in this pool: K, V and their scales, every layer."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -69,6 +69,9 @@ class RadixCache(BasePrefixCache):
         self.req_to_token_pool = req_to_token_pool
         self.kv_pool = kv_pool
         self.page_size = page_size
+        # called with each leaf before eviction frees its slots (HiRadixCache: copy it to the
+        # host tier); None costs the plain tree nothing
+        self._backup_leaf: Callable[[TreeNode], None] | None = None
         self.reset()
 
     # --- tree primitives --------------------------------------------------------------------
@@ -236,8 +239,11 @@ class RadixCache(BasePrefixCache):
         leaves = list(self._evictable_leaves)
         heapq.heapify(leaves)
         freed = 0
+        backup = self._backup_leaf  # None unless a lower tier keeps what the pool drops
         while freed < num_tokens and leaves:
             leaf = heapq.heappop(leaves)
+            if backup is not None:
+                backup(leaf)
             self.kv_pool.free(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)

@@ -228,6 +228,7 @@ class SchedulerPlanner:
         prefilling = [r for r in plan if r.extend_len > 1]
         interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
+        loaded = False  # a match copied host-tier KV into the pool (HiCache)
         for req in order_waiting_queue(
             self.waiting, self.args.scheduler.schedule_policy, self.cache
         ):
@@ -243,8 +244,9 @@ class SchedulerPlanner:
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
                 key_len = min(key_len, req.input_logprob_start)
-            match = self.cache.match_prefix(req.all_ids[:key_len])
+            match = self.cache.match_and_load(req.all_ids[:key_len])
             prefix_len = match.indices.numel()
+            loaded = loaded or match.host_tokens + match.storage_tokens > 0
             if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
                 continue  # its prefix will be in the cache after this step
             extend = req.seq_len - prefix_len
@@ -280,10 +282,14 @@ class SchedulerPlanner:
             if not req.admitted_once:
                 req.admitted_once = True
                 req.cached_tokens = prefix_len
+                req.host_cached_tokens = match.host_tokens
+                req.storage_cached_tokens = match.storage_tokens
                 req.admit_time = time.time()
                 self.cache.record_hit(match.last_node)
                 self.stats.prompt_tokens += len(req.origin_input_ids)
                 self.stats.cached_tokens += prefix_len
+                self.stats.host_cached_tokens += match.host_tokens
+                self.stats.storage_cached_tokens += match.storage_tokens
             req.extend_len = n
             budget -= n
             if req.background:
@@ -292,6 +298,11 @@ class SchedulerPlanner:
             interactive = interactive or not req.background
             admitted.append(req)
             self.running.append(req)
+        if loaded:
+            # NOTE: the pages a load filled for a request that was not admitted after all are
+            # evictable cache again, but they may have taken room this step's planned tokens
+            # were counted on: make that room free again
+            self._free_tokens(reserved)
 
     def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
         """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?

@@ -54,6 +54,8 @@ class Req:
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None  # the locked cache node (radix cache only)
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.host_cached_tokens = 0  # of those, copied back from the host tier (HiCache)
+        self.storage_cached_tokens = 0  # of those, read back from the file tier (HiCache)
         self.admitted_once = False
 
         # step plan, set by the scheduler each step
@@ -157,6 +159,8 @@ class Req:
             prompt_tokens=len(self.origin_input_ids),
             completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens,
+            host_cached_tokens=self.host_cached_tokens,
+            storage_cached_tokens=self.storage_cached_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
             retractions=self.retractions,
             first_token_delay=self.first_token_delay,

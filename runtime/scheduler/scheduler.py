@@ -88,6 +88,8 @@ class SchedulerStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, copied back from the host tier (HiCache)
+    storage_cached_tokens: int = 0  # of cached_tokens, read back from the file tier (HiCache)
     generated_tokens: int = 0
     retractions: int = 0
     evicted_tokens: int = 0
@@ -175,7 +177,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             self.abort(msg)
             return None
         if isinstance(msg, FlushCacheReq):
-            reply = self.flush_cache()
+            reply = self.flush_cache(msg.keep_lower_tiers)
             reply.request_id = msg.request_id
             return reply
         if isinstance(msg, GetInternalStateReq):
@@ -254,14 +256,16 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 self._release(r)
                 self.outbox.append(r)
 
-    def flush_cache(self) -> FlushCacheOut:
+    def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
+        """Empty the prefix cache and the pools (every HiCache tier unless `keep_lower_tiers`);
+        refused while requests are in flight."""
         if self.running or self.waiting or self.grammar_waiting:
             return FlushCacheOut(
                 False,
                 f"cannot flush the cache while requests are in flight "
                 f"({len(self.running)} running, {len(self.waiting) + len(self.grammar_waiting)} waiting)",
             )
-        self.cache.reset()
+        self.cache.flush(keep_lower_tiers)
         self.spec_corpus.clear()
         self.kv_pool.clear()
         self.req_to_token_pool.clear()
@@ -575,6 +579,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             "tp_comm_seconds": float(getattr(self.model_runner, "comm_seconds", 0.0)),
             "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
             **asdict(st),
+            **self.cache.tier_state(),
             **asdict(self.spec_stats),
             **self.spec_stats.summary(),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),

@@ -53,15 +53,61 @@ def resolve_context_length(requested: int | None, model_max: int) -> int:
 
 
 def create_prefix_cache(
-    args: ServerArgs, req_to_token_pool: ReqToTokenPool, kv_pool: TokenToKVPool
+    args: ServerArgs,
+    req_to_token_pool: ReqToTokenPool,
+    kv_pool: TokenToKVPool,
+    model_folder: str | None = None,
 ) -> BasePrefixCache:
-    """The radix tree, or the no-sharing chunk cache with `--disable-radix-cache`."""
+    """The radix tree, over a host tier (and a file tier) with `--enable-hierarchical-cache`,
+    or the no-sharing chunk cache with `--disable-radix-cache`. `model_folder` goes into the
+    file tier's KV validity digest."""
+    from radixgen.kernels.kv_quant import resolve_kv_cache_format
     from radixgen.runtime.mem_cache.chunk_cache import ChunkCache
+    from radixgen.runtime.mem_cache.file_tier import FileKVTier, kv_validity_digest, model_identity
+    from radixgen.runtime.mem_cache.hiradix_cache import HiRadixCache, host_block_tokens
+    from radixgen.runtime.mem_cache.host_codec import HostCompression
+    from radixgen.runtime.mem_cache.host_tier import HostKVTier
     from radixgen.runtime.mem_cache.radix_cache import RadixCache
 
-    if args.cache.disable_radix_cache:
+    cache = args.cache
+    if cache.disable_radix_cache:
         return ChunkCache(req_to_token_pool, kv_pool)
-    return RadixCache(req_to_token_pool, kv_pool, args.cache.page_size)
+    if not cache.enable_hierarchical_cache:
+        return RadixCache(req_to_token_pool, kv_pool, cache.page_size)
+    compression = None
+    host_bytes_per_token = kv_pool.bytes_per_token()
+    if cache.hicache_host_kv_dtype != "auto":
+        fmt = resolve_kv_cache_format(cache.hicache_host_kv_dtype, kv_pool.dtype)
+        compression = HostCompression(fmt, kv_pool.k_buffer.dtype)
+        k = kv_pool.k_buffer
+        host_bytes_per_token = fmt.bytes_per_token(k.shape[0], k.shape[2], k.shape[3])
+    if cache.hicache_size > 0:
+        host_bytes = cache.hicache_size * 2**30
+    else:  # the ratio is of memory: a compressed tier holds more tokens in it
+        host_bytes = cache.hicache_ratio * kv_pool.size * kv_pool.bytes_per_token()
+    block = host_block_tokens(cache.page_size)
+    host_tokens = int(host_bytes // host_bytes_per_token)
+    host = HostKVTier(host_tokens // block, block, compression=compression)
+    files = None
+    if cache.hicache_storage_backend == "file":
+        k = kv_pool.k_buffer
+        validity = kv_validity_digest(
+            {
+                "model": model_identity(model_folder),
+                "dtype": str(kv_pool.dtype),
+                "kv_format": kv_pool.kv_format.name,
+                "kv_shape": [k.shape[0], k.shape[2], k.shape[3]],  # layers, kv heads, head dim
+                "page_size": cache.page_size,
+                "block_tokens": block,
+                "tp_size": args.parallel.tp_size,
+                "quantization": args.model.quantization,
+                "format": 1,
+            }
+        )
+        files = FileKVTier(cache.hicache_file_dir, int(cache.hicache_file_size * 2**30), validity)
+    return HiRadixCache(
+        req_to_token_pool, kv_pool, cache.page_size, host, files, cache.hicache_write_policy
+    )
 
 
 def build_scheduler(
@@ -95,7 +141,7 @@ def build_scheduler(
         from radixgen.runtime.distributed.tp_worker import StepChannel
 
         runner.step_channel = StepChannel(tp)
-    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool)
+    cache = create_prefix_cache(args, runner.req_to_token_pool, runner.kv_pool, model_folder)
     return Scheduler(args, runner, tokenizer, cache, grammar_manager, limits)
 
 

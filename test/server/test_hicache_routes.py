@@ -1,0 +1,67 @@
+"""HiCache over HTTP on a real server (a small pool, the file tier on): `/hicache` shows the
+tiers, `/flush_cache?pool_only=true` keeps the lower tiers (the next request is served from the
+file tier, `meta_info.cached_tokens_details` says so, `/metrics` counts it by tier), and a plain
+`/flush_cache` empties every tier."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .server_process import running_server, server_flags
+
+pytestmark = pytest.mark.slow  # starts a server
+
+FACTS = ". ".join(f"Fact {i}: the lake number {i} is {i * 5 % 11}" for i in range(12))
+PROMPT = f"Read about lakes. {FACTS}.\nQuestion: what is the lake number 4?\nAnswer:"
+BODY = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 6}}
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("hicache"))
+    flags = (
+        "--enable-metrics",
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "file",
+        "--hicache-file-dir",
+        folder,
+        "--max-total-tokens",
+        "320",
+        *server_flags(),
+    )
+    with running_server(*flags) as proc, httpx.Client(base_url=proc.url, timeout=120) as client:
+        yield client
+
+
+def test_status_pool_only_flush_storage_hits_metrics_and_full_flush(http):
+    first = http.post("/generate", json=BODY).json()
+    status = http.get("/hicache").json()
+    assert status["enabled"] and status["storage_backend"] == "file"
+    assert status["write_policy"] == "write_through"
+    (tiers,) = status["replicas"]
+    assert set(tiers) == {"device", "host", "storage"}
+    assert tiers["device"]["capacity_tokens"] == 320
+    assert tiers["storage"]["blocks"] == first["meta_info"]["prompt_tokens"] // 16
+
+    assert http.post("/flush_cache?pool_only=true").status_code == 200
+    again = http.post("/generate", json=BODY).json()
+    details = again["meta_info"]["cached_tokens_details"]
+    assert details["storage"] >= 160 and details["device"] == 0, details
+    assert again["output_ids"] == first["output_ids"]
+    tiers = http.get("/hicache").json()["replicas"][0]
+    assert tiers["storage"]["hit_tokens"] == details["storage"]
+
+    metrics = http.get("/metrics").text
+    assert f'radixgen_hicache_cached_tokens_total{{tier="storage"}} {details["storage"]}.0' in (
+        metrics
+    )
+    assert 'cache_source="storage"' in metrics
+
+    assert http.post("/flush_cache").status_code == 200
+    tiers = http.get("/hicache").json()["replicas"][0]
+    assert tiers["storage"]["blocks"] == 0 and tiers["host"]["used_tokens"] == 0
+    cold = http.post("/generate", json=BODY).json()
+    assert cold["meta_info"]["cached_tokens"] == 0
+    assert cold["output_ids"] == first["output_ids"]
