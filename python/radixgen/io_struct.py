@@ -37,6 +37,8 @@ class TokenizedGenerateReq:
     priority: int = 0
     # a Batch API line: queued below every interactive request, preempted first
     background: bool = False
+    # the LoRA adapter (its name) the sequence runs under; None: the base model
+    lora_path: str | None = None
 
 
 @dataclass
@@ -207,6 +209,7 @@ _PER_ITEM_FIELDS = (
     "logprob_start_len",
     "top_logprobs_num",
     "rid",
+    "lora_path",
 )
 
 
@@ -231,6 +234,8 @@ class GenerateReqInput:
     priority: int | None = None
     # set by the Batch API's runner, never by a client: the request runs below interactive ones
     background: bool = False
+    # the LoRA adapter by name (SGLang's field), one or one per prompt; None: the base model
+    lora_path: str | list[str | None] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -287,4 +292,5 @@ class GenerateReqInput:
             program_trace=self.program_trace,
             priority=self.priority,
             background=self.background,
+            lora_path=pick(self.lora_path),
         )

@@ -438,6 +438,22 @@ class LoraConfig:
     def enabled(self) -> bool:
         return self.enable_lora or bool(self.lora_paths)
 
+    def named_paths(self) -> list[tuple[str, str]]:
+        """--lora-paths as (name, path): `name=path`, or a bare path named by itself."""
+        out: list[tuple[str, str]] = []
+        for spec in self.lora_paths or ():
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = spec, spec
+            if not name or not path:
+                raise InvalidRequestError(
+                    f"--lora-paths entry {spec!r} is not name=path", "lora_paths"
+                )
+            if any(n == name for n, _ in out):
+                raise InvalidRequestError(f"--lora-paths names {name!r} twice", "lora_paths")
+            out.append((name, path))
+        return out
+
 
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
@@ -584,6 +600,7 @@ class ServerArgs:
             raise InvalidRequestError("max_loras_per_batch must be >= 1", "max_loras_per_batch")
         if lora.max_lora_rank is not None and lora.max_lora_rank < 1:
             raise InvalidRequestError("max_lora_rank must be >= 1", "max_lora_rank")
+        lora.named_paths()  # a malformed entry fails here, before any start
         if not lora.enabled:
             return
         # NOTE: what the first LoRA part does not cover is refused here, before any start

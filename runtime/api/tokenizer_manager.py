@@ -107,6 +107,9 @@ class TokenizerManager:
             self.max_request_tokens,
             args.parallel.dp_size,
         )
+        # the LoRA adapters requests may name (--lora-paths; /load_lora_adapter adds one)
+        self.lora_enabled = args.lora.enabled
+        self.lora_paths: dict[str, str] = dict(args.lora.named_paths())
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
@@ -436,6 +439,7 @@ class TokenizerManager:
         params = [self.checker.check_request(it) for it in items]
         for it in items:
             resolve_priority(it.priority, self.args.scheduler)  # a refused priority: 400 first
+            self.check_lora(it.lora_path)
         self.limits.check_sequences(sum(sp.n for sp in params))
         ids_per_item = await asyncio.to_thread(
             lambda: [
@@ -505,7 +509,10 @@ class TokenizerManager:
         reuse its KV from the cache; returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
             return None
-        prefill = GenerateReqInput(priority=it.priority, background=it.background)
+        # NOTE: under the request's adapter: the cache keeps each adapter's prefixes apart
+        prefill = GenerateReqInput(
+            priority=it.priority, background=it.background, lora_path=it.lora_path
+        )
         st = await self._submit(
             prefill, ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
         )
@@ -516,6 +523,21 @@ class TokenizerManager:
         finally:
             self.states.pop(st.rid, None)
         return rank
+
+    def check_lora(self, name: object) -> None:
+        """A request's adapter must be loaded (400 naming it otherwise, or LoRA being off)."""
+        if name is None:
+            return
+        if not self.lora_enabled:
+            raise InvalidRequestError(
+                "LoRA adapters are not enabled on this server (start it with --enable-lora)",
+                "lora_path",
+            )
+        if not isinstance(name, str) or name not in self.lora_paths:
+            known = ", ".join(sorted(self.lora_paths)) or "none"
+            raise InvalidRequestError(
+                f"LoRA adapter {name!r} is not loaded (loaded: {known})", "lora_path"
+            )
 
     def _check_rids(self, rids: list[str | None]) -> None:
         given = [r for r in rids if r]
@@ -581,6 +603,7 @@ class TokenizerManager:
             arrival_time=time.time(),
             priority=resolve_priority(it.priority, self.args.scheduler),
             background=it.background,
+            lora_path=it.lora_path if isinstance(it.lora_path, str) else None,
         )
         assert self.link is not None
         await self.link.send_request(msg, rank)

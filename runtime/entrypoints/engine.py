@@ -88,6 +88,7 @@ class Engine:
         stream: bool,
         rid: str | list[str] | None,
         return_text_in_logprobs: bool,
+        lora_path: str | list[str | None] | None = None,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -99,6 +100,7 @@ class Engine:
             stream=stream,
             rid=rid,
             return_text_in_logprobs=return_text_in_logprobs,
+            lora_path=lora_path,
         )
 
     def encode(
@@ -125,14 +127,16 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
 
+        lora_path: the LoRA adapter by name (--lora-paths), one or one per prompt.
         Bad input raises `ValueError` (an `InvalidRequestError`) naming the parameter.
         """
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
@@ -179,11 +183,12 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        lora_path: str | list[str | None] | None = None,
     ) -> Any:
         """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         if stream:
             return self._stream_async(obj)

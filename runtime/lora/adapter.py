@@ -186,21 +186,6 @@ def load_adapter(
     return LoraAdapter(name, str(folder), rank, scaling, modules)
 
 
-def parse_lora_paths(specs: tuple[str, ...] | None) -> list[tuple[str, str]]:
-    """--lora-paths entries -> (name, path): `name=path`, or a bare path named by itself."""
-    out: list[tuple[str, str]] = []
-    for spec in specs or ():
-        name, sep, path = spec.partition("=")
-        if not sep:
-            name, path = spec, spec
-        if not name or not path:
-            raise InvalidRequestError(f"--lora-paths entry {spec!r} is not name=path", "lora_paths")
-        if any(n == name for n, _ in out):
-            raise InvalidRequestError(f"--lora-paths names {name!r} twice", "lora_paths")
-        out.append((name, path))
-    return out
-
-
 def resolve_target_modules(flag: tuple[str, ...] | None) -> frozenset[str]:
     """--lora-target-modules -> the PEFT module names slots are allocated for."""
     if not flag or "all" in flag or "all-linear" in flag:

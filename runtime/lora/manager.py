@@ -24,7 +24,6 @@ from radixgen.runtime.lora.adapter import (
     TARGETS,
     LoraAdapter,
     load_adapter,
-    parse_lora_paths,
     refuse,
     resolve_target_modules,
 )
@@ -67,7 +66,7 @@ class LoraManager:
         assert isinstance(layers, nn.ModuleList)
         self.num_layers = len(layers)
         self.base_shapes, self._linear_paths = self._base_shapes(layers[0])
-        initial = parse_lora_paths(config.lora_paths)
+        initial = config.named_paths()
         # NOTE: the slot width is fixed before any adapter is placed: the flag, else the widest
         # start-up adapter (read once with no rank bound, then checked like any other)
         first = [self._read(n, p, 1 << 30) for n, p in initial]
@@ -153,18 +152,17 @@ class LoraManager:
 
     # --- slots and steps ----------------------------------------------------------------------
 
-    def _acquire(self, names: set[str]) -> dict[str, int]:
-        """Slots for every adapter of a step: kept ones refreshed, others swapped in over the
-        least recently used slots no adapter of this step holds."""
+    def _acquire(self, names: list[str]) -> dict[str, int]:
+        """Slots for every adapter of a step (distinct, in the step's order): kept ones
+        refreshed, others swapped in over the least recently used slots no adapter of this step
+        holds."""
         if len(names) > self.num_slots:
             raise RuntimeError(
                 f"a step has {len(names)} adapters, over --max-loras-per-batch {self.num_slots}"
             )
-        for name in names:
+        for name in names:  # NOTE: the step's order is the recency order among its adapters
             if name in self.slot_of:
                 self.slot_of.move_to_end(name)
-        for name in names:
-            if name in self.slot_of:
                 continue
             used = set(self.slot_of.values())
             free = [s for s in range(self.num_slots) if s not in used]
@@ -189,7 +187,7 @@ class LoraManager:
         """Group this step's token rows by adapter slot (requests without one run the base)."""
         names = batch.lora_ids
         assert names is not None
-        slots = self._acquire({n for n in names if n is not None})
+        slots = self._acquire(list(dict.fromkeys(n for n in names if n is not None)))
         ranges: dict[int, list[tuple[int, int]]] = {}
         for name, start, n in zip(names, batch.extend_start_loc, batch.extend_lens, strict=True):
             if name is not None and n > 0:

@@ -29,7 +29,9 @@ class BasePrefixCache(ABC):
     """
 
     @abstractmethod
-    def match_prefix(self, key: list[int]) -> MatchResult: ...
+    def match_prefix(self, key: list[int], namespace: str | None = None) -> MatchResult:
+        """The longest cached prefix of `key` computed under `namespace` (a LoRA adapter's
+        name; None: the base model): KV of one namespace is never served to another."""
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode | None) -> None: ...

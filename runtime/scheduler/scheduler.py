@@ -194,6 +194,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         if not req.origin_input_ids:
             req.finish(FinishReason.abort("the prompt is empty", 400))
+        elif req.lora_id is not None and not self._lora_loaded(req.lora_id):
+            req.finish(FinishReason.abort(f"LoRA adapter {req.lora_id!r} is not loaded", 400))
         elif total > limit:
             req.finish(
                 FinishReason.abort(
@@ -216,6 +218,10 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             self.grammar_waiting.append(req)
             return
         self.waiting.append(req)
+
+    def _lora_loaded(self, name: str) -> bool:
+        lora = getattr(self.model_runner, "lora", None)  # a ModelRunner's LoraManager, or None
+        return lora is not None and name in lora
 
     def _poll_grammars(self) -> None:
         if not self.grammar_waiting or self.grammar_manager is None:
