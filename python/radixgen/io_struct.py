@@ -97,6 +97,29 @@ class FlushCacheOut(ControlOut):
 
 
 @dataclass
+class LoadLoraAdapterReq(ControlReq):
+    """Load a PEFT LoRA adapter from a folder under a name (SGLang's /load_lora_adapter)."""
+
+    lora_name: str = ""
+    lora_path: str = ""
+
+
+@dataclass
+class UnloadLoraAdapterReq(ControlReq):
+    """Unload an adapter by name; requests of it already in the scheduler finish first."""
+
+    lora_name: str = ""
+
+
+@dataclass
+class LoraAdapterOut(ControlOut):
+    """The scheduler's answer to a load or unload: done, or why not (a refusal's reason)."""
+
+    success: bool
+    message: str = ""
+
+
+@dataclass
 class GetInternalStateReq(ControlReq):
     pass
 

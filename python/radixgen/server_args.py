@@ -612,6 +612,10 @@ class ServerArgs:
             raise InvalidRequestError(
                 "LoRA adapters are not served with speculative decoding", "enable_lora"
             )
+        if self.model.is_embedding:
+            raise InvalidRequestError(
+                "LoRA adapters are not served by an embedding server", "enable_lora"
+            )
 
     def _validate_limits(self) -> None:
         lim = self.limits

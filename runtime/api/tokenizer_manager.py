@@ -42,8 +42,11 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
+    LoadLoraAdapterReq,
+    LoraAdapterOut,
     SchedulerReadyOut,
     TokenizedGenerateReq,
+    UnloadLoraAdapterReq,
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
@@ -265,6 +268,34 @@ class TokenizerManager:
         outs = await self._control(FlushCacheReq(), FlushCacheOut)
         refused = [o for o in outs if not o.success]
         return refused[0] if refused else outs[0]
+
+    async def load_lora_adapter(self, name: str, path: str) -> LoraAdapterOut:
+        """Load an adapter while serving (SGLang's /load_lora_adapter); a refusal (bad folder,
+        DoRA, rank over the max, ...) is an InvalidRequestError with the scheduler's reason."""
+        if not self.lora_enabled:
+            self.check_lora(name)  # the 400 saying LoRA is off
+        if not name or not path:
+            raise InvalidRequestError("give lora_name and lora_path", "lora_name")
+        if name in self.lora_paths:
+            raise InvalidRequestError(f"LoRA adapter {name!r} is already loaded", "lora_name")
+        out = (
+            await self._control(LoadLoraAdapterReq(lora_name=name, lora_path=path), LoraAdapterOut)
+        )[0]
+        if not out.success:
+            raise InvalidRequestError(out.message, "lora_path")
+        self.lora_paths[name] = path
+        return out
+
+    async def unload_lora_adapter(self, name: str) -> LoraAdapterOut:
+        """Unload an adapter: new requests naming it are refused at once; those already sent
+        finish first (the scheduler unloads it after the last)."""
+        if not self.lora_enabled or name not in self.lora_paths:
+            self.check_lora(name)  # the 400 naming what is loaded
+        del self.lora_paths[name]
+        out = (await self._control(UnloadLoraAdapterReq(lora_name=name), LoraAdapterOut))[0]
+        if not out.success:
+            raise InvalidRequestError(out.message, "lora_name")
+        return out
 
     async def get_internal_states(self) -> list[dict[str, Any]]:
         """Each scheduler replica's `internal_state()`, in replica order."""
@@ -523,6 +554,19 @@ class TokenizerManager:
         finally:
             self.states.pop(st.rid, None)
         return rank
+
+    def adapter_for_model(self, model: str | None, lora_path: str | None) -> str | None:
+        """The adapter an OpenAI request runs under: its `lora_path`, else its `model` when that
+        names a loaded adapter (vLLM's way) or is `<served name>:<adapter>` (SGLang's); any
+        other model name runs the base model, as before."""
+        if lora_path is not None or model is None or not self.lora_paths:
+            return lora_path
+        if model in self.lora_paths:
+            return model
+        base, sep, adapter = model.rpartition(":")
+        if sep and base == self.served_model_name and adapter:
+            return adapter  # checked like any lora_path: an unknown one is a 400
+        return None
 
     def check_lora(self, name: object) -> None:
         """A request's adapter must be loaded (400 naming it otherwise, or LoRA being off)."""

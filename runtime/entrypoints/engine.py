@@ -227,6 +227,17 @@ class Engine:
         out = self._call(self.tokenizer_manager.flush_cache())
         return {"success": out.success, "message": out.message}
 
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """SGLang's `Engine.load_lora_adapter`: a PEFT folder under a name, while serving; a
+        refused adapter raises `InvalidRequestError` naming why."""
+        out = self._call(self.tokenizer_manager.load_lora_adapter(lora_name, lora_path))
+        return {"success": out.success, "message": out.message}
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Unload an adapter: new requests naming it are refused, those in flight finish."""
+        out = self._call(self.tokenizer_manager.unload_lora_adapter(lora_name))
+        return {"success": out.success, "message": out.message}
+
     def get_server_info(self) -> dict[str, Any]:
         states = self._call(self.tokenizer_manager.get_internal_states())
         return {

@@ -66,3 +66,17 @@ def test_engine_serves_adapters_per_request(tmp_path: Path) -> None:
         assert cross["output_ids"] == hf_greedy(peft["c"], other, N)[0]
         with pytest.raises(InvalidRequestError, match="LoRA adapter 'zz' is not loaded"):
             engine.generate(input_ids=prompt, sampling_params=params, lora_path="zz")
+        # unloading while a request of the adapter runs: it finishes under the adapter first
+        long = {**params, "max_new_tokens": 64}
+        stream = engine.generate(input_ids=prompt, sampling_params=long, lora_path="a", stream=True)
+        assert not isinstance(stream, (dict, list))
+        first_chunk = next(stream)
+        assert engine.unload_lora_adapter("a")["success"]
+        with pytest.raises(InvalidRequestError, match="LoRA adapter 'a' is not loaded"):
+            engine.generate(input_ids=prompt, sampling_params=params, lora_path="a")
+        *_, last = [first_chunk, *stream]
+        assert last["output_ids"][:N] == want[0]
+        assert len(last["output_ids"]) == 64
+        assert engine.load_lora_adapter("a", paths[0].split("=", 1)[1])["success"]
+        again = engine.generate(input_ids=other, sampling_params=params, lora_path="a")
+        assert isinstance(again, dict) and again["output_ids"] == first["output_ids"]
