@@ -44,6 +44,11 @@ class LoraLinearSlots:
         self.rank = rank
         shards = len(shard_bounds) - 1
         out = shard_bounds[-1]
+        # NOTE: on CPU the factors and their GEMMs are float32 whatever the model dtype: torch's
+        # bf16 matmul without native bf16 units is ~16x slower (measured on AVX2: 3.5 ms vs 0.21
+        # ms for a 64-row qkv pair), the factors are small, and float32 is also closer to peft
+        if device.type == "cpu":
+            dtype = torch.float32
         self.a = torch.zeros(num_slots, shards * rank, in_features, dtype=dtype, device=device)
         self.b = torch.zeros(num_slots, out, shards * rank, dtype=dtype, device=device)
         self.scaling = [0.0] * num_slots
@@ -73,10 +78,10 @@ class LoraLinearSlots:
                 continue
             a, b = self.a[slot], self.b[slot]
             if isinstance(rows, slice):
-                d = torch.mm(torch.mm(x[rows], a.t()), b.t()).mul_(scaling)
+                d = torch.mm(torch.mm(x[rows].to(a.dtype), a.t()), b.t()).mul_(scaling)
                 y[rows] += d.to(y.dtype)
             else:
-                xs = x.index_select(0, rows)
+                xs = x.index_select(0, rows).to(a.dtype)
                 d = torch.mm(torch.mm(xs, a.t()), b.t()).mul_(scaling)
                 y.index_add_(0, rows, d.to(y.dtype))
         return y
