@@ -80,3 +80,8 @@ def test_engine_serves_adapters_per_request(tmp_path: Path) -> None:
         assert engine.load_lora_adapter("a", paths[0].split("=", 1)[1])["success"]
         again = engine.generate(input_ids=other, sampling_params=params, lora_path="a")
         assert isinstance(again, dict) and again["output_ids"] == first["output_ids"]
+
+
+def test_a_missing_adapter_fails_before_any_process_starts(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match=r"holds no adapter_config\.json"):
+        radixgen.Engine(lora_paths=[f"x={tmp_path / 'nowhere'}"], log_level="warning")
