@@ -37,6 +37,8 @@ class TokenizedGenerateReq:
     priority: int = 0
     # a Batch API line: queued below every interactive request, preempted first
     background: bool = False
+    # the LoRA adapter (its name) the sequence runs under; None: the base model
+    lora_path: str | None = None
 
 
 @dataclass
@@ -91,6 +93,29 @@ class FlushCacheReq(ControlReq):
 
 @dataclass
 class FlushCacheOut(ControlOut):
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class LoadLoraAdapterReq(ControlReq):
+    """Load a PEFT LoRA adapter from a folder under a name (SGLang's /load_lora_adapter)."""
+
+    lora_name: str = ""
+    lora_path: str = ""
+
+
+@dataclass
+class UnloadLoraAdapterReq(ControlReq):
+    """Unload an adapter by name; requests of it already in the scheduler finish first."""
+
+    lora_name: str = ""
+
+
+@dataclass
+class LoraAdapterOut(ControlOut):
+    """The scheduler's answer to a load or unload: done, or why not (a refusal's reason)."""
+
     success: bool
     message: str = ""
 
@@ -211,6 +236,7 @@ _PER_ITEM_FIELDS = (
     "logprob_start_len",
     "top_logprobs_num",
     "rid",
+    "lora_path",
 )
 
 
@@ -235,6 +261,8 @@ class GenerateReqInput:
     priority: int | None = None
     # set by the Batch API's runner, never by a client: the request runs below interactive ones
     background: bool = False
+    # the LoRA adapter by name (SGLang's field), one or one per prompt; None: the base model
+    lora_path: str | list[str | None] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -291,4 +319,5 @@ class GenerateReqInput:
             program_trace=self.program_trace,
             priority=self.priority,
             background=self.background,
+            lora_path=pick(self.lora_path),
         )

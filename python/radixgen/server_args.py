@@ -22,8 +22,15 @@ from radixgen.parallel_args import check_parallel
 from radixgen.speculative_config import SpeculativeConfig
 
 
-def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _f(
+    default: Any, help: str, choices: tuple[str, ...] | None = None, nargs: str | None = None
+) -> Any:
+    """A config field: its default, help text, fixed choices and (a list flag) how many values
+    it takes on the command line, "+" unless said."""
+    meta: dict[str, Any] = {"help": help, "choices": choices}
+    if nargs is not None:
+        meta["nargs"] = nargs
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -436,6 +443,63 @@ class BatchConfig:
     )
 
 
+@dataclass(frozen=True)
+class LoraConfig:
+    """Multi-LoRA serving: PEFT adapters over the one base model, mixed in a batch."""
+
+    enable_lora: bool = _f(
+        False,
+        "Serve LoRA adapters: a request names one (`lora_path`, or an OpenAI `model`); off, "
+        "the base model runs with no LoRA cost at all.",
+    )
+    lora_paths: tuple[str, ...] | None = _f(
+        None,
+        "Adapters loaded at start, each `name=path` or a bare path (its name: the path); "
+        "implies --enable-lora.",
+        nargs="*",  # SGLang's: the flag alone is no adapter
+    )
+    max_loras_per_batch: int = _f(
+        8, "Adapter slots on the device: the most distinct adapters in one running batch."
+    )
+    max_lora_rank: int | None = _f(
+        None,
+        "Largest adapter rank served (slots are this wide); default: the largest rank of "
+        "--lora-paths, else 64.",
+    )
+    lora_target_modules: tuple[str, ...] | None = _f(
+        None,
+        "Modules adapters may target (q_proj k_proj v_proj o_proj gate_proj up_proj "
+        "down_proj, or all); default: all of them.",
+        nargs="*",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("lora_paths", "lora_target_modules"):
+            value = getattr(self, name)
+            if value is not None:  # a list from the command line or a config file
+                object.__setattr__(self, name, tuple(str(v) for v in value))
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
+
+    def named_paths(self) -> list[tuple[str, str]]:
+        """--lora-paths as (name, path): `name=path`, or a bare path named by itself."""
+        out: list[tuple[str, str]] = []
+        for spec in self.lora_paths or ():
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = spec, spec
+            if not name or not path:
+                raise InvalidRequestError(
+                    f"--lora-paths entry {spec!r} is not name=path", "lora_paths"
+                )
+            if any(n == name for n, _ in out):
+                raise InvalidRequestError(f"--lora-paths names {name!r} twice", "lora_paths")
+            out.append((name, path))
+        return out
+
+
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
@@ -448,6 +512,7 @@ _GROUPS: dict[str, type] = {
     "parsers": ParserConfig,
     "speculative": SpeculativeConfig,
     "batch": BatchConfig,
+    "lora": LoraConfig,
 }
 
 
@@ -466,6 +531,7 @@ class ServerArgs:
     parsers: ParserConfig = field(default_factory=ParserConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -521,6 +587,7 @@ class ServerArgs:
             raise InvalidRequestError("max_queued_requests must be >= 0", "max_queued_requests")
         self._validate_limits()
         self.speculative.validate()
+        self._validate_lora()
         if (
             self.speculative.enabled
             and s.enable_overlap_schedule
@@ -605,6 +672,35 @@ class ServerArgs:
                 f"--quantization {self.model.quantization} is not served with --tp-size > 1 "
                 "(tensor-parallel ranks shard dequantized weights; a GGUF runs dequantized there)",
                 "quantization",
+            )
+
+    def _validate_lora(self) -> None:
+        lora = self.lora
+        if lora.max_loras_per_batch < 1:
+            raise InvalidRequestError("max_loras_per_batch must be >= 1", "max_loras_per_batch")
+        if lora.max_lora_rank is not None and lora.max_lora_rank < 1:
+            raise InvalidRequestError("max_lora_rank must be >= 1", "max_lora_rank")
+        lora.named_paths()  # a malformed entry fails here, before any start
+        if not lora.enabled:
+            return
+        # NOTE: what the first LoRA part does not cover is refused here, before any start
+        if self.parallel.tp_size > 1 or self.parallel.dp_size > 1:
+            raise InvalidRequestError(
+                "LoRA adapters are served with --tp-size 1 and --dp-size 1 only", "enable_lora"
+            )
+        if self.speculative.enabled:
+            raise InvalidRequestError(
+                "LoRA adapters are not served with speculative decoding", "enable_lora"
+            )
+        if self.model.is_embedding:
+            raise InvalidRequestError(
+                "LoRA adapters are not served by an embedding server", "enable_lora"
+            )
+        if self.cache.enable_hierarchical_cache:
+            raise InvalidRequestError(
+                "LoRA adapters are not served with --enable-hierarchical-cache yet (its host and "
+                "file tiers are keyed by tokens alone, not by adapter)",
+                "enable_lora",
             )
 
     def _validate_limits(self) -> None:
@@ -711,7 +807,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 *flags,
                 dest=f.name,
-                nargs="+" if many else None,
+                nargs=f.metadata.get("nargs", "+") if many else None,
                 type=_cli_type(typ, name) if typ is str else typ,
                 default=f.default,
                 choices=sf.cli_choices(name, ours),

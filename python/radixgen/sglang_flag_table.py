@@ -57,7 +57,8 @@ IMPLEMENTED: tuple[str, ...] = (
     "chunked-prefill-size", "max-prefill-tokens", "schedule-policy", "schedule-conservativeness",
     "stream-interval", "grammar-backend", "constrained-json-whitespace-pattern", "tp-size",
     "dp-size", "host", "port", "api-key", "log-level", "log-requests", "log-requests-level",
-    "enable-metrics", "enable-cache-report",
+    "enable-metrics", "enable-cache-report", "enable-lora", "lora-paths", "max-loras-per-batch",
+    "max-lora-rank", "lora-target-modules",
     "tool-call-parser", "reasoning-parser", "load-balance-method", "attention-backend",
     "disable-overlap-schedule", "speculative-algorithm", "speculative-num-draft-tokens",
     "speculative-ngram-max-bfs-breadth", "speculative-ngram-min-match-window-size",
@@ -219,16 +220,16 @@ TOPICS: tuple[FlagTopic, ...] = (
     ),
     FlagTopic(
         R,
-        "LoRA adapters cannot be served here: only the base model runs",
-        "enable-lora lora-paths=* uno-lora-path=",
+        "an adapter for the MoE experts' own LoRA layout: adapters here target q/k/v/o and "
+        "gate/up/down of dense layers",
+        "uno-lora-path= experts-shared-outer-loras/no lora-use-virtual-experts",
     ),
     FlagTopic(
         N,
-        "a LoRA setting, and LoRA serving is not available here",
-        "enable-lora-overlap-loading max-lora-rank= lora-target-modules=* max-loaded-loras= "
-        "max-loras-per-batch= lora-eviction-policy= lora-backend= max-lora-chunk-size= "
-        "experts-shared-outer-loras/no lora-use-virtual-experts lora-strict-loading/no "
-        "lora-drain-wait-threshold=",
+        "a LoRA tuning knob: adapters load synchronously into --max-loras-per-batch slots "
+        "(LRU), applied by torch GEMMs per adapter group",
+        "enable-lora-overlap-loading max-loaded-loras= lora-eviction-policy= lora-backend= "
+        "max-lora-chunk-size= lora-strict-loading/no lora-drain-wait-threshold=",
     ),
     # --- device and kernels -----------------------------------------------------------------
     FlagTopic(

@@ -42,8 +42,11 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
+    LoadLoraAdapterReq,
+    LoraAdapterOut,
     SchedulerReadyOut,
     TokenizedGenerateReq,
+    UnloadLoraAdapterReq,
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
@@ -107,6 +110,9 @@ class TokenizerManager:
             self.max_request_tokens,
             args.parallel.dp_size,
         )
+        # the LoRA adapters requests may name (--lora-paths; /load_lora_adapter adds one)
+        self.lora_enabled = args.lora.enabled
+        self.lora_paths: dict[str, str] = dict(args.lora.named_paths())
         self.states: dict[str, ReqState] = {}
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
@@ -263,6 +269,34 @@ class TokenizerManager:
         outs = await self._control(FlushCacheReq(keep_lower_tiers=keep_lower_tiers), FlushCacheOut)
         refused = [o for o in outs if not o.success]
         return refused[0] if refused else outs[0]
+
+    async def load_lora_adapter(self, name: str, path: str) -> LoraAdapterOut:
+        """Load an adapter while serving (SGLang's /load_lora_adapter); a refusal (bad folder,
+        DoRA, rank over the max, ...) is an InvalidRequestError with the scheduler's reason."""
+        if not self.lora_enabled:
+            self.check_lora(name)  # the 400 saying LoRA is off
+        if not name or not path:
+            raise InvalidRequestError("give lora_name and lora_path", "lora_name")
+        if name in self.lora_paths:
+            raise InvalidRequestError(f"LoRA adapter {name!r} is already loaded", "lora_name")
+        out = (
+            await self._control(LoadLoraAdapterReq(lora_name=name, lora_path=path), LoraAdapterOut)
+        )[0]
+        if not out.success:
+            raise InvalidRequestError(out.message, "lora_path")
+        self.lora_paths[name] = path
+        return out
+
+    async def unload_lora_adapter(self, name: str) -> LoraAdapterOut:
+        """Unload an adapter: new requests naming it are refused at once; those already sent
+        finish first (the scheduler unloads it after the last)."""
+        if not self.lora_enabled or name not in self.lora_paths:
+            self.check_lora(name)  # the 400 naming what is loaded
+        del self.lora_paths[name]
+        out = (await self._control(UnloadLoraAdapterReq(lora_name=name), LoraAdapterOut))[0]
+        if not out.success:
+            raise InvalidRequestError(out.message, "lora_name")
+        return out
 
     async def get_internal_states(self) -> list[dict[str, Any]]:
         """Each scheduler replica's `internal_state()`, in replica order."""
@@ -437,6 +471,7 @@ class TokenizerManager:
         params = [self.checker.check_request(it) for it in items]
         for it in items:
             resolve_priority(it.priority, self.args.scheduler)  # a refused priority: 400 first
+            self.check_lora(it.lora_path)
         self.limits.check_sequences(sum(sp.n for sp in params))
         ids_per_item = await asyncio.to_thread(
             lambda: [
@@ -506,7 +541,10 @@ class TokenizerManager:
         reuse its KV from the cache; returns the replica that holds it (None: no cache to fill)."""
         if self.args.cache.disable_radix_cache:
             return None
-        prefill = GenerateReqInput(priority=it.priority, background=it.background)
+        # NOTE: under the request's adapter: the cache keeps each adapter's prefixes apart
+        prefill = GenerateReqInput(
+            priority=it.priority, background=it.background, lora_path=it.lora_path
+        )
         st = await self._submit(
             prefill, ids, SamplingParams(max_new_tokens=0), internal=True, rank=rank
         )
@@ -517,6 +555,34 @@ class TokenizerManager:
         finally:
             self.states.pop(st.rid, None)
         return rank
+
+    def adapter_for_model(self, model: str | None, lora_path: str | None) -> str | None:
+        """The adapter an OpenAI request runs under: its `lora_path`, else its `model` when that
+        names a loaded adapter (vLLM's way) or is `<served name>:<adapter>` (SGLang's); any
+        other model name runs the base model, as before."""
+        if lora_path is not None or model is None or not self.lora_paths:
+            return lora_path
+        if model in self.lora_paths:
+            return model
+        base, sep, adapter = model.rpartition(":")
+        if sep and base == self.served_model_name and adapter:
+            return adapter  # checked like any lora_path: an unknown one is a 400
+        return None
+
+    def check_lora(self, name: object) -> None:
+        """A request's adapter must be loaded (400 naming it otherwise, or LoRA being off)."""
+        if name is None:
+            return
+        if not self.lora_enabled:
+            raise InvalidRequestError(
+                "LoRA adapters are not enabled on this server (start it with --enable-lora)",
+                "lora_path",
+            )
+        if not isinstance(name, str) or name not in self.lora_paths:
+            known = ", ".join(sorted(self.lora_paths)) or "none"
+            raise InvalidRequestError(
+                f"LoRA adapter {name!r} is not loaded (loaded: {known})", "lora_path"
+            )
 
     def _check_rids(self, rids: list[str | None]) -> None:
         given = [r for r in rids if r]
@@ -582,6 +648,7 @@ class TokenizerManager:
             arrival_time=time.time(),
             priority=resolve_priority(it.priority, self.args.scheduler),
             background=it.background,
+            lora_path=it.lora_path if isinstance(it.lora_path, str) else None,
         )
         assert self.link is not None
         await self.link.send_request(msg, rank)

@@ -88,6 +88,7 @@ class Engine:
         stream: bool,
         rid: str | list[str] | None,
         return_text_in_logprobs: bool,
+        lora_path: str | list[str | None] | None = None,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -99,6 +100,7 @@ class Engine:
             stream=stream,
             rid=rid,
             return_text_in_logprobs=return_text_in_logprobs,
+            lora_path=lora_path,
         )
 
     def encode(
@@ -125,14 +127,16 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
 
+        lora_path: the LoRA adapter by name (--lora-paths), one or one per prompt.
         Bad input raises `ValueError` (an `InvalidRequestError`) naming the parameter.
         """
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
@@ -179,11 +183,12 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        lora_path: str | list[str | None] | None = None,
     ) -> Any:
         """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         if stream:
             return self._stream_async(obj)
@@ -221,6 +226,17 @@ class Engine:
         """Empty the prefix cache (with HiCache every tier, or only the KV pool with
         `keep_lower_tiers`); refused (success False, with a message) while requests run."""
         out = self._call(self.tokenizer_manager.flush_cache(keep_lower_tiers))
+        return {"success": out.success, "message": out.message}
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """SGLang's `Engine.load_lora_adapter`: a PEFT folder under a name, while serving; a
+        refused adapter raises `InvalidRequestError` naming why."""
+        out = self._call(self.tokenizer_manager.load_lora_adapter(lora_name, lora_path))
+        return {"success": out.success, "message": out.message}
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Unload an adapter: new requests naming it are refused, those in flight finish."""
+        out = self._call(self.tokenizer_manager.unload_lora_adapter(lora_name))
         return {"success": out.success, "message": out.message}
 
     def get_server_info(self) -> dict[str, Any]:

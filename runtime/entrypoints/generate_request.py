@@ -26,6 +26,7 @@ _CORE_KEYS = {
     "rid",
     "stream",
     "priority",  # SGLang's request priority (--enable-priority-scheduling)
+    "lora_path",  # the LoRA adapter by name (--enable-lora; the TokenizerManager checks it)
     TRACE_FIELD,  # radixgen's own: a traced DSL program's call (radixgen/program_trace.py)
 }
 # SGLang request keys this server accepts only while they are unset.
@@ -40,7 +41,6 @@ _UNSUPPORTED_KEYS = {
     "token_ids_logprob": "token_ids_logprob",
     "return_hidden_states": "hidden states",
     "return_routed_experts": "routed experts",
-    "lora_path": "LoRA adapters",
     "session_params": "sessions",
     "session_id": "sessions",
     "custom_logit_processor": "custom logit processors",
@@ -158,6 +158,9 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
             if not _is_int(body[key]):
                 raise InvalidRequestError(f"{key} must be an integer", key)
             dp_rank = dp_rank if dp_rank is not None else body[key]
+    _check_per_item(
+        "lora_path", body.get("lora_path"), lambda v: isinstance(v, str) and v, "an adapter name"
+    )
     priority = body.get("priority")
     if priority is not None and not _is_int(priority):
         raise InvalidRequestError(f"priority must be an integer, got {priority!r}", "priority")
@@ -178,6 +181,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         data_parallel_rank=dp_rank,
         program_trace=parse_program_trace(body.get(TRACE_FIELD)),
         priority=priority,
+        lora_path=body.get("lora_path"),
     )
     obj.check_per_item_lengths()
     return obj

@@ -267,6 +267,51 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse(f"Cache not flushed: {out.message}\n", status_code=400)
 
 
+async def _lora_body(request: Request, keys: tuple[str, ...]) -> list[str]:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the body must be a JSON object", None)
+    values = [body.get(k) for k in keys]
+    for key, value in zip(keys, values, strict=True):
+        if not isinstance(value, str) or not value:
+            raise InvalidRequestError(f"{key} must be a non-empty string", key)
+    return [str(v) for v in values]
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> Response:
+    """SGLang's body {lora_name, lora_path}; its reply {success, error_message,
+    loaded_adapters}. A refused adapter (or LoRA being off) is a 400 naming why."""
+    try:
+        name, path = await _lora_body(request, ("lora_name", "lora_path"))
+        tm = server_state(request).manager()
+        out = await tm.load_lora_adapter(name, path)
+    except RadixGenError as e:
+        return error_response(e)
+    return json_response(
+        {"success": out.success, "error_message": "", "loaded_adapters": dict(tm.lora_paths)}
+    )
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> Response:
+    """SGLang's body {lora_name}: requests of the adapter in flight finish first."""
+    try:
+        (name,) = await _lora_body(request, ("lora_name",))
+        tm = server_state(request).manager()
+        out = await tm.unload_lora_adapter(name)
+    except RadixGenError as e:
+        return error_response(e)
+    return json_response(
+        {
+            "success": out.success,
+            "error_message": "",
+            "message": out.message,
+            "loaded_adapters": dict(tm.lora_paths),
+        }
+    )
+
+
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
     try:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import zmq
 
@@ -115,6 +116,11 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     served = args.model.served_model_name or default_served_name(args.model.model_path, embedding)
     if serves_embeddings(embedding, model_folder) and args.parallel.tp_size > 1:
         raise InvalidRequestError("an embedding model runs on one rank: use --tp-size 1", "tp_size")
+    for name, path in args.lora.named_paths():  # a missing adapter fails before any start too
+        if not (Path(path).expanduser() / "adapter_config.json").is_file():
+            raise InvalidRequestError(
+                f"LoRA adapter {name!r}: {path} holds no adapter_config.json", "lora_paths"
+            )
     if args.parallel.tp_size > 1:  # a split the model's shape refuses fails before any start
         check = check_dp_attention_shape if args.parallel.enable_dp_attention else check_tp_shape
         check(ModelArchConfig.from_folder(model_folder), args.parallel.tp_size)

@@ -17,6 +17,8 @@ Runs in the scheduler process.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,9 +87,21 @@ def linear(
     return y[:1] if single else y
 
 
+class LinearDelta(Protocol):
+    """Something added to a linear layer's output for some rows (a LoRA adapter's x A^T B^T),
+    kept behind this protocol so the layers import nothing of the LoRA package."""
+
+    def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (the base output of x) with the delta added; may update y in place."""
+        ...
+
+
 class Linear(nn.Linear):
     packed: PackedWeight | None = None
     gemm: NativeKernels | None = None  # the native GEMM serving this layer (set by `prepack`)
+    # NOTE: None (the class default) unless --enable-lora attached adapters' slots: the base
+    # path pays one attribute test a call
+    delta: LinearDelta | None = None
 
     def prepack(self, gemm: NativeKernels | None = None) -> None:
         """Call once the weights are loaded (and whenever they change); gemm: see
@@ -118,4 +132,5 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:
         """unrounded: the caller takes float32 (see `linear`)."""
-        return linear(x, self.weight, self.packed, self.bias, unrounded, self.gemm)
+        y = linear(x, self.weight, self.packed, self.bias, unrounded, self.gemm)
+        return y if self.delta is None else self.delta.add_to(x, y)

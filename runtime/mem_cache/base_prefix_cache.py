@@ -33,7 +33,9 @@ class BasePrefixCache(ABC):
     """
 
     @abstractmethod
-    def match_prefix(self, key: list[int]) -> MatchResult: ...
+    def match_prefix(self, key: list[int], namespace: str | None = None) -> MatchResult:
+        """The longest cached prefix of `key` computed under `namespace` (a LoRA adapter's
+        name; None: the base model): KV of one namespace is never served to another."""
 
     def match_and_load(self, key: list[int]) -> MatchResult:
         """`match_prefix` for an admission: a cache with lower tiers first copies back what

@@ -24,7 +24,7 @@ class ChunkCache(BasePrefixCache):
         self.req_to_token_pool = req_to_token_pool
         self.kv_pool = kv_pool
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
+    def match_prefix(self, key: list[int], namespace: str | None = None) -> MatchResult:
         return MatchResult(_EMPTY, None)
 
     def inc_lock_ref(self, node: TreeNode | None) -> None:

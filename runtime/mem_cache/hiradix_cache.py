@@ -115,8 +115,9 @@ class HiRadixCache(RadixCache):
             if not in_files and files is not None:
                 files.put(h, block)
 
-    def insert(self, key: list[int], value: torch.Tensor) -> int:
-        already = super().insert(key, value)
+    def insert(self, key: list[int], value: torch.Tensor, namespace: str | None = None) -> int:
+        assert namespace is None, "HiCache serves the base model only (LoRA is refused with it)"
+        already = super().insert(key, value, namespace)
         if self.files is not None and self.write_policy == "write_through":
             self._write_through(key, value)
         return already

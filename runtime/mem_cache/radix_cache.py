@@ -5,6 +5,11 @@ finished request's tokens are inserted so later requests (the next chat turn, th
 question) reuse them. Nodes used by running requests are locked (with their ancestors); eviction
 frees unlocked leaves in least-recently-used order. With `page_size` > 1 keys are matched and
 stored in whole pages.
+
+KV computed under a LoRA adapter differs from the base model's for the same tokens, so each
+adapter has a tree of its own (a root per namespace, `roots`; the base model's is `root`): a
+prefix cached under one adapter is never matched by another's request or the base's, while
+requests of one adapter share as before. Eviction, locking and accounting span all trees.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ class RadixCache(BasePrefixCache):
     def reset(self) -> None:
         self.root = TreeNode()
         self.root.lock_ref = 1  # the root is never evicted
+        # namespace (a LoRA adapter's name; None: the base model) -> its tree's root
+        self.roots: dict[str | None, TreeNode] = {None: self.root}
         self._evictable = 0
         self._protected = 0
         # NOTE: exactly the unlocked childless non-root nodes, kept up to date by every change
@@ -91,15 +98,24 @@ class RadixCache(BasePrefixCache):
     def _aligned(self, n: int) -> int:
         return n - n % self.page_size
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
+    def _root(self, namespace: str | None) -> TreeNode:
+        root = self.roots.get(namespace)
+        if root is None:
+            root = self.roots[namespace] = TreeNode()
+            root.lock_ref = 1
+        return root
+
+    def match_prefix(self, key: list[int], namespace: str | None = None) -> MatchResult:
         key = key[: self._aligned(len(key))]
-        node, values = self._match(key)
+        node, values = self._match(key, namespace)
         value = torch.cat(values) if values else _EMPTY
         return MatchResult(value, node)
 
-    def _match(self, key: list[int]) -> tuple[TreeNode, list[torch.Tensor]]:
+    def _match(
+        self, key: list[int], namespace: str | None = None
+    ) -> tuple[TreeNode, list[torch.Tensor]]:
         now = time.monotonic()
-        node = self.root
+        node = self._root(namespace)
         node.last_access = now
         values: list[torch.Tensor] = []
         while key:
@@ -132,15 +148,16 @@ class RadixCache(BasePrefixCache):
         upper.children[self._child_key(child.key)] = child
         return upper
 
-    def insert(self, key: list[int], value: torch.Tensor) -> int:
-        """Insert key -> slots; return how many leading tokens were already cached.
+    def insert(self, key: list[int], value: torch.Tensor, namespace: str | None = None) -> int:
+        """Insert key -> slots under `namespace`; return how many leading tokens were already
+        cached there.
 
         The caller still owns `value[:returned]` duplicates and must free them.
         """
         n_total = self._aligned(len(key))
         key, value = key[:n_total], value[:n_total]
         now = time.monotonic()
-        node = self.root
+        node = self._root(namespace)
         matched = 0
         while key:
             child = node.children.get(self._child_key(key))
@@ -166,7 +183,7 @@ class RadixCache(BasePrefixCache):
 
     def inc_lock_ref(self, node: TreeNode | None) -> None:
         assert node is not None, "radix matches always return a node"
-        while node is not self.root:
+        while node.parent is not None:  # up to its tree's root
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -177,7 +194,7 @@ class RadixCache(BasePrefixCache):
 
     def dec_lock_ref(self, node: TreeNode | None) -> None:
         assert node is not None, "radix matches always return a node"
-        while node is not self.root:
+        while node.parent is not None:
             assert node.lock_ref > 0, "unlocking an unlocked radix node"
             if node.lock_ref == 1:
                 self._evictable += len(node.key)
@@ -191,7 +208,7 @@ class RadixCache(BasePrefixCache):
     def record_hit(self, node: TreeNode | None) -> None:
         """A request was admitted reusing the prefix ending at `node`: count a hit on it and its
         ancestors (the same walk as `inc_lock_ref`, once per admission)."""
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             node.hits += 1
             node = node.parent
 
@@ -203,7 +220,7 @@ class RadixCache(BasePrefixCache):
         kv_len = req.kv_len
         slots = self.req_to_token_pool.req_to_token[row, :kv_len].clone()
         aligned = self._aligned(kv_len)
-        already = self.insert(req.all_ids[:aligned], slots[:aligned])
+        already = self.insert(req.all_ids[:aligned], slots[:aligned], req.lora_id)
         # duplicates of what the tree already held, and the unaligned tail, go back to the pool
         self.kv_pool.free(slots[req.cache_protected_len : already])
         self.kv_pool.free(slots[aligned:])
@@ -219,9 +236,9 @@ class RadixCache(BasePrefixCache):
             return
         key = req.all_ids[:aligned]
         slots = self.req_to_token_pool.req_to_token[row, :aligned].clone()
-        already = self.insert(key, slots)
+        already = self.insert(key, slots, req.lora_id)
         self.kv_pool.free(slots[req.cache_protected_len : already])
-        node, values = self._match(key)
+        node, values = self._match(key, req.lora_id)
         tree_slots = torch.cat(values)
         assert tree_slots.numel() == aligned
         start = req.cache_protected_len
@@ -251,7 +268,7 @@ class RadixCache(BasePrefixCache):
             parent = leaf.parent
             assert parent is not None
             del parent.children[self._child_key(leaf.key)]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
                 heapq.heappush(leaves, parent)
         return freed
@@ -263,7 +280,7 @@ class RadixCache(BasePrefixCache):
         return self._protected
 
     def _iter_nodes(self) -> Iterator[TreeNode]:
-        stack = list(self.root.children.values())
+        stack = [c for root in self.roots.values() for c in root.children.values()]
         while stack:
             node = stack.pop()
             yield node

@@ -33,6 +33,9 @@ class ForwardBatch:
     # per request row, whether it verifies a speculative draft (None: no row does): each of its
     # tokens stands where a decode step would have put it, not in a prompt chunk
     draft_rows: list[bool] | None = None
+    # per request row, the LoRA adapter it runs under (None: the base model); the whole list is
+    # None when no row of the step has one, so such steps take the base path unchanged
+    lora_ids: list[str | None] | None = None
 
     def to_device(self, device: torch.device) -> ForwardBatch:
         """This batch with its tensors on `device`, moved in one non-blocking copy (itself on CPU).

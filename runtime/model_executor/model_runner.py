@@ -19,6 +19,7 @@ from radixgen.kernels.kv_quant import resolve_kv_cache_format
 from radixgen.kernels.layer_ops import FusedLayerOps
 from radixgen.runtime.distributed.parallel_linear import load_sharded_model
 from radixgen.runtime.distributed.parallel_state import CollectiveError
+from radixgen.runtime.lora.manager import LoraManager
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -120,6 +121,9 @@ class ModelRunner:
             layer_info=self.model.attention_layer_info(),
         )
         self.graph_runner = self._build_graph_runner()
+        self.lora: LoraManager | None = None
+        if args.lora.enabled:
+            self.lora = LoraManager(self.model, args.lora, self.dtype, self.torch_device)
         self.load_seconds = time.perf_counter() - t0
         logger.info(
             "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens (%s), %s kernels, %s attention%s"
@@ -200,11 +204,21 @@ class ModelRunner:
 
     def _forward_local(self, batch: ForwardBatch) -> LogitsOutput:
         batch = batch.to_device(self.torch_device)
-        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+        lora = batch.lora_ids is not None
+        if self.graph_runner is not None and not lora and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
-        hidden = self.model(batch.input_ids, batch.positions, batch)
+        if lora:
+            if self.lora is None:
+                raise RuntimeError("a step names LoRA adapters but --enable-lora is off")
+            self.lora.begin_step(batch)
+            try:
+                hidden = self.model(batch.input_ids, batch.positions, batch)
+            finally:
+                self.lora.end_step()
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, batch)
         raw = self.model.compute_logits(hidden)
         return LogitsOutput(raw, hidden, self.model.lm_head_weight, self.vocab_size, self.native)
 

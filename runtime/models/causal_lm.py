@@ -113,7 +113,9 @@ class CausalLM(nn.Module):
         costs a few microseconds a call and a decode step makes ~270 of them (no hooks are used).
         """
         x = self.vocab.embed(self.embed_tokens, input_ids)
-        native = self._native_stack(batch)
+        # NOTE: the native stack runs the packed weights only: a step with adapter rows takes
+        # the per-layer path, where each linear layer adds its LoRA delta (`Linear.delta`)
+        native = self._native_stack(batch) if batch.lora_ids is None else None
         if native is not None:  # every layer and the final norm in one native call, bitwise
             stack, layout = native  # the loop below
             return stack.forward(x, positions, batch.out_cache_loc, layout, batch.logits_indices)

@@ -154,7 +154,7 @@ class SchedulerPlanner:
         if cand is None:
             return
         self._planning = [cand]
-        match = self.cache.match_prefix(cand.all_ids[: cand.seq_len - 1])
+        match = self.cache.match_prefix(cand.all_ids[: cand.seq_len - 1], cand.lora_id)
         need = -(-(cand.seq_len - match.indices.numel()) // self.page_size) * self.page_size
         if self.chunk_size:
             need = min(need, -(-self.chunk_size // self.page_size) * self.page_size)
@@ -229,6 +229,10 @@ class SchedulerPlanner:
         interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
         loaded = False  # a match copied host-tier KV into the pool (HiCache)
+        # NOTE: every running request steps together, so the running set holds at most
+        # --max-loras-per-batch distinct adapters (the model runner's slots)
+        adapters = {r.lora_id for r in self.running if r.lora_id is not None}
+        max_adapters = self.args.lora.max_loras_per_batch
         for req in order_waiting_queue(
             self.waiting, self.args.scheduler.schedule_policy, self.cache
         ):
@@ -240,11 +244,17 @@ class SchedulerPlanner:
                 continue  # retracted while its token was in flight: admitted once it arrives
             if req.background and (interactive or background <= 0):
                 break  # batch lines come last in the order; not in an interactive prefill step
+            if req.lora_id is not None and req.lora_id not in adapters:
+                if len(adapters) >= max_adapters:
+                    continue  # its adapter waits for a slot; other requests may still fit
             self._planning = [req]
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
                 key_len = min(key_len, req.input_logprob_start)
-            match = self.cache.match_and_load(req.all_ids[:key_len])
+            if req.lora_id is None:  # NOTE: HiCache and LoRA are not enabled together
+                match = self.cache.match_and_load(req.all_ids[:key_len])
+            else:
+                match = self.cache.match_prefix(req.all_ids[:key_len], req.lora_id)
             prefix_len = match.indices.numel()
             loaded = loaded or match.host_tokens + match.storage_tokens > 0
             if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
@@ -296,6 +306,8 @@ class SchedulerPlanner:
                 background -= n
             reserved += need
             interactive = interactive or not req.background
+            if req.lora_id is not None:
+                adapters.add(req.lora_id)
             admitted.append(req)
             self.running.append(req)
         if loaded:
@@ -321,6 +333,8 @@ class SchedulerPlanner:
             ids = req.all_ids
         first, last = ids[prefix_len], ids[end - 1]
         for o in others:
+            if o.lora_id != req.lora_id:
+                continue  # another adapter's KV is never shared
             theirs = o.origin_input_ids
             if len(theirs) < end or theirs[prefix_len] != first or theirs[end - 1] != last:
                 continue

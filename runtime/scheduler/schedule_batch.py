@@ -151,6 +151,8 @@ def build_step_batch(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long),
         draft_rows=draft_rows if any(draft_rows) else None,
     )
+    if any(r.lora_id is not None for r in reqs):  # NOTE: speculation is refused with LoRA
+        fb.lora_ids = [r.lora_id for r in reqs]
     return StepBatch(reqs, fb, layouts)
 
 

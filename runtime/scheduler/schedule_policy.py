@@ -96,7 +96,7 @@ def _order_level(queue: list[Req], policy: str, cache: BasePrefixCache, fcfs: bo
         return sorted(queue, key=_fcfs_key)
     retracted = [r for r in queue if r.retractions]
     fresh = [r for r in queue if not r.retractions]
-    matches = {id(r): cache.match_prefix(r.all_ids[:-1]) for r in fresh}
+    matches = {id(r): cache.match_prefix(r.all_ids[:-1], r.lora_id) for r in fresh}
     if policy == "lpm":
         fresh.sort(key=lambda r: (-matches[id(r)].indices.numel(), r.arrival_time))
     elif policy == "dfs-weight":
@@ -119,7 +119,7 @@ def _dfs_weight_order(
         by_node[id(nodes[id(r)])].append(r)
     weight: dict[int, int] = {}
     post_order: list[TreeNode] = []
-    stack = [cache.root]
+    stack = list(cache.roots.values())  # one tree per LoRA adapter (and the base's)
     while stack:  # iterative: chat trees can be deep
         node = stack.pop()
         post_order.append(node)
@@ -129,7 +129,7 @@ def _dfs_weight_order(
             weight[id(c)] for c in node.children.values()
         )
     ordered: list[Req] = []
-    stack = [cache.root]
+    stack = list(cache.roots.values())  # one tree per LoRA adapter (and the base's)
     while stack:
         node = stack.pop()
         ordered.extend(sorted(by_node.get(id(node), ()), key=lambda r: r.arrival_time))

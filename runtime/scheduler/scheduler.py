@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
     AbortReq,
@@ -29,7 +30,10 @@ from radixgen.io_struct import (
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
+    LoadLoraAdapterReq,
+    LoraAdapterOut,
     TokenizedGenerateReq,
+    UnloadLoraAdapterReq,
 )
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
@@ -152,6 +156,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.grammar_waiting: list[Req] = []
+        self.lora_unloading: set[str] = set()  # adapters unloaded once their requests finish
         self.outbox: list[Req] = []  # requests with something to send this step
         self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
         self.forward_steps = 0
@@ -180,6 +185,10 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             reply = self.flush_cache(msg.keep_lower_tiers)
             reply.request_id = msg.request_id
             return reply
+        if isinstance(msg, (LoadLoraAdapterReq, UnloadLoraAdapterReq)):
+            lora_reply = self.change_lora(msg)
+            lora_reply.request_id = msg.request_id
+            return lora_reply
         if isinstance(msg, GetInternalStateReq):
             return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
         if isinstance(msg, DashboardSnapshotReq):
@@ -201,6 +210,10 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         if not req.origin_input_ids:
             req.finish(FinishReason.abort("the prompt is empty", 400))
+        elif req.lora_id is not None and (
+            not self._lora_loaded(req.lora_id) or req.lora_id in self.lora_unloading
+        ):
+            req.finish(FinishReason.abort(f"LoRA adapter {req.lora_id!r} is not loaded", 400))
         elif total > limit:
             req.finish(
                 FinishReason.abort(
@@ -223,6 +236,45 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             self.grammar_waiting.append(req)
             return
         self.waiting.append(req)
+
+    def _lora_loaded(self, name: str) -> bool:
+        lora = getattr(self.model_runner, "lora", None)  # a ModelRunner's LoraManager, or None
+        return lora is not None and name in lora
+
+    def change_lora(self, msg: LoadLoraAdapterReq | UnloadLoraAdapterReq) -> LoraAdapterOut:
+        """Load an adapter, or unload one: at once when no request of it is held, else once the
+        last of them finishes (`_finish_lora_unloads`); new requests of it are refused now."""
+        lora = getattr(self.model_runner, "lora", None)
+        if lora is None:
+            return LoraAdapterOut(False, "LoRA adapters are not enabled (--enable-lora)")
+        name = msg.lora_name
+        if name in self.lora_unloading:
+            return LoraAdapterOut(False, f"LoRA adapter {name!r} is being unloaded")
+        try:
+            if isinstance(msg, LoadLoraAdapterReq):
+                lora.load(name, msg.lora_path)
+                return LoraAdapterOut(True, f"LoRA adapter {name!r} loaded")
+            if name not in lora:
+                return LoraAdapterOut(False, f"LoRA adapter {name!r} is not loaded")
+        except InvalidRequestError as e:
+            return LoraAdapterOut(False, str(e))
+        self.lora_unloading.add(name)
+        held = self._finish_lora_unloads()
+        if name in held:
+            return LoraAdapterOut(True, f"LoRA adapter {name!r} unloads once its requests finish")
+        return LoraAdapterOut(True, f"LoRA adapter {name!r} unloaded")
+
+    def _finish_lora_unloads(self) -> set[str]:
+        """Unload the adapters waiting for their requests to finish; returns those still held."""
+        held = {
+            r.lora_id for r in (*self.running, *self.waiting, *self.grammar_waiting)
+        } & self.lora_unloading
+        lora = getattr(self.model_runner, "lora", None)
+        for name in self.lora_unloading - held:
+            if lora is not None and name in lora:
+                lora.unload(name)
+        self.lora_unloading = {n for n in self.lora_unloading if n in held}
+        return {n for n in held if n is not None}
 
     def _poll_grammars(self) -> None:
         if not self.grammar_waiting or self.grammar_manager is None:
@@ -289,6 +341,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         t0 = time.perf_counter()
         self._plan_tokens = 0
         out = self._step_overlapped() if self.overlap else self._step_sync()
+        if self.lora_unloading:
+            self._finish_lora_unloads()
         seconds = time.perf_counter() - t0
         self.stats.step_seconds += seconds
         self.background_budget.observe_step(self._plan_tokens, seconds)

@@ -126,8 +126,14 @@ class Session:
         self.prefix[slot] = 0
         return slot
 
-    def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
-        """One forward over several requests' new tokens -> each chunk's logits [n_i, V]."""
+    def step(
+        self,
+        chunks: Sequence[tuple[int, Sequence[int]]],
+        lora_ids: Sequence[str | None] | None = None,
+    ) -> list[torch.Tensor]:
+        """One forward over several requests' new tokens -> each chunk's logits [n_i, V].
+
+        lora_ids: each chunk's LoRA adapter (None: the base model), as the scheduler sets them."""
         ids, positions, slots_list, prefixes, lens, starts = [], [], [], [], [], []
         locs = self.runner.kv_pool.alloc(sum(len(c) for _, c in chunks))
         assert locs is not None
@@ -153,6 +159,8 @@ class Session:
             starts,
             None,
         )
+        if lora_ids is not None and any(n is not None for n in lora_ids):
+            batch.lora_ids = list(lora_ids)
         logits = self.runner.forward(batch).rows_float(slice(None))
         for slot, new in chunks:
             self.prefix[slot] += len(new)

@@ -130,10 +130,10 @@ def test_a_planning_failure_fails_the_request_being_admitted_only():
     s, _ = make_scheduler()
     real_match = s.cache.match_prefix
 
-    def match_prefix(key):  # the radix cache, broken for one request's prompt
+    def match_prefix(key, namespace=None):  # the radix cache, broken for one request's prompt
         if key[:1] == [FaultyRunner.poison]:
             raise Boom("match_prefix")
-        return real_match(key)
+        return real_match(key, namespace)
 
     s.cache.match_prefix = match_prefix
     submit(s, "good", PROMPT, max_new_tokens=5)

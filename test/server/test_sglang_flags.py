@@ -175,6 +175,16 @@ def test_realistic_sglang_command_line_parses_into_our_args_and_notes():
         (["--kv-cache-dtype", "int8"], "kv_cache_dtype", "int8"),
         (["--kv-cache-dtype", "fp8_e4m3"], "kv_cache_dtype", "fp8_e4m3"),
         (["--kv-cache-dtype", "bfloat16"], "kv_cache_dtype", "bf16"),
+        (["--enable-lora"], "enable_lora", True),
+        (["--lora-paths", "a=/x", "/y"], "lora_paths", ("a=/x", "/y")),
+        (["--lora-paths"], "lora_paths", ()),
+        (["--max-loras-per-batch", "4"], "max_loras_per_batch", 4),
+        (["--max-lora-rank", "32"], "max_lora_rank", 32),
+        (
+            ["--lora-target-modules", "q_proj", "v_proj"],
+            "lora_target_modules",
+            ("q_proj", "v_proj"),
+        ),
     ],
 )
 def test_implemented_flags_set_our_fields(argv, field, value):
@@ -204,7 +214,7 @@ def test_refused_flags_stop_the_launch_naming_flag_and_reason(flag, capsys):
 @pytest.mark.parametrize(
     "argv",
     [["--pp-size", "1"], ["--attn-dp-size", "1"], ["--load-format", "auto"],
-     ["--disaggregation-mode", "null"], ["--fastapi-root-path", ""], ["--lora-paths"]],
+     ["--disaggregation-mode", "null"], ["--fastapi-root-path", ""]],
 )  # fmt: skip
 def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
     args, notes = resolve(*argv)
@@ -229,8 +239,12 @@ def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
         (["--nnodes", "2"], "--nnodes > 1 needs --dist-init-addr host:port"),
         (["--pp-size", "2"], "--pp-size 2 is refused"),
         (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is refused"),
-        (["--lora-paths", "a=/x", "b=/y"], "--lora-paths a=/x b=/y is refused"),
-        (["--no-lora-strict-loading", "--enable-lora"], "--enable-lora is refused"),
+        (["--uno-lora-path", "/x"], "--uno-lora-path /x is refused"),
+        (["--enable-lora", "--tp-size", "2"], "LoRA adapters are served with --tp-size 1"),
+        (
+            ["--enable-lora", "--enable-hierarchical-cache"],
+            "not served with --enable-hierarchical-cache",
+        ),
         (["--model-checksum", "--port", "5"], "--model-checksum is refused"),
     ],
 )
@@ -271,7 +285,8 @@ def test_config_file_flags_go_first_and_the_command_line_wins(tmp_path):
     [
         (None, "--config {path}: No such file"),
         ("- a list\n", "--config {path}: must hold a mapping of flags"),
-        ("enable-lora: true\n", "--enable-lora is refused: LoRA adapters"),
+        ("uno-lora-path: /x\n", "--uno-lora-path /x is refused: an adapter for the MoE"),
+        ("enable-lora: true\ntp-size: 2\n", "LoRA adapters are served with --tp-size 1"),
         ("tp-size: 0\n", "tp_size must be >= 1"),
     ],
 )
@@ -291,11 +306,11 @@ def test_an_unread_config_flag_is_not_silently_dropped():
 
 def test_launch_server_refuses_before_loading_anything():
     r = subprocess.run(
-        [sys.executable, "-m", "radixgen.launch_server", "--port", "1", "--lora-paths", "x=/y"],
+        [sys.executable, "-m", "radixgen.launch_server", "--port", "1", "--uno-lora-path", "/y"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2
-    assert "--lora-paths x=/y is refused: LoRA adapters cannot be served here" in r.stderr
+    assert "--uno-lora-path /y is refused: an adapter for the MoE experts" in r.stderr
 
 
 # --- a realistic command line, served ----------------------------------------------------------

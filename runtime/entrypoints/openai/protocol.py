@@ -44,6 +44,8 @@ class SGLangSamplingExtras(_Strict):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     rid: str | None = None
+    # SGLang extra: the LoRA adapter by name (else `model` may name one; see adapter_for_model)
+    lora_path: str | None = None
     # the data-parallel replica to run on (the SGLang router's dp-aware mode sets it)
     data_parallel_rank: int | None = None
     # accepted for client compatibility; change nothing on this server

@@ -47,10 +47,22 @@ def _model_card(request: Request) -> dict:
     }
 
 
+def _adapter_cards(request: Request, base: dict) -> list[dict]:
+    """A card per loaded LoRA adapter (vLLM's shape: its `root` is the adapter's path, its
+    `parent` the base model); a request's `model` may name one."""
+    tm = request.app.state.server.manager()
+    return [
+        {**base, "id": name, "root": path, "parent": base["id"]}
+        for name, path in sorted(tm.lora_paths.items())
+    ]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     try:
-        return hu.json_response({"object": "list", "data": [_model_card(request)]})
+        card = _model_card(request)
+        cards = [card, *_adapter_cards(request, card)]
+        return hu.json_response({"object": "list", "data": cards})
     except RadixGenError as e:
         return hu.error_response(e)
 
@@ -59,8 +71,11 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(model: str, request: Request) -> Response:
     try:
         card = _model_card(request)
+        adapters = {c["id"]: c for c in _adapter_cards(request, card)}
     except RadixGenError as e:
         return hu.error_response(e)
+    if model in adapters:
+        return hu.json_response(adapters[model])
     if model != card["id"]:
         body = {
             "error": {

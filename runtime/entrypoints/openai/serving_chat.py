@@ -36,6 +36,7 @@ class ChatPlan:
 
     def __init__(self, req: ChatCompletionRequest, tm: TokenizerManager) -> None:
         self.req = req
+        self.lora_path = tm.adapter_for_model(req.model, req.lora_path)
         self.mode = tc.tool_mode(req.tools, req.tool_choice)
         for tool in req.tools or []:  # JSON schemas too: json.dumps below must not overflow
             check_schema_object(tool.function.parameters, tm.grammar_limits, "tools")
@@ -122,6 +123,7 @@ class ChatPlan:
             stream=req.stream,
             data_parallel_rank=req.data_parallel_rank,
             priority=req.priority,
+            lora_path=self.lora_path,
         )
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:

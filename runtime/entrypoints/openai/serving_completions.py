@@ -62,6 +62,7 @@ class CompletionPlan:
             stream=req.stream,
             data_parallel_rank=req.data_parallel_rank,
             priority=req.priority,
+            lora_path=self.tm.adapter_for_model(req.model, req.lora_path),
         )
 
     def prompt_text(self, choice: int) -> str:
