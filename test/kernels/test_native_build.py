@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -33,9 +34,6 @@ BUILDS = [
     pytest.param(v.name, marks=() if v.name == chosen_isa()[0] else pytest.mark.slow)
     for v in VARIANTS
 ]
-# NOTE: x86-64-v3 and x86-64-v4 are the avx2 and avx512 variants' own levels, built with the
-# same flags as the variants (they were here too: 150 s of duplicate compiles on AVX2 CPUs)
-MARCHES = ["cooperlake", "sapphirerapids"]
 PARALLEL_COMPILES = 2  # each compile is one single-threaded cc1 at a time: two use both cores
 
 
@@ -48,18 +46,6 @@ def variant_command(compiler: build.Compiler, isa: str, out: Path) -> list[str] 
             return f"{isa} is for {machine}: needs {machine}-linux-gnu-gcc to cross-compile"
         compiler = build.Compiler(cross, cross, "cross")
     return build.compile_command(compiler, out, (*build.variant_cflags(isa), *STRICT))
-
-
-def march_command(compiler: build.Compiler, march: str) -> list[str] | str:
-    """Objects of every source at a CPU's own -march level, or why it cannot run."""
-    if platform.machine() != "x86_64":
-        return "x86 instruction sets"
-    probe = [compiler.path, f"-march={march}", "-E", "-x", "c", "-", "-o", "/dev/null"]
-    if subprocess.run(probe, input="", capture_output=True, text=True).returncode != 0:
-        return f"{compiler.version} does not know -march={march}"
-    flags = [f for f in build.CFLAGS if f != "-shared"]
-    sources = [str(build.SOURCE_DIR / s) for s in build.SOURCES]
-    return [compiler.path, *flags, f"-march={march}", *STRICT, "-c", *sources]
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +62,15 @@ def compiles(
         for item in request.session.items
         if item.module is request.module and hasattr(item, "callspec")
         for key, p in item.callspec.params.items()
-        if key in ("isa", "march")
+        if key == "isa"
     }
     jobs: dict[str, Future[subprocess.CompletedProcess[str]] | str] = {}
     with ThreadPoolExecutor(PARALLEL_COMPILES) as pool:
-        for name in [v.name for v in VARIANTS] + MARCHES:
+        for name in [v.name for v in VARIANTS]:
             if name not in wanted:
                 continue
             folder = tmp_path_factory.mktemp(f"build-{name}")
-            cmd = (
-                variant_command(compiler, name, folder / "kernels.so")
-                if name in BY_NAME
-                else march_command(compiler, name)
-            )
+            cmd = variant_command(compiler, name, folder / "kernels.so")
             jobs[name] = cmd if isinstance(cmd, str) else pool.submit(
                 subprocess.run, cmd, capture_output=True, text=True, cwd=folder
             )  # fmt: skip
@@ -119,15 +101,45 @@ def test_sources_build_warning_free_with_the_production_flags(
     assert (Path(proc.args[proc.args.index("-o") + 1])).exists()
 
 
-@pytest.mark.slow  # two full compiles (60-120 s each on 2 cores): the build matrix
-@pytest.mark.parametrize("march", MARCHES)
-def test_every_instruction_set_path_compiles_warning_free(
-    compiles: dict[str, Any], march: str
-) -> None:
-    """The CPUs' own -march levels beside the variants' (objects only, nothing runs): gcc once
-    warned on the AVX-512 and AVX512-BF16 paths for some of them."""
-    proc = compiled(compiles, march)
+# CPUs the AVX-512 variants run on, by the variant their build is: the loader compiles a
+# variant's fixed flags, never -march=native, so the variant's build above is the code they run
+MARCHES = {"cooperlake": "avx512bf16", "sapphirerapids": "avx512bf16", "skylake-avx512": "avx512"}
+FEATURE_MACRO = re.compile(r"\b(__[A-Z][A-Z0-9_]*__)\b")
+
+
+def defined_macros(compiler: build.Compiler, flags: list[str]) -> set[str]:
+    probe = [compiler.path, *flags, "-dM", "-E", "-x", "c", "-", "-o", "-"]
+    proc = subprocess.run(probe, input="", capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    return {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define")}
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_cpus_own_march_levels_select_the_code_of_their_variant(
+    compiler: build.Compiler, march: str
+) -> None:
+    """Every feature macro the sources branch on is defined at the CPU's own -march level
+    exactly as in its variant's flags: the sources compile to the same paths as the variant's
+    warning-free build (where three full -march compiles once ran: 90 s). A source that
+    branches on a feature beyond its variant's (AVX512-FP16, AMX) fails here: it needs a
+    variant that enables it."""
+    if platform.machine() != "x86_64":
+        pytest.skip("x86 instruction sets")
+    probe = [compiler.path, f"-march={march}", "-E", "-x", "c", "-", "-o", "/dev/null"]
+    if subprocess.run(probe, input="", capture_output=True).returncode != 0:
+        pytest.skip(f"{compiler.version} does not know -march={march}")
+    text = "\n".join(
+        line
+        for name in (*build.SOURCES, *build.HEADERS)
+        for line in (build.SOURCE_DIR / name).read_text().splitlines()
+        if line.lstrip().startswith("#if") or line.lstrip().startswith("#elif")
+    )
+    branched = set(FEATURE_MACRO.findall(text))
+    assert "__AVX512F__" in branched and "__AVX2__" in branched  # the scan sees the branches
+    flags = [f for f in build.CFLAGS if f != "-shared"]
+    own = defined_macros(compiler, [*flags, f"-march={march}"]) & branched
+    variant = defined_macros(compiler, [*flags, *BY_NAME[MARCHES[march]].cflags]) & branched
+    assert own == variant, f"-march={march} differs from {MARCHES[march]} on {own ^ variant}"
 
 
 def test_cache_key_covers_the_compiler_flags_and_sources(

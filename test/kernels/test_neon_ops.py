@@ -10,6 +10,7 @@ import os
 import platform
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,10 @@ def test_neon_ops_under_qemu_agree_with_the_x86_variant(tmp_path):
     if platform.machine() != "x86_64" or why_not_runnable("avx2") is not None:
         pytest.skip("the reference outputs come from the avx2 variant on an x86-64 CPU")
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    neon = _build(CROSS_CC, "neon", tmp_path / "ops_neon")
-    host = _build(build.find_compiler().path, "avx2", tmp_path / "ops_avx2")
+    with ThreadPoolExecutor(2) as pool:  # two single-threaded compiles: both cores
+        neon_job = pool.submit(_build, CROSS_CC, "neon", tmp_path / "ops_neon")
+        host_job = pool.submit(_build, build.find_compiler().path, "avx2", tmp_path / "ops_avx2")
+        neon, host = neon_job.result(), host_job.result()
     got = subprocess.run([QEMU, "-L", SYSROOT, str(neon)], capture_output=True, text=True,
                          timeout=600, env=env)  # fmt: skip
     assert got.returncode == 0, got.stderr
