@@ -73,8 +73,10 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    lora_path: str | None = None,
 ) -> SglExpr:
-    """Generate text into variable `name`; None inherits the run()-level default.
+    """Generate text into variable `name`; None inherits the run()-level default (`lora_path`,
+    the LoRA adapter this call runs under, too).
 
     `choices` makes it a `select`, as in SGLang: each choice is scored by its prompt logprobs
     (`choices_method`, default token_length_normalized) and the meta holds
@@ -88,7 +90,7 @@ def gen(
         raise ValueError(f"gen({name!r}): choices must not be empty")
     if choices and not isinstance(choices_method, ConstrainedChoice):
         return select(name, list(choices), 0.0 if temperature is None else temperature,
-                      choices_method or token_length_normalized)  # fmt: skip
+                      choices_method or token_length_normalized, lora_path)  # fmt: skip
     if regex is not None:
         constraints.check_regex(regex)
     if dtype is not None:
@@ -120,6 +122,7 @@ def gen(
         regex=regex,
         json_schema=json_schema,
         choices=list(choices) if choices else None,
+        lora_path=lora_path,
     )
     node = SglGen(name, params)
     if dtype is not None or json_schema is not None:
@@ -150,17 +153,19 @@ def select(
     choices: list[str] | None = None,
     temperature: float = 0.0,
     choices_method: ChoicesSamplingMethod = token_length_normalized,
+    lora_path: str | None = None,
 ) -> SglExpr:
     """Append the most likely of `choices` (scored by prompt logprobs) and store it in `name`;
-    `choices_method=constrained_choice` decodes under a grammar of the choices instead."""
+    `choices_method=constrained_choice` decodes under a grammar of the choices instead.
+    `lora_path` scores under that adapter (None: the run's)."""
     if not choices:
         raise ValueError(f"select({name!r}) needs a non-empty list of choices")
     if not all(isinstance(c, str) for c in choices):
         raise TypeError(f"select({name!r}): every choice must be a string")
     if isinstance(choices_method, ConstrainedChoice):
         return gen(name, choices=list(choices), choices_method=choices_method,
-                   temperature=temperature)  # fmt: skip
-    return SglSelect(name, list(choices), temperature, choices_method)
+                   temperature=temperature, lora_path=lora_path)  # fmt: skip
+    return SglSelect(name, list(choices), temperature, choices_method, lora_path)
 
 
 def _role(role: str, expr: Any = None) -> SglExprList:

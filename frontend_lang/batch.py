@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from radixgen.lang.adapter_scope import using_adapter
 from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import ProgramState, resolve_backend, run_program
 from radixgen.lang.ir import SglSamplingParams
@@ -51,7 +52,10 @@ def run_program_batch(
     backend = resolve_backend(backend)
     scope = TraceScope.new(program.__name__) if trace else None
     if global_config.enable_precache_with_tracing and len(batch_arguments) > 1:
-        with tagged(scope.tag(0, 0, "prefill", "batch prefix") if scope else None):
+        with (
+            tagged(scope.tag(0, 0, "prefill", "batch prefix") if scope else None),
+            using_adapter(default_sampling_para.lora_path),  # the prefix is cached per adapter
+        ):
             cache_program(program, backend)
     workers = _worker_count(num_threads, len(batch_arguments))
 

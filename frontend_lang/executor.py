@@ -17,10 +17,12 @@ import queue
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from radixgen.lang import constraints
+from radixgen.lang.adapter_scope import using_adapter
 from radixgen.lang.choices import token_length_normalized
 from radixgen.lang.errors import ProgramError
 from radixgen.lang.global_config import global_config
@@ -287,7 +289,7 @@ class StreamExecutor:
         elif isinstance(expr, SglGen):
             self._execute_gen(expr)
         elif isinstance(expr, SglSelect):
-            with self._traced("select", expr.name):
+            with self._backend_call("select", expr.name, lora_path=expr.lora_path):
                 decision = self.backend.select(
                     self, expr.choices, expr.temperature, expr.choices_method
                 )
@@ -306,7 +308,7 @@ class StreamExecutor:
             self._fill(str(self.get_var(expr.name)))
         elif isinstance(expr, SglCommitLazy):
             if len(self.text_) - self.server_seen >= FORK_PRECACHE_MIN_CHARS:
-                with self._traced("prefill", None, "fork prefix"):
+                with self._backend_call("prefill", None, "fork prefix"):
                     self.backend.commit_lazy_operations(self)
                 self.server_seen = len(self.text_)
         elif isinstance(expr, SglSeparateReasoning):
@@ -321,13 +323,19 @@ class StreamExecutor:
         else:
             raise TypeError(f"cannot execute {expr!r}")
 
-    def _traced(self, kind: str, name: str | None, label: str | None = None) -> Any:
-        """Tag the requests of one backend call with its place in a traced run."""
-        if self.trace is None:
-            return tagged(None)
-        tag = self.trace.tag(self.statement, self._calls, kind, label or call_label(kind, name))
-        self._calls += 1
-        return tagged(tag)
+    @contextmanager
+    def _backend_call(
+        self, kind: str, name: str | None, label: str | None = None, lora_path: str | None = None
+    ) -> Iterator[None]:
+        """Around one backend call: its requests carry their place in a traced run and run
+        under `lora_path` (None: the run's adapter, if any)."""
+        tag = None
+        if self.trace is not None:
+            tag = self.trace.tag(self.statement, self._calls, kind, label or call_label(kind, name))
+            self._calls += 1
+        adapter = lora_path if lora_path is not None else self.default_sampling_para.lora_path
+        with tagged(tag), using_adapter(adapter):
+            yield
 
     def _separate_reasoning(self, expr: SglSeparateReasoning) -> None:
         """Split each named gen's reply; the reasoning leaves the program text when the reply is
@@ -382,7 +390,7 @@ class StreamExecutor:
     def _execute_gen(self, expr: SglGen) -> None:
         params = self.resolve_sampling_params(expr)
         kind = "select" if params.choices is not None else "gen"
-        with self._traced(kind, expr.name):
+        with self._backend_call(kind, expr.name, lora_path=params.lora_path):
             self._run_gen(expr, params)
 
     def _run_gen(self, expr: SglGen, params: SglSamplingParams) -> None:

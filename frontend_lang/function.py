@@ -31,6 +31,7 @@ def _run_defaults(
     logprob_start_len: int | None,
     top_logprobs_num: int | None,
     return_text_in_logprobs: bool | None,
+    lora_path: str | None,
 ) -> SglSamplingParams:
     return SglSamplingParams(
         max_new_tokens=max_new_tokens,
@@ -49,6 +50,7 @@ def _run_defaults(
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs,
+        lora_path=lora_path,
     )
 
 
@@ -101,18 +103,21 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        lora_path: str | None = None,
         stream: bool = False,
         backend: Any = None,
         use_thread: bool = True,
         trace: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run once; the sampling keywords are defaults each gen() may override. `trace=True`
-        tags every request with the run's trace id (`state.trace_id`) for the dashboard."""
+        """Run once; the sampling keywords are defaults each gen() may override. `lora_path`
+        names the LoRA adapter every request of the run uses (a gen/select may name another).
+        `trace=True` tags every request with the run's trace id (`state.trace_id`) for the
+        dashboard."""
         defaults = _run_defaults(
             max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
             min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         trace = self._take_trace(trace, kwargs)
         scope = TraceScope.new(self.__name__) if trace else None
@@ -138,6 +143,7 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        lora_path: str | None = None,
         backend: Any = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
@@ -154,7 +160,7 @@ class SglFunction:
         defaults = _run_defaults(
             max_new_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
             min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+            logprob_start_len, top_logprobs_num, return_text_in_logprobs, lora_path,
         )  # fmt: skip
         return run_program_batch(
             self, backend, batch, defaults, num_threads, progress_bar, generator_style, trace

@@ -36,6 +36,7 @@ SAMPLING_FIELDS = (
     "regex",
     "json_schema",
     "choices",
+    "lora_path",
 )
 
 
@@ -65,6 +66,9 @@ class SglSamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    # the LoRA adapter the call runs under (None: the base model); not a sampling parameter on
+    # the wire: the backends send it as /generate's `lora_path` or OpenAI's `model`
+    lora_path: str | None = None
 
     @classmethod
     def overrides(cls, **values: Any) -> SglSamplingParams:
@@ -205,13 +209,19 @@ class SglGen(SglExpr):
 
 class SglSelect(SglExpr):
     def __init__(
-        self, name: str | None, choices: list[str], temperature: float, choices_method: Any
+        self,
+        name: str | None,
+        choices: list[str],
+        temperature: float,
+        choices_method: Any,
+        lora_path: str | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.choices = choices
         self.temperature = temperature
         self.choices_method = choices_method
+        self.lora_path = lora_path  # None: the run's adapter
 
     def __repr__(self) -> str:
         return f"Select({self.name!r}, choices={self.choices})"

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from radixgen.lang.adapter_scope import current_adapter
 from radixgen.lang.backend.native import NativeBackend
 from radixgen.lang.chat_template import (
     TemplateShapeError,
@@ -69,6 +70,7 @@ class EngineBackend(NativeBackend):
                 logprob_start_len=payload.get("logprob_start_len"),
                 top_logprobs_num=payload.get("top_logprobs_num"),
                 return_text_in_logprobs=payload.get("return_text_in_logprobs", False),
+                lora_path=current_adapter(),
                 stream=stream,
             )
         except ValueError as e:  # the engine's InvalidRequestError

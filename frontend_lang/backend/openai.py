@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from radixgen.lang.adapter_scope import current_adapter
 from radixgen.lang.backend.base import BaseBackend, check_select_temperature
 from radixgen.lang.chat_template import ChatTemplate, get_chat_template_by_model_path
 from radixgen.lang.choices import ChoicesDecision, ChoicesSamplingMethod, score_choices
@@ -117,6 +118,11 @@ class OpenAI(BaseBackend):
         return kwargs
 
     def _create(self, stream: bool = False, **kwargs: Any) -> Any:
+        """One API call; a call under a LoRA adapter names it as the `model` (SGLang's and
+        vLLM's servers list their adapters as models)."""
+        adapter = current_adapter()
+        if adapter is not None:
+            kwargs["model"] = adapter
         api = self.client.chat.completions if "messages" in kwargs else self.client.completions
         try:
             return api.create(stream=stream, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any
 
 import requests
 
+from radixgen.lang.adapter_scope import with_adapter
 from radixgen.lang.backend.native import NativeBackend
 from radixgen.lang.chat_template import (
     ChatTemplate,
@@ -81,10 +82,10 @@ class RuntimeEndpoint(NativeBackend):
         return res
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        return self._request("POST", "/generate", with_trace(payload)).json()
+        return self._request("POST", "/generate", with_trace(with_adapter(payload))).json()
 
     def _post_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        res = self._request("POST", "/generate", with_trace(payload), stream=True)
+        res = self._request("POST", "/generate", with_trace(with_adapter(payload)), stream=True)
         with res:
             for line in res.iter_lines(decode_unicode=False):
                 if not line.startswith(b"data:"):
