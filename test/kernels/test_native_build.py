@@ -120,7 +120,7 @@ def test_cpus_own_march_levels_select_the_code_of_their_variant(
 ) -> None:
     """Every feature macro the sources branch on is defined at the CPU's own -march level
     exactly as in its variant's flags: the sources compile to the same paths as the variant's
-    warning-free build (where three full -march compiles once ran: 90 s). A source that
+    warning-free build (where two full -march compiles ran: ~60 s of CI). A source that
     branches on a feature beyond its variant's (AVX512-FP16, AMX) fails here: it needs a
     variant that enables it."""
     if platform.machine() != "x86_64":

@@ -1,9 +1,11 @@
-"""LoRA adapters on our ModelRunner against Hugging Face transformers + peft (unmerged), float32.
+"""LoRA adapters on our ModelRunner against Hugging Face transformers + peft (unmerged and
+merged), float32.
 
-Tiny random Llama, Qwen2, Qwen3, Mistral, Phi-3 and Gemma 2 models and random PEFT adapters on q/k/v/o/gate/up/down (B drawn
-nonzero, so every adapter changes the outputs) are built in code and saved like real ones. Greedy
-tokens must equal peft's token for token; a mixed step of several adapters and the base must
-equal each request run alone; adapters PEFT can write and we cannot apply are refused by name.
+Tiny random Llama, Qwen2, Qwen3, Mistral, Phi-3 and Gemma 2 models and random PEFT adapters on
+q/k/v/o/gate/up/down (B drawn nonzero, so every adapter changes the outputs) are built in code and
+saved like real ones. Greedy tokens must equal peft's token for token; a mixed step of several
+adapters and the base must equal each request run alone; adapters PEFT can write and we cannot
+apply are refused by name.
 """
 
 from __future__ import annotations
@@ -131,6 +133,9 @@ def test_greedy_equals_peft_unmerged_llama(llama: dict[str, Any]) -> None:
         got, got_logits = greedy(Session(runner), [prompt], [name], NEW_TOKENS)
         assert got[0] == want, name
         assert max_rel_err(got_logits[0], want_logits) < FP32_TOL, name
+        merged = PeftModel.from_pretrained(build_hf_model(llama["base"].config, seed=3),
+                                           str(llama["paths"][name])).merge_and_unload()  # fmt: skip
+        assert hf_greedy(merged, prompt, NEW_TOKENS)[0] == want, f"{name} merged"
     got, _ = greedy(Session(runner), [prompt], [None], NEW_TOKENS)
     assert got[0] == base_tokens
 
@@ -262,6 +267,8 @@ def test_other_architectures_equal_peft(tmp_path: Path, variant: str) -> None:
     assert got[0] == want
     assert max_rel_err(got_logits[0], want_logits) < FP32_TOL
     assert got[1] == hf_greedy(base, prompt, NEW_TOKENS)[0]
+    merged = PeftModel.from_pretrained(build_hf_model(config, seed=12), str(path))
+    assert hf_greedy(merged.merge_and_unload(), prompt, NEW_TOKENS)[0] == want  # merged too
 
 
 def test_bf16_native_path_close_to_peft(llama: dict[str, Any]) -> None:
