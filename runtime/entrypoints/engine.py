@@ -89,6 +89,7 @@ class Engine:
         rid: str | list[str] | None,
         return_text_in_logprobs: bool,
         lora_path: str | list[str | None] | None = None,
+        priority: int | None = None,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -101,6 +102,7 @@ class Engine:
             rid=rid,
             return_text_in_logprobs=return_text_in_logprobs,
             lora_path=lora_path,
+            priority=priority,
         )
 
     def encode(
@@ -128,15 +130,17 @@ class Engine:
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
         lora_path: str | list[str | None] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
 
         lora_path: the LoRA adapter by name (--lora-paths), one or one per prompt.
+        priority: SGLang's request priority (`enable_priority_scheduling`), one for the call.
         Bad input raises `ValueError` (an `InvalidRequestError`) naming the parameter.
         """
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path, priority,
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
@@ -184,11 +188,12 @@ class Engine:
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
         lora_path: str | list[str | None] | None = None,
+        priority: int | None = None,
     ) -> Any:
         """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path, priority,
         )  # fmt: skip
         if stream:
             return self._stream_async(obj)

@@ -97,9 +97,12 @@ def test_input_items_become_chat_messages():
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=7,
         temperature=0,
+        priority=3,
         text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
     )  # fmt: skip
     chat = items.chat_request(req, [{"role": "user", "content": "earlier"}])
+    assert chat.priority == 3  # SGLang's priority reaches the scheduler as on chat requests
+    assert items.chat_request(request(input="Hi"), []).priority is None
     got = [m.model_dump(exclude_none=True) for m in chat.messages]
     assert [m["role"] for m in got] == ["system", "user", "user", "assistant", "tool", "user"]
     assert got[0]["content"] == "Be brief." and got[1]["content"] == "earlier"

@@ -204,6 +204,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCo
         "tool_choice": _chat_tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": _response_format(req),
+        "priority": req.priority,
     }
     if req.temperature is not None:
         body["temperature"] = req.temperature

@@ -54,6 +54,8 @@ class ResponsesRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
+    # SGLang's request priority (--enable-priority-scheduling), as on chat and completions
+    priority: int | None = None
     # accepted for client compatibility; change nothing on this server
     user: str | None = None
     safety_identifier: str | None = None
