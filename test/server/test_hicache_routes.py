@@ -65,3 +65,36 @@ def test_status_pool_only_flush_storage_hits_metrics_and_full_flush(http):
     cold = http.post("/generate", json=BODY).json()
     assert cold["meta_info"]["cached_tokens"] == 0
     assert cold["output_ids"] == first["output_ids"]
+
+
+def test_dashboard_shows_what_each_tier_holds_and_served(http):
+    """The dashboard's snapshot carries the tiers' counters and the page shows them (a real
+    headless browser, as test_dashboard.py drives it)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from .test_dashboard import _browser
+
+    http.post("/generate", json=BODY)
+    assert http.post("/flush_cache?pool_only=true").status_code == 200
+    assert http.post("/generate", json=BODY).json()["meta_info"]["cached_tokens_details"]["storage"]
+    tiers = http.get("/hicache").json()["replicas"][0]
+    state = http.get("/dashboard/api/snapshot").json()["state"]
+    assert state["storage_hit_tokens"] == tiers["storage"]["hit_tokens"] > 0
+    assert state["host_capacity_tokens"] == tiers["host"]["capacity_tokens"]
+
+    driver = _browser()
+    try:
+        driver.get(f"{http.base_url}/dashboard?interval=0.5")
+
+        def tier_text(d):
+            return d.execute_script(
+                "const e = document.getElementById('hicache-tiers');"
+                "return e.hidden ? null : e.innerText"
+            )
+
+        text = WebDriverWait(driver, 30, poll_frequency=0.2).until(tier_text)
+        assert f"served {tiers['storage']['hit_tokens']}" in text, text
+        assert f"{tiers['storage']['blocks']} blocks" in text, text
+        assert f"/ {tiers['host']['capacity_tokens']} tokens" in text, text
+    finally:
+        driver.quit()

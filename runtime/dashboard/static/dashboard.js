@@ -51,12 +51,30 @@ function drawCounters(view) {
   setText("forward-steps", st.forward_steps);
   setText("evicted-tokens", st.evicted_tokens);
   setText("kv-tokens", `${st.kv_used_tokens} / ${st.max_total_num_tokens}`);
+  drawTiers(st);
   spark("spark-kv", hist.map((p) => p.kv_usage), 1);
   spark("spark-hit", hist.map((p) => p.cache_hit_rate), 1);
   spark("spark-running", hist.map((p) => p.running));
   spark("spark-waiting", hist.map((p) => p.waiting));
   spark("spark-retracted", hist.map((p) => p.retracted));
   spark("spark-tps", hist.map((p) => p.tokens_per_s));
+}
+
+// HiCache's lower tiers (--enable-hierarchical-cache): what each holds and how many prompt tokens
+// it served instead of a prefill; hidden on servers without them
+function drawTiers(st) {
+  const on = st.host_capacity_tokens !== undefined;
+  document.getElementById("hicache-tiers").hidden = !on;
+  if (!on) return;
+  setText("host-tier", `${st.host_used_tokens} / ${st.host_capacity_tokens} tokens, served ${st.host_hit_tokens}`);
+  const files = st.storage_blocks !== undefined;
+  document.getElementById("storage-part").hidden = !files;
+  if (!files) return;
+  const mb = (b) => (b / 2 ** 20).toFixed(1);
+  setText(
+    "storage-tier",
+    `${st.storage_blocks} blocks, ${mb(st.storage_used_bytes)} / ${mb(st.storage_capacity_bytes)} MB, served ${st.storage_hit_tokens}`,
+  );
 }
 
 function nodeItem(n, kids) {
