@@ -40,6 +40,10 @@ class GlobalConfig:
         self.max_parse_retries = 3
         # SGLang's join(mode="concate_and_append") KV concatenation; our servers append text
         self.enable_parallel_encoding = False
+        # the prefix hints (run_batch's traced prefix, fork's shared text, `prog.cache()`) ask a
+        # RadixGen server with HiCache to pin the prefix in its host tier (`pin_prefix`), so it
+        # outlives the pool's and the tier's LRU; other servers ignore the hint
+        self.pin_cached_prefixes = False
 
     def set_optimizations(self, enabled: bool) -> None:
         for name in OPTIMIZATION_FLAGS:

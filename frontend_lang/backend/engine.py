@@ -71,6 +71,7 @@ class EngineBackend(NativeBackend):
                 top_logprobs_num=payload.get("top_logprobs_num"),
                 return_text_in_logprobs=payload.get("return_text_in_logprobs", False),
                 lora_path=current_adapter(),
+                pin_prefix=bool(payload.get("pin_prefix")),
                 stream=stream,
             )
         except ValueError as e:  # the engine's InvalidRequestError

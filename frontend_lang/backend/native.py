@@ -77,7 +77,10 @@ class NativeBackend(BaseBackend):
             pos = len(text)
 
     def cache_prefix(self, prefix_str: str) -> None:
-        self._post({"text": prefix_str, "sampling_params": {"max_new_tokens": 0}})
+        payload: dict[str, Any] = {"text": prefix_str, "sampling_params": {"max_new_tokens": 0}}
+        if global_config.pin_cached_prefixes:
+            payload["pin_prefix"] = True
+        self._post(payload)
 
     def select(
         self,

@@ -39,6 +39,8 @@ class TokenizedGenerateReq:
     background: bool = False
     # the LoRA adapter (its name) the sequence runs under; None: the base model
     lora_path: str | None = None
+    # keep the prompt's blocks pinned in HiCache's host tier (ignored without the tiers)
+    pin_prefix: bool = False
 
 
 @dataclass
@@ -263,6 +265,9 @@ class GenerateReqInput:
     background: bool = False
     # the LoRA adapter by name (SGLang's field), one or one per prompt; None: the base model
     lora_path: str | list[str | None] | None = None
+    # radixgen's prefix hint: once computed, the prompt's KV stays in HiCache's host tier (and is
+    # written to its file tier), out of reach of the tier's LRU; ignored without the tiers
+    pin_prefix: bool = False
 
     @property
     def is_batch(self) -> bool:
@@ -320,4 +325,5 @@ class GenerateReqInput:
             priority=self.priority,
             background=self.background,
             lora_path=pick(self.lora_path),
+            pin_prefix=self.pin_prefix,
         )

@@ -28,6 +28,7 @@ def hicache_tiers(state: dict[str, Any]) -> dict[str, Any]:
         tiers["host"] = {
             "capacity_tokens": state["host_capacity_tokens"],
             "used_tokens": state["host_used_tokens"],
+            "pinned_tokens": state["host_pinned_tokens"],
             "block_tokens": state["host_block_tokens"],
             "hit_tokens": host_hits,
             "stored_blocks": state["host_stored_blocks"],

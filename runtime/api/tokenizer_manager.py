@@ -649,6 +649,7 @@ class TokenizerManager:
             priority=resolve_priority(it.priority, self.args.scheduler),
             background=it.background,
             lora_path=it.lora_path if isinstance(it.lora_path, str) else None,
+            pin_prefix=it.pin_prefix,
         )
         assert self.link is not None
         await self.link.send_request(msg, rank)

@@ -90,6 +90,7 @@ class Engine:
         return_text_in_logprobs: bool,
         lora_path: str | list[str | None] | None = None,
         priority: int | None = None,
+        pin_prefix: bool = False,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -103,6 +104,7 @@ class Engine:
             return_text_in_logprobs=return_text_in_logprobs,
             lora_path=lora_path,
             priority=priority,
+            pin_prefix=pin_prefix,
         )
 
     def encode(
@@ -131,16 +133,19 @@ class Engine:
         return_text_in_logprobs: bool = False,
         lora_path: str | list[str | None] | None = None,
         priority: int | None = None,
+        pin_prefix: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
 
         lora_path: the LoRA adapter by name (--lora-paths), one or one per prompt.
         priority: SGLang's request priority (`enable_priority_scheduling`), one for the call.
+        pin_prefix: keep the prompt pinned in HiCache's host tier (ignored without the tiers).
         Bad input raises `ValueError` (an `InvalidRequestError`) naming the parameter.
         """
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path, priority,
+            pin_prefix,
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
@@ -189,11 +194,13 @@ class Engine:
         return_text_in_logprobs: bool = False,
         lora_path: str | list[str | None] | None = None,
         priority: int | None = None,
+        pin_prefix: bool = False,
     ) -> Any:
         """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, stream, rid, return_text_in_logprobs, lora_path, priority,
+            pin_prefix,
         )  # fmt: skip
         if stream:
             return self._stream_async(obj)

@@ -27,6 +27,7 @@ _CORE_KEYS = {
     "stream",
     "priority",  # SGLang's request priority (--enable-priority-scheduling)
     "lora_path",  # the LoRA adapter by name (--enable-lora; the TokenizerManager checks it)
+    "pin_prefix",  # radixgen's own: keep the prompt in HiCache's host tier (a DSL prefix hint)
     TRACE_FIELD,  # radixgen's own: a traced DSL program's call (radixgen/program_trace.py)
 }
 # SGLang request keys this server accepts only while they are unset.
@@ -164,7 +165,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
     priority = body.get("priority")
     if priority is not None and not _is_int(priority):
         raise InvalidRequestError(f"priority must be an integer, got {priority!r}", "priority")
-    for flag in ("stream", "return_text_in_logprobs"):
+    for flag in ("stream", "return_text_in_logprobs", "pin_prefix"):
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise InvalidRequestError(f"{flag} must be a boolean", flag)
 
@@ -182,6 +183,7 @@ def parse_generate_request(body: Any) -> GenerateReqInput:
         program_trace=parse_program_trace(body.get(TRACE_FIELD)),
         priority=priority,
         lora_path=body.get("lora_path"),
+        pin_prefix=bool(body.get("pin_prefix")),
     )
     obj.check_per_item_lengths()
     return obj

@@ -20,6 +20,8 @@ When the file tier is written (`--hicache-write-policy`, SGLang's names):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from radixgen.runtime.mem_cache.base_prefix_cache import MatchResult
@@ -28,6 +30,9 @@ from radixgen.runtime.mem_cache.host_tier import HostKVTier
 from radixgen.runtime.mem_cache.memory_pool import KVBlock, ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.mem_cache.prefix_hash import chain_hashes
 from radixgen.runtime.mem_cache.radix_cache import RadixCache, TreeNode
+
+if TYPE_CHECKING:
+    from radixgen.runtime.scheduler.req import Req
 
 HOST_BLOCK_MIN_TOKENS = 16  # per-token host entries would cost a hash and a dict entry each
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
@@ -122,6 +127,32 @@ class HiRadixCache(RadixCache):
             self._write_through(key, value)
         return already
 
+    def cache_finished_req(self, req: Req) -> None:
+        prompt = req.origin_input_ids
+        super().cache_finished_req(req)
+        if req.pin_prefix:
+            self.pin(prompt)
+
+    def pin(self, key: list[int]) -> int:
+        """Copy the whole blocks of `key` the tree holds to the host tier, pinned (and to the
+        file tier if it lacks them, whatever the write policy): a prefix hint says this prefix
+        comes back. Returns the tokens pinned."""
+        b = self.host.block_tokens
+        match = self.match_prefix(key[: len(key) // b * b])
+        n = match.indices.numel() // b * b
+        files = self.files
+        for k, h in enumerate(chain_hashes(key[:n], b)):
+            held = self.host.pin(h)
+            on_disk = files is None or h in files
+            if held and on_disk:
+                continue
+            block = self.kv_pool.read_slots(match.indices[k * b : (k + 1) * b])
+            if not held:
+                self.host.put(h, block, pinned=True)
+            if files is not None and not on_disk:
+                files.put(h, block)
+        return n
+
     def _write_through(self, key: list[int], value: torch.Tensor) -> None:
         """Write the inserted key's whole blocks the file tier lacks (the caller's slots still
         hold their KV: duplicates are freed only after the insert)."""
@@ -206,6 +237,7 @@ class HiRadixCache(RadixCache):
         out = {
             "host_capacity_tokens": self.host.capacity_tokens(),
             "host_used_tokens": self.host.used_tokens(),
+            "host_pinned_tokens": self.host.pinned_tokens(),
             "host_block_tokens": self.host.block_tokens,
             "host_stored_blocks": st.stored_blocks,
             "host_evicted_blocks": st.evicted_blocks,

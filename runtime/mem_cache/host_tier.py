@@ -29,7 +29,11 @@ class TierStats:
 
 
 class HostKVTier:
-    """Up to `capacity_blocks` blocks of `block_tokens` tokens each, least recently used out first."""
+    """Up to `capacity_blocks` blocks of `block_tokens` tokens each, least recently used out first.
+
+    Pinned blocks (a request's `pin_prefix` hint) are kept apart from the LRU: they leave only
+    when every unpinned block is gone and the tier still needs room (the oldest pin first), or
+    on a flush. Both orders are OrderedDicts, so each put / get stays O(1)."""
 
     def __init__(
         self,
@@ -45,48 +49,70 @@ class HostKVTier:
         # blocks kept compressed (--hicache-host-kv-dtype); None: exactly as the pool stores them
         self.compression = compression
         self._blocks: OrderedDict[bytes, KVBlock] = OrderedDict()
+        self._pinned: OrderedDict[bytes, KVBlock] = OrderedDict()  # in the order they were pinned
         self.stats = TierStats()
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._blocks) + len(self._pinned)
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._blocks
+        return key in self._blocks or key in self._pinned
 
     def used_tokens(self) -> int:
-        return len(self._blocks) * self.block_tokens
+        return len(self) * self.block_tokens
+
+    def pinned_tokens(self) -> int:
+        return len(self._pinned) * self.block_tokens
 
     def capacity_tokens(self) -> int:
         return self.capacity_blocks * self.block_tokens
 
     def touch(self, key: bytes) -> bool:
         """Mark a block recently used; False if the tier does not hold it."""
+        if key in self._pinned:
+            return True
         if key not in self._blocks:
             return False
         self._blocks.move_to_end(key)
         return True
 
-    def put(self, key: bytes, block: KVBlock) -> None:
-        """Keep `block` (evicting the least recently used blocks beyond the capacity)."""
+    def pin(self, key: bytes) -> bool:
+        """Pin a block the tier holds in place; False if it does not hold it."""
+        if key in self._pinned:
+            return True
+        if key not in self._blocks:
+            return False
+        self._pinned[key] = self._blocks.pop(key)
+        return True
+
+    def put(self, key: bytes, block: KVBlock, pinned: bool = False) -> None:
+        """Keep `block` (evicting the least recently used blocks beyond the capacity); `pinned`
+        keeps it out of the LRU (a block already held is pinned in place)."""
         if self.capacity_blocks == 0:
             return
-        if key in self._blocks:
-            self._blocks.move_to_end(key)
+        if (pinned and self.pin(key)) or self.touch(key):
             return
-        while len(self._blocks) >= self.capacity_blocks:
-            old_key, old_block = self._blocks.popitem(last=False)
-            self.stats.evicted_blocks += 1
-            if self.on_drop is not None:
-                self.on_drop(old_key, self._out(old_block))
-        self._blocks[key] = block if self.compression is None else self.compression.compress(block)
+        while len(self) >= self.capacity_blocks:
+            self._drop_one()
+        stored = block if self.compression is None else self.compression.compress(block)
+        (self._pinned if pinned else self._blocks)[key] = stored
         self.stats.stored_blocks += 1
+
+    def _drop_one(self) -> None:
+        order = self._blocks if self._blocks else self._pinned
+        old_key, old_block = order.popitem(last=False)
+        self.stats.evicted_blocks += 1
+        if self.on_drop is not None:
+            self.on_drop(old_key, self._out(old_block))
 
     def get(self, key: bytes) -> KVBlock | None:
         """The block, marked recently used, or None."""
-        block = self._blocks.get(key)
+        block = self._pinned.get(key)
         if block is None:
-            return None
-        self._blocks.move_to_end(key)
+            block = self._blocks.get(key)
+            if block is None:
+                return None
+            self._blocks.move_to_end(key)
         return self._out(block)
 
     def _out(self, block: KVBlock) -> KVBlock:
@@ -94,3 +120,4 @@ class HostKVTier:
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._pinned.clear()

@@ -38,6 +38,7 @@ class Req:
         self.arrival_time = msg.arrival_time
         self.priority = msg.priority
         self.background = msg.background  # a Batch API line
+        self.pin_prefix = msg.pin_prefix  # HiCache keeps its prompt in the host tier
         self.lora_id = msg.lora_path  # the LoRA adapter it runs under (None: the base model)
         # the waiting-queue rank, smaller first: (tier: 0 interactive, 1 background, priority
         # key); the scheduler re-derives it under --schedule-low-priority-values-first

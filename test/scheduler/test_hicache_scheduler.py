@@ -188,3 +188,53 @@ def test_a_restart_serves_a_document_from_the_file_tier(tmp_path):
     assert runner.batches[0].prefix_lens == [64]
     assert restarted.stats.storage_cached_tokens == 64
     assert restarted.internal_state()["storage_hit_tokens"] == 64
+
+
+def test_a_pinned_prompt_outlives_the_host_tiers_lru():
+    """`pin_prefix` (a DSL prefix hint): the prompt's blocks go to the host tier at once and stay
+    while other documents, more than the tier holds, pass through the pool and the tier; an
+    unpinned document of the same size has left both by then."""
+    from radixgen.io_struct import TokenizedGenerateReq
+    from radixgen.sampling_params import SamplingParams
+
+    docs = [[(7 * d + 3 * i) % 45 + 2 for i in range(64)] for d in range(8)]
+    s, runner = make_scheduler(pool_tokens=128, enable_hierarchical_cache=True, hicache_ratio=1.0)
+    host = s.cache.host
+    assert host.capacity_tokens() == 128  # 8 blocks: the pinned 4 and room for 4 more
+    sp = SamplingParams.from_dict({"max_new_tokens": 0, "temperature": 0})
+    s.add_request(TokenizedGenerateReq("pin", docs[0], sp, pin_prefix=True))
+    run_to_end(s)
+    assert host.pinned_tokens() == 64 and s.internal_state()["host_pinned_tokens"] == 64
+    for d in range(1, 8):
+        _run(s, f"d{d}", [*docs[d], 1])
+    assert host.pinned_tokens() == 64 and host.stats.evicted_blocks > 0
+    _run(s, "pin-again", [*docs[0], 5])
+    assert runner.batches[-4].prefix_lens == [64]  # all of it back from the host tier
+    _run(s, "d1-again", [*docs[1], 5])
+    assert runner.batches[-4].prefix_lens[0] < 64  # the unpinned one was dropped
+
+
+def test_host_tier_pins_leave_last_and_oldest_first():
+    from radixgen.runtime.mem_cache.host_tier import HostKVTier
+    from radixgen.runtime.mem_cache.memory_pool import KVBlock
+
+    def block(i: int) -> KVBlock:
+        return KVBlock(torch.full((1, 2, 1, 1), float(i)), torch.zeros(1, 2, 1, 1))
+
+    dropped: list[bytes] = []
+    tier = HostKVTier(3, 2, on_drop=lambda k, b: dropped.append(k))
+    tier.put(b"p1", block(1), pinned=True)
+    tier.put(b"a", block(2))
+    assert tier.pin(b"a") and not tier.pin(b"zz")  # pinned in place
+    tier.put(b"b", block(3))
+    tier.put(b"c", block(4))  # full: the one unpinned block goes
+    assert dropped == [b"b"] and tier.pinned_tokens() == 4
+    tier.put(b"p2", block(5), pinned=True)  # c, unpinned, goes before any pin
+    assert dropped == [b"b", b"c"] and tier.pinned_tokens() == 6
+    tier.put(b"d", block(6))  # only pins left: the oldest, p1, gives way
+    assert dropped == [b"b", b"c", b"p1"]
+    assert b"a" in tier and b"p2" in tier and b"d" in tier
+    a = tier.get(b"a")
+    assert a is not None and a.k[0, 0, 0, 0] == 2.0
+    tier.clear()
+    assert len(tier) == 0 and tier.pinned_tokens() == 0

@@ -98,3 +98,36 @@ def test_dashboard_shows_what_each_tier_holds_and_served(http):
         assert f"/ {tiers['host']['capacity_tokens']} tokens" in text, text
     finally:
         driver.quit()
+
+
+def test_prefix_hints_pin_the_prompt_in_the_host_tier(http):
+    """`pin_prefix` on /generate, and the DSL's prefix hints with `pin_cached_prefixes` on: the
+    prompt's whole blocks are pinned in the host tier (`/hicache` counts them) and a flush of
+    every tier releases them."""
+    import radixgen as rg
+    from radixgen.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+    assert http.post("/flush_cache").status_code == 200
+    bad = http.post("/generate", json={**BODY, "pin_prefix": "yes"})
+    assert bad.status_code == 400 and "pin_prefix" in bad.text
+    body = {**BODY, "sampling_params": {"max_new_tokens": 0}, "pin_prefix": True}
+    prompt_tokens = http.post("/generate", json=body).json()["meta_info"]["prompt_tokens"]
+    host = http.get("/hicache").json()["replicas"][0]["host"]
+    assert host["pinned_tokens"] == prompt_tokens // 16 * 16 > 0
+
+    endpoint = RuntimeEndpoint(str(http.base_url))
+    other = "Another long shared prefix. " + FACTS.replace("lake", "river")
+    endpoint.cache_prefix(other)  # the hint's flag is off: nothing more pinned
+    assert (
+        http.get("/hicache").json()["replicas"][0]["host"]["pinned_tokens"] == host["pinned_tokens"]
+    )
+    rg.global_config.pin_cached_prefixes = True
+    try:
+        endpoint.cache_prefix(other)
+    finally:
+        rg.global_config.pin_cached_prefixes = False
+    pinned = http.get("/hicache").json()["replicas"][0]["host"]["pinned_tokens"]
+    assert pinned > host["pinned_tokens"] + 100
+
+    assert http.post("/flush_cache").status_code == 200
+    assert http.get("/hicache").json()["replicas"][0]["host"]["pinned_tokens"] == 0
