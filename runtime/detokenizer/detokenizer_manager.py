@@ -15,7 +15,7 @@ import regex
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
-from radixgen.runtime.launch.process_utils import configure_child_process
+from radixgen.runtime.launch.process_utils import PortArgs, ReadyPipe, configure_child_process
 from radixgen.runtime.text.stop_regex import (
     StopRegexTimeout,
     compile_patterns,
@@ -245,8 +245,8 @@ def run_detokenizer_process(
     model_folder: str,
     tokenizer_path: str | None,
     chat_template: str | None,
-    ports,
-    ready_pipe,
+    ports: PortArgs,
+    ready_pipe: ReadyPipe,
     log_level: str,
 ) -> None:
     """Entry point of the detokenizer process."""

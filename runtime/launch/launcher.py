@@ -77,7 +77,7 @@ class EngineProcesses:
     served_model_name: str
     ports: PortArgs
     ready: SchedulerReadyOut | None
-    procs: dict[str, subprocess.Popen]
+    procs: dict[str, subprocess.Popen[bytes]]
     # every replica's report, by dp rank (`ready` is replica 0's: they load the same model)
     replicas: list[SchedulerReadyOut] = field(default_factory=list)
 
@@ -174,7 +174,7 @@ def launch_engine_processes(args: ServerArgs) -> EngineProcesses:
     return handle
 
 
-def _wait_ready(handle: EngineProcesses, sock: zmq.Socket) -> list[SchedulerReadyOut]:
+def _wait_ready(handle: EngineProcesses, sock: zmq.Socket[bytes]) -> list[SchedulerReadyOut]:
     """Every child's ready report; returns the schedulers' reports by dp rank."""
     waiting = set(handle.procs)
     ready: dict[int, SchedulerReadyOut] = {}

@@ -10,12 +10,22 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 PARENT_POLL_S = 0.5
 
 
 IPC_DIR_PREFIX = "radixgen-ipc-"
 IPC_OWNER_FILE = "owner"  # "<pid> <process start time>" of the process that made the dir
+
+
+class ReadyPipe(Protocol):
+    """A child process's one-way channel for its start-up report (child_main's ReadyChannel; a
+    multiprocessing Connection fits too)."""
+
+    def send(self, msg: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ def _start_time(pid: int) -> float | None:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
 

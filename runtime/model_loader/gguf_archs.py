@@ -126,5 +126,6 @@ _SHARED_NAMES = ("gate_proj", "up_proj", "down_proj")
 def undo_norm_offset(arch: str, hf_name: str, arr: np.ndarray) -> np.ndarray:
     """Gemma 2 GGUFs store every RMSNorm weight as w + 1 (llama.cpp multiplies by it plainly)."""
     if arch == "gemma2" and hf_name.endswith("norm.weight"):
-        return arr - np.float32(1.0)
+        shifted: np.ndarray = arr - np.float32(1.0)
+        return shifted
     return arr

@@ -52,7 +52,9 @@ def concat_rows(parts: list[QuantPlanes]) -> QuantPlanes:
     fmts = {p.fmt for p in parts}
     assert len(fmts) == 1, f"cannot fuse weights of formats {fmts}"
     ms = [p.m for p in parts]
-    m = None if any(x is None for x in ms) else np.concatenate(ms)  # type: ignore[arg-type]
+    m: np.ndarray | None = (
+        None if any(x is None for x in ms) else np.concatenate(ms)  # type: ignore[arg-type]
+    )
     return QuantPlanes(
         fmts.pop(), np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]), m
     )

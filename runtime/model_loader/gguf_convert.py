@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +268,10 @@ def _hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's rope-layout permutation of q/k rows (interleaved -> half-split)."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    out: np.ndarray = (
+        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+    return out
 
 
 def _read_1d(reader: Any, name: str) -> np.ndarray:
@@ -277,7 +281,9 @@ def _read_1d(reader: Any, name: str) -> np.ndarray:
     return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
 
 
-def _convert_tensors(reader: Any, config: dict[str, Any], arch: str):
+def _convert_tensors(
+    reader: Any, config: dict[str, Any], arch: str
+) -> Iterator[tuple[str, np.ndarray]]:
     import gguf
 
     permuted = _ARCHS[arch][2]
@@ -289,7 +295,7 @@ def _convert_tensors(reader: Any, config: dict[str, Any], arch: str):
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = arr.reshape(shape)
         m = _BLOCK_RE.match(t.name)
-        special = special_tensor(arch, config, *m.groups(), arr) if m else None
+        special = special_tensor(arch, config, m[1], m[2], m[3], arr) if m else None
         if special is not None:  # MoE experts, routers and shared experts
             yield from special
             continue

@@ -123,7 +123,10 @@ def release_freed_memory() -> None:
 
 def _unpermute_order(rows: int, n_heads: int) -> np.ndarray:
     """Row order undoing llama.cpp's rope permutation (as gguf_convert._unpermute)."""
-    return np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(-1)
+    order: np.ndarray = (
+        np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(-1)
+    )
+    return order
 
 
 def read_gguf(

@@ -71,7 +71,7 @@ def load_model(
     (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
     GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
     quantized weights."""
-    model = model_class(cfg).create(cfg, dtype, device, max_positions)
+    model: CausalLM = model_class(cfg).create(cfg, dtype, device, max_positions)
     source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
     if source is not None:
         assert kernels is not None

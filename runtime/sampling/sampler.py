@@ -258,11 +258,11 @@ class Sampler:
                     prompt_rows.extend([i] * len(r.origin_input_ids))
                     prompt_ids.extend(r.origin_input_ids)
             if prompt_ids:
-                index = (
+                prompt_index = (
                     to_device(prompt_rows, torch.long, dev),
                     to_device(prompt_ids, torch.long, dev),
                 )
-                seen[index] = True
+                seen[prompt_index] = True
         freq = to_device([r.sampling_params.frequency_penalty for r in reqs], dtype, dev)
         pres = to_device([r.sampling_params.presence_penalty for r in reqs], dtype, dev)
         apply_penalties(logits, counts, seen, freq, pres, to_device(reps, dtype, dev))

@@ -6,12 +6,11 @@ import logging
 import os
 import time
 import traceback
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import SchedulerReadyOut
-from radixgen.runtime.launch.process_utils import PortArgs, configure_child_process
+from radixgen.runtime.launch.process_utils import PortArgs, ReadyPipe, configure_child_process
 from radixgen.runtime.models.encoder_config import is_encoder_folder, serves_embeddings
 from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens
 from radixgen.server_args import ServerArgs
@@ -166,7 +165,7 @@ def run_scheduler_process(
     args: ServerArgs,
     model_folder: str,
     ports: PortArgs,
-    ready_pipe: Connection,
+    ready_pipe: ReadyPipe,
     dp_rank: int = 0,
     tp_rank: int = 0,
 ) -> None:
@@ -206,7 +205,7 @@ def run_scheduler_process(
 def _run_follower_rank(
     args: ServerArgs,
     model_folder: str,
-    ready_pipe: Connection,
+    ready_pipe: ReadyPipe,
     tp: TensorParallelGroup,
     t0: float,
 ) -> None:
@@ -235,7 +234,7 @@ def _serve(
     args: ServerArgs,
     model_folder: str,
     ports: PortArgs,
-    ready_pipe: Connection,
+    ready_pipe: ReadyPipe,
     dp_rank: int,
     tp: TensorParallelGroup | None,
     threads: int,
@@ -347,7 +346,7 @@ def _serve_embeddings(
     args: ServerArgs,
     model_folder: str,
     ports: PortArgs,
-    ready_pipe: Connection,
+    ready_pipe: ReadyPipe,
     dp_rank: int,
     threads: int,
     t0: float,

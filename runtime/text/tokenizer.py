@@ -286,9 +286,9 @@ class Tokenizer:
 
 
 def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+    """A special token's text in tokenizer_config.json: a string, or an AddedToken dict."""
+    text = value.get("content") if isinstance(value, dict) else value
+    return text if isinstance(text, str) else None
 
 
 def _sentencepiece_bytes(piece: str) -> bytes:
