@@ -172,11 +172,12 @@ class ServerMetrics:
         """Time to first token (None if unknown); when every token came at once, also their
         inter-token latency."""
         if not (st.finished and new_tokens > 1):
-            ttft: float | None = now - st.created
+            ttft: float = now - st.created
         else:  # not streamed: all tokens arrive at the finish; use the scheduler's clock
-            ttft = getattr(st.meta, "first_token_delay", None)
-            if ttft is None:
+            delay = getattr(st.meta, "first_token_delay", None)
+            if delay is None:
                 return None
+            ttft = float(delay)
             per_token = max(0.0, now - st.created - ttft) / (new_tokens - 1)
             self.itl.observe(per_token)
             self.sglang.on_tokens(per_token, new_tokens - 1)

@@ -46,7 +46,10 @@ class RequestChecker:
                 raise InvalidRequestError("input_ids must be a list of token ids", "input_ids")
         else:
             raise InvalidRequestError("a prompt is required: text or input_ids", "text")
-        sp = SamplingParams.from_dict(obj.sampling_params, self.grammar_limits)
+        params = obj.sampling_params
+        if isinstance(params, list):  # one item of a batch carries its own object
+            raise InvalidRequestError("sampling_params must be an object", "sampling_params")
+        sp = SamplingParams.from_dict(params, self.grammar_limits)
         sp.verify_vocab(self.vocab_size)
         self.limits.check_stop_strings(sp.stop)
         self.limits.check_stop_regexes(sp.stop_regex)

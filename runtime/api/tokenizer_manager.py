@@ -77,6 +77,12 @@ EARLY_ABORT_TTL_S = 30.0
 EARLY_ABORT_MAX = 10_000
 
 
+def _one(value: T | list[T] | None) -> T | None:
+    """A field of one item of a split batch (`GenerateReqInput.item`): never a per-item list."""
+    assert not isinstance(value, list), "a batch is split into its items before this"
+    return value
+
+
 class TokenizerManager:
     def __init__(
         self,
@@ -122,7 +128,7 @@ class TokenizerManager:
         self.request_log = RequestLogger(args.http.log_requests, args.http.log_requests_level)
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
         self._ctx: zmq.asyncio.Context | None = None
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self.link: SchedulerLink | None = None  # set by start(): one scheduler or N replicas
         # an embedding server's requests in flight (None: the server generates text)
         self.embeddings: EmbeddingRequests | None = None
@@ -228,13 +234,15 @@ class TokenizerManager:
             if new_ids and st.first_token_time is None:
                 st.first_token_time = now
             if st.return_logprob:
-                if out.input_token_logprobs[i] is not None:
-                    st.input_token_logprobs = out.input_token_logprobs[i]
+                input_lp, output_lp = out.input_token_logprobs[i], out.output_token_logprobs[i]
+                if input_lp is not None:
+                    st.input_token_logprobs = input_lp
                     st.input_top_logprobs = out.input_top_logprobs[i] or []
-                if out.output_token_logprobs[i]:
-                    st.output_token_logprobs.extend(out.output_token_logprobs[i])
-                if out.output_top_logprobs[i]:
-                    st.output_top_logprobs.extend(out.output_top_logprobs[i])
+                if output_lp:
+                    st.output_token_logprobs.extend(output_lp)
+                output_top = out.output_top_logprobs[i]
+                if output_top:
+                    st.output_top_logprobs.extend(output_top)
             reason = out.finished_reasons[i]
             if reason is not None:
                 st.finish_reason = reason
@@ -486,7 +494,7 @@ class TokenizerManager:
         for it, ids, sp in prepared:
             if sp.n > 1:
                 shared_prompts.append((ids, it.data_parallel_rank, it))
-                base = it.rid or uuid.uuid4().hex
+                base = _one(it.rid) or uuid.uuid4().hex
                 groups[base] = [f"{base}-{k}" for k in range(sp.n)]
                 for k, sample_rid in enumerate(groups[base]):
                     child = dataclasses.replace(it, rid=sample_rid)
@@ -494,7 +502,7 @@ class TokenizerManager:
                     expanded.append((child, ids, dataclasses.replace(sp, n=1, seed=seed)))
             else:
                 expanded.append((it, ids, sp))
-        self._check_rids([*groups, *(it.rid for it, _, _ in expanded)])
+        self._check_rids([*groups, *(_one(it.rid) for it, _, _ in expanded)])
         self._check_capacity(len(expanded))
         self.sample_rids.update(groups)  # NOTE: before the prefill, so an abort finds the samples
         for base, samples in groups.items():
@@ -614,17 +622,18 @@ class TokenizerManager:
         internal: bool = False,
         rank: int | None = None,
     ) -> ReqState:
-        rid = it.rid or uuid.uuid4().hex
+        rid = _one(it.rid) or uuid.uuid4().hex
         if rid in self.states:
             raise InvalidRequestError(f"request id {rid!r} is already in use", "rid")
-        start = it.logprob_start_len if it.logprob_start_len is not None else -1
+        start = _one(it.logprob_start_len)
+        start = start if start is not None else -1
         if it.return_logprob and start == -1 and sp.max_new_tokens == 0:
             start = 0  # prefill-only scoring: report the whole prompt
         st = ReqState(
             rid=rid,
             prompt_tokens=len(ids),
             return_logprob=bool(it.return_logprob),
-            top_logprobs_num=it.top_logprobs_num or 0,
+            top_logprobs_num=_one(it.top_logprobs_num) or 0,
             return_text=it.return_text_in_logprobs,
             created=time.perf_counter(),
             internal=internal,
@@ -643,7 +652,7 @@ class TokenizerManager:
             sampling_params=sp,
             return_logprob=bool(it.return_logprob),
             logprob_start_len=start,
-            top_logprobs_num=it.top_logprobs_num or 0,
+            top_logprobs_num=_one(it.top_logprobs_num) or 0,
             stream=it.stream,
             arrival_time=time.time(),
             priority=resolve_priority(it.priority, self.args.scheduler),
