@@ -88,9 +88,9 @@ def _pid_exists(pid: int) -> bool:
     return True
 
 
-def worker_context(backend_name: str) -> mp.context.BaseContext:
+def worker_context(backend_name: str) -> mp.context.ForkServerContext:
     """The 'forkserver' context, its server preloading the backend's module (and torch)."""
-    ctx = mp.get_context("forkserver")
+    ctx: mp.context.ForkServerContext = mp.get_context("forkserver")
     module = "radixgen.runtime.constrained." + GRAMMAR_BACKENDS[backend_name].split(":")[0]
     # NOTE: takes effect when this process first starts its forkserver (then it is reused)
     ctx.set_forkserver_preload([__name__, module])

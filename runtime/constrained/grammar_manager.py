@@ -13,6 +13,7 @@ the scheduler thread inside a step, so it is kept to a few list operations per r
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from concurrent.futures import Future
@@ -195,7 +196,7 @@ class GrammarManager:
             self._pools[name] = pool
             self._caches[name] = CompileCache(
                 pool.submit,
-                lambda c, b=backend: self._compiled_size(b, c),
+                functools.partial(self._compiled_size, backend),
                 self.config.grammar_cache_max_bytes,
             )
             self._backends[name] = backend

@@ -82,7 +82,7 @@ class OutlinesCompiled:
                 self.forced[s] = b""
                 break
             walk.append((s, b))
-            s = self.index.get_next_state(s, self.byte_token[b])  # type: ignore[arg-type]
+            s = self.index.get_next_state(s, self.byte_token[b])
         tail = self.forced.get(s, b"") if s is not None else b""
         for st, b in reversed(walk):
             tail = bytes([b]) + tail

@@ -32,7 +32,8 @@ def grammar_backend_class(name: str) -> type[BaseGrammarBackend]:
         )
     module_name, class_name = GRAMMAR_BACKENDS[name].split(":")
     module = importlib.import_module(f"radixgen.runtime.constrained.{module_name}")
-    return getattr(module, class_name)
+    cls: type[BaseGrammarBackend] = getattr(module, class_name)
+    return cls
 
 
 def create_grammar_backend(

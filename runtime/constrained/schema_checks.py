@@ -89,7 +89,9 @@ class CheckPlan:
 
 def checked_here(root: Any, s: dict[str, Any]) -> list[str]:
     """The checked keywords this subschema itself uses (each as the relaxation drops it)."""
-    out = [k for k in ("multipleOf", "not", "dependencies", "dependentRequired") if k in s]
+    out: list[str] = [
+        k for k in ("multipleOf", "not", "dependencies", "dependentRequired") if k in s
+    ]
     out += [k for k in ("dependentSchemas", "contains") if k in s]
     max_items = s.get("maxItems")
     if s.get("uniqueItems") is True and not (isinstance(max_items, int) and max_items <= 1):

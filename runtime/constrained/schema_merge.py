@@ -29,6 +29,18 @@ _GROUPS = (
 _NOT_MERGED = frozenset({"$ref", "$dynamicRef", "unevaluatedProperties", "unevaluatedItems"})
 
 
+def dict_field(s: dict[str, Any], key: str) -> dict[str, Any]:
+    """`s[key]` where it is an object, else {} (a malformed value reads as absent)."""
+    value = s.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def list_field(s: dict[str, Any], key: str) -> list[Any]:
+    """`s[key]` where it is an array, else []."""
+    value = s.get(key)
+    return value if isinstance(value, list) else []
+
+
 class _Unsatisfiable:
     """No instance is valid (the merged branch can be dropped)."""
 
@@ -196,8 +208,8 @@ def _merge_sub(x: Any, y: Any) -> Any:
 
 def _required_absent(s: dict[str, Any]) -> bool:
     """An object-only schema that requires a name its `properties` forbid."""
-    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-    required = s.get("required") if isinstance(s.get("required"), list) else []
+    props = dict_field(s, "properties")
+    required = list_field(s, "required")
     other = s.get("additionalProperties", True)
     object_only = s.get("type") in ("object", ["object"])
     return object_only and any(props.get(n, other) is False for n in required)

@@ -30,6 +30,7 @@ from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.schema_merge import (
     UNSATISFIABLE,
     canonical,
+    dict_field,
     is_json_type,
     merge_schemas,
 )
@@ -444,7 +445,7 @@ class _Rewriter:
 
     def _negate_properties(self, props: dict[str, Any], ctx: dict[str, Any]) -> Branches | None:
         """not {properties: {p: S}}: an object where some p is present and fails S."""
-        own = ctx.get("properties") if isinstance(ctx.get("properties"), dict) else {}
+        own = dict_field(ctx, "properties")
         out: Branches = []
         for name, sub in props.items():
             inner = own.get(name, {})

@@ -17,7 +17,7 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.runtime.constrained.grammar_spec import subschemas
-from radixgen.runtime.constrained.schema_merge import is_json_type
+from radixgen.runtime.constrained.schema_merge import dict_field, is_json_type, list_field
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 
 # keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
@@ -249,7 +249,7 @@ def close_objects(schema: Any, part: bool = False) -> Any:
         else:
             out[key] = close_objects(value)
     props = schema.get("properties")
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    required = list_field(schema, "required")
     is_object = schema.get("type") == "object" or (isinstance(props, dict) and "type" not in schema)
     if (
         is_object
@@ -294,7 +294,7 @@ def _false_property_kept(s: dict[str, Any]) -> bool:
     props = s.get("properties")
     if not isinstance(props, dict) or not any(v is False for v in props.values()):
         return False
-    required = s.get("required") if isinstance(s.get("required"), list) else []
+    required = list_field(s, "required")
     return (
         s.get("additionalProperties", False) is not False
         or bool(s.get("patternProperties"))
@@ -348,7 +348,7 @@ def _features_here(root: Any, s: dict[str, Any]) -> list[str]:
             out.append("$ref (not a local #/ pointer)")
         if _validation_keys(s) - {"$ref"}:
             out.append("$ref with sibling keywords")
-    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    props = dict_field(s, "properties")
     required = s.get("required")
     if isinstance(required, list) and any(name not in props for name in required):
         out.append("required (a name not in properties)")

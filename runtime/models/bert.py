@@ -12,7 +12,7 @@ embedding model skips the pooler (a CLS-only head sentence-transformers does not
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Self
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from radixgen.runtime.layers.encoder import PostNormEncoderLayer
 from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.layers.vocab import vocab_embedding
 from radixgen.runtime.models.encoder_config import EncoderArchConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; we support 3.10
 
 _PREFIXES = ("bert.", "roberta.", "model.")
 _SKIPPED = ("embeddings.position_ids", "embeddings.token_type_ids")

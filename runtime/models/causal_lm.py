@@ -10,7 +10,7 @@ and gate/up fused into one matmul each.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +28,8 @@ from radixgen.runtime.models.model_config import ModelArchConfig
 from radixgen.runtime.models.native_stack import NativeDecoderStack
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; we support 3.10
+
     from radixgen.kernels.cpu import QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
