@@ -148,7 +148,7 @@ class BertModel(nn.Module):
     ) -> torch.Tensor:
         """[B, L] right-padded ids and mask (1 on real tokens), optional segment ids -> [B, L, H]
         final states."""
-        x = self.embeddings(input_ids, token_types)
+        x: torch.Tensor = self.embeddings(input_ids, token_types)
         key_mask = mask.bool()[:, None, None, :]
         for layer in self.layers:
             x = layer(x, key_mask)

@@ -124,10 +124,11 @@ class CausalLM(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, positions, self.rotary, batch)
+        assert residual is not None
         idx = batch.logits_indices
         if idx is not None:
             x, residual = x[idx], residual[idx]
-        h, _ = self.norm.forward(x, residual)
+        h: torch.Tensor = self.norm.forward(x, residual)[0]
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -190,8 +191,9 @@ class CausalLM(nn.Module):
         # NOTE: the stack's table holds the packed weights' pointers: rebuilt after a prepack.
         # It runs whenever the native kernels serve the layers: a layer packed for oneDNN (no
         # native bf16 GEMM: AMX or AVX2 CPUs) makes `NativeDecoderStack.build` decline the model
-        allowed = self.native_stack_allowed and isinstance(native, NativeKernels)
-        self._stack_kernels = native if allowed else None
+        self._stack_kernels = (
+            native if isinstance(native, NativeKernels) and self.native_stack_allowed else None
+        )
         self._stack, self._stack_pool = None, None
 
     # --- weights ----------------------------------------------------------------------------

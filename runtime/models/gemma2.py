@@ -84,7 +84,7 @@ class Gemma2ForCausalLM(CausalLM):
         idx = batch.logits_indices
         if idx is not None:
             x, residual = x[idx], residual[idx]
-        h, _ = self.norm.forward(x, residual)
+        h: torch.Tensor = self.norm.forward(x, residual)[0]
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -199,7 +199,8 @@ def _rope(raw: dict[str, Any], model_type: str) -> tuple[float, dict[str, Any] |
     """(rope_theta, scaling or None) from the v4 (`rope_scaling`) or v5 (`rope_parameters`) form.
 
     longrope is Phi-3's (phi3.py keeps its two tables); other architectures refuse it."""
-    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    given = raw.get("rope_parameters")
+    params: dict[str, Any] = given if isinstance(given, dict) else {}
     scaling = raw.get("rope_scaling") or params or None
     theta = raw.get("rope_theta", params.get("rope_theta", 10000.0))
     if scaling is not None:

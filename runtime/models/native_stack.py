@@ -90,6 +90,10 @@ class NativeDecoderStack:
         cfg = model.cfg
         rows: list[list[int]] = []
         first = model.layers[0]
+        if type(first) is not DecoderLayer or type(first.self_attn) is not Attention:
+            return None
+        if type(first.mlp) is not MLP or type(first.input_layernorm) is not RMSNorm:
+            return None
         for i, layer in enumerate(model.layers):
             if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
                 return None
