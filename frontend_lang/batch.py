@@ -89,7 +89,7 @@ def _run_in_pool(
     try:
         with ThreadPoolExecutor(workers) as pool:
             for start in range(0, len(items), chunk):
-                futures: list[Future] = []
+                futures: list[Future[ProgramState]] = []
                 for arguments in items[start : start + chunk]:
                     future = pool.submit(fn, arguments)
                     if bar is not None:

@@ -51,8 +51,15 @@ def _lp(entry: LogprobEntry) -> float:
 class TokenLengthNormalized(ChoicesSamplingMethod):
     """The choice with the highest mean token logprob."""
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[LogprobEntry]],
+        output_token_logprobs: list[list[LogprobEntry]],
+        unconditional_token_logprobs: list[list[LogprobEntry]] | None = None,
+    ) -> ChoicesDecision:
         return ChoicesDecision(
             decision=choices[_argmax(normalized_prompt_logprobs)],
             meta_info={
@@ -67,8 +74,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
     """Token by token, keep the choices with the best logprob at that position; a shorter choice
     is padded with its own mean logprob so it can compete with longer ones."""
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[LogprobEntry]],
+        output_token_logprobs: list[list[LogprobEntry]],
+        unconditional_token_logprobs: list[list[LogprobEntry]] | None = None,
+    ) -> ChoicesDecision:
         width = max(len(entries) for entries in input_token_logprobs)
         matrix = []
         for entries in input_token_logprobs:
@@ -100,8 +114,15 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     def requires_unconditional_logprobs(self) -> bool:
         return True
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[LogprobEntry]],
+        output_token_logprobs: list[list[LogprobEntry]],
+        unconditional_token_logprobs: list[list[LogprobEntry]] | None = None,
+    ) -> ChoicesDecision:
         if unconditional_token_logprobs is None:
             raise ValueError("unconditional_likelihood_normalized needs unconditional logprobs")
         scores = []
@@ -124,8 +145,15 @@ class ConstrainedChoice(ChoicesSamplingMethod):
     """Not a scoring rule: `choices_method=constrained_choice` makes gen/select decode under a
     grammar of the choices (one generate request; `temperature` then samples among them)."""
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[LogprobEntry]],
+        output_token_logprobs: list[list[LogprobEntry]],
+        unconditional_token_logprobs: list[list[LogprobEntry]] | None = None,
+    ) -> ChoicesDecision:
         raise TypeError("constrained_choice decodes under a grammar; it does not score choices")
 
 

@@ -24,7 +24,7 @@ _DTYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool", "string": 
 def dtype_name(dtype: Any) -> str:
     """'int' | 'float' | 'str' | 'bool' for a type or its name; anything else is an error."""
     name = _DTYPE_NAMES.get(dtype, dtype)
-    if name not in ("int", "float", "str", "bool"):
+    if not isinstance(name, str) or name not in ("int", "float", "str", "bool"):
         raise ValueError(f"dtype must be int, float, str or bool (type or name), got {dtype!r}")
     return name
 
@@ -69,7 +69,9 @@ def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
     )
 
 
-def parser_for(dtype: Any = None, model: type | None = None, is_json: bool = False) -> Callable:
+def parser_for(
+    dtype: Any = None, model: type | None = None, is_json: bool = False
+) -> Callable[[str], Any]:
     """The function that turns a gen's text into its typed value (raises ValueError if it can't)."""
     if model is not None:
         return lambda text: model.model_validate_json(text)  # type: ignore[attr-defined]

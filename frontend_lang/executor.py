@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from radixgen.lang import constraints
@@ -58,7 +59,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def program_site() -> str | None:
     """'File "f.py", line 12, in prog: s += gen(...)' for the first frame outside this package."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
@@ -110,7 +111,7 @@ class StreamExecutor:
         self._dead = False
         self.use_thread = use_thread
         if use_thread:
-            self.queue: queue.Queue = queue.Queue()
+            self.queue: queue.Queue[Any] = queue.Queue()
             ctx = contextvars.copy_context()
             self.worker = threading.Thread(
                 target=ctx.run, args=(self._worker_loop,), daemon=True, name="radixgen-program"
@@ -443,7 +444,7 @@ class StreamExecutor:
         for attempt in range(global_config.max_parse_retries):
             comp, meta = self.backend.generate(self, params)
             text = comp[0] if isinstance(comp, list) else comp
-            if constraints.matches(regex, text):
+            if regex is not None and constraints.matches(regex, text):
                 self._fill(text)
                 self.server_seen = len(self.text_)
                 self._set_result(name, comp, {**(meta or {}), "attempts": attempt + 1})

@@ -125,7 +125,7 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]] | list[tuple] | list[list],
+        batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]] | list[list[Any]],
         *,
         max_new_tokens: int = 128,
         n: int = 1,

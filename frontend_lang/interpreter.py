@@ -107,7 +107,7 @@ class ProgramState(RoleMethods):
         """The variable as a Python value: int/float/bool for dtype gens, the pydantic instance
         (or dict) for json_schema gens, the text otherwise; lists stay lists."""
         value = self.get_var(name)
-        parse = self.stream_executor.parsers.get(name, lambda text: text)
+        parse = self.stream_executor.parsers.get(name, str)
         try:
             return [parse(v) for v in value] if isinstance(value, list) else parse(value)
         except ValueError as e:
@@ -263,7 +263,13 @@ class ProgramStateGroup:
 # --- running ---------------------------------------------------------------------------------
 
 
-def _run_body(state: ProgramState, program: Any, args: tuple, kwargs: dict, stream: bool) -> None:
+def _run_body(
+    state: ProgramState,
+    program: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    stream: bool,
+) -> None:
     exe = state.stream_executor
     try:
         state.ret_value = program.func(state, *args, **kwargs)
@@ -281,7 +287,7 @@ def _run_body(state: ProgramState, program: Any, args: tuple, kwargs: dict, stre
 def run_program(
     program: Any,
     backend: Any,
-    args: tuple,
+    args: tuple[Any, ...],
     kwargs: dict[str, Any],
     default_sampling_para: SglSamplingParams,
     stream: bool,

@@ -218,7 +218,8 @@ class TracerStateGroup:
 
 def _template_of(backend: Any) -> ChatTemplate:
     if backend is not None and hasattr(backend, "get_chat_template"):
-        return backend.get_chat_template()
+        template: ChatTemplate = backend.get_chat_template()
+        return template
     return get_chat_template("default")
 
 

@@ -94,10 +94,12 @@ class EngineBackend(NativeBackend):
         return self.model_path
 
     def flush_cache(self) -> dict[str, Any]:
-        return self.engine.flush_cache()
+        out: dict[str, Any] = self.engine.flush_cache()
+        return out
 
     def get_server_info(self) -> dict[str, Any]:
-        return self.engine.get_server_info()
+        info: dict[str, Any] = self.engine.get_server_info()
+        return info
 
     def shutdown(self) -> None:
         if self._owns_engine:

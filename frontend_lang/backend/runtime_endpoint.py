@@ -115,7 +115,8 @@ class RuntimeEndpoint(NativeBackend):
         self._request("POST", "/flush_cache")
 
     def get_server_info(self) -> dict[str, Any]:
-        return self._request("GET", "/server_info").json()
+        info: dict[str, Any] = self._request("GET", "/server_info").json()
+        return info
 
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r})"
