@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -467,7 +467,7 @@ class TokenizerManager:
 
     async def generate(
         self, obj: GenerateReqInput
-    ) -> AsyncIterator[dict[str, Any] | list[dict[str, Any]]]:
+    ) -> AsyncGenerator[dict[str, Any] | list[dict[str, Any]], None]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
         self.check_generates()

@@ -45,6 +45,8 @@ class Engine:
             target=self._loop.run_forever, name="radixgen-engine-loop", daemon=True
         )
         self._thread.start()
+        if p.ready is None:
+            raise RuntimeError("no scheduler reported ready on this machine")
         self.tokenizer_manager = TokenizerManager(
             self.server_args, p.model_folder, p.ports, p.ready, p.served_model_name
         )
@@ -72,7 +74,7 @@ class Engine:
         return self._call(coro)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.tokenizer_manager.tokenizer
 
     # --- generation ---------------------------------------------------------------------------
@@ -149,7 +151,8 @@ class Engine:
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
-        return self._call(self._collect(obj))
+        out: dict[str, Any] | list[dict[str, Any]] = self._call(self._collect(obj))
+        return out
 
     async def _collect(self, obj: GenerateReqInput) -> Any:
         result = None
@@ -158,7 +161,7 @@ class Engine:
         return result
 
     def _stream_sync(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
-        q: queue.Queue = queue.Queue()
+        q: queue.Queue[Any] = queue.Queue()
 
         async def pump() -> None:
             try:
@@ -168,7 +171,7 @@ class Engine:
             except BaseException as e:  # surfaced to the consumer thread
                 q.put(e)
 
-        fut: Future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        fut: Future[None] = asyncio.run_coroutine_threadsafe(pump(), self._loop)
         try:
             while True:
                 item = q.get()
@@ -208,7 +211,7 @@ class Engine:
         return await asyncio.wrap_future(fut)
 
     async def _stream_async(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
         caller_loop = asyncio.get_running_loop()
 
         async def pump() -> None:

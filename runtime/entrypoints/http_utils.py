@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixgen.errors import (
     EngineDeadError,
@@ -251,15 +252,17 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected()
 
 
-async def first_and_rest(agen: AsyncIterator[T], request: Request) -> tuple[T, AsyncIterator[T]]:
+async def first_and_rest(
+    agen: AsyncGenerator[T, None], request: Request
+) -> tuple[T, AsyncGenerator[T, None]]:
     """Pull the first item before the response starts, so bad input still gets a 4xx status."""
     first = await until_disconnect(request, agen.__anext__())
     return first, agen
 
 
 async def first_chunk_or_refusal(
-    agen: AsyncIterator[Any], request: Request
-) -> tuple[Any, AsyncIterator[Any]]:
+    agen: AsyncGenerator[Any, None], request: Request
+) -> tuple[Any, AsyncGenerator[Any, None]]:
     """Like `first_and_rest`, but a request the engine refused at once (e.g. a grammar that does
     not compile) raises, so it gets a 4xx status instead of a 200 stream holding an error."""
     first, rest = await first_and_rest(agen, request)
@@ -274,12 +277,12 @@ async def first_chunk_or_refusal(
 class ApiKeyMiddleware:
     """Pure-ASGI Bearer-key check (no per-request task overhead like BaseHTTPMiddleware)."""
 
-    def __init__(self, app: Callable, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.api_key = api_key
         self.expected = f"Bearer {api_key}".encode()
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         if scope["path"] in AUTH_OPEN_PATHS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,7 +49,8 @@ SECRET_ARGS = ("api_key", "api_key_file")
 
 
 def server_state(request: Request) -> ServerState:
-    return request.app.state.server
+    state: ServerState = request.app.state.server
+    return state
 
 
 # --- embeddings ----------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ async def generate(request: Request) -> Response:
     return StreamingResponse(_sse(first, rest), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _sse(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _sse(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
     """SSE framing; closing `rest` on a disconnect cancels and aborts the request in the engine."""
     try:
         chunk = first

@@ -48,10 +48,10 @@ class ServerState:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watch_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._starting_tm: TokenizerManager | None = None  # during the warm-up
         self.draining = False  # SIGTERM arrived: finish what runs, refuse the rest
-        self._drain_task: asyncio.Task | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         self.batch: BatchService | None = None  # the Files / Batch APIs' state, opened on use
         self.responses = ResponseStore()  # /v1/responses' stored responses (in memory)
 
@@ -133,6 +133,8 @@ class ServerState:
         assert loop is not None
         try:
             procs = launch_engine_processes(self.args)
+            if procs.ready is None:
+                raise RuntimeError("no scheduler reported ready on this machine")
             tm = TokenizerManager(
                 self.args, procs.model_folder, procs.ports, procs.ready, procs.served_model_name
             )
@@ -230,6 +232,6 @@ def _terminate_loading_children() -> None:
 
 def _cmdline(proc: Any) -> list[str]:
     try:
-        return proc.cmdline()
+        return [str(part) for part in proc.cmdline()]
     except Exception:
         return []

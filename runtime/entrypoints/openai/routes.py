@@ -3,6 +3,8 @@ detokenize live with the native API)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -34,7 +36,7 @@ router.add_api_route("/v1/rerank", create_rerank, methods=["POST"])
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
 
-def _model_card(request: Request) -> dict:
+def _model_card(request: Request) -> dict[str, Any]:
     state = request.app.state.server
     tm = state.manager()
     return {
@@ -47,7 +49,7 @@ def _model_card(request: Request) -> dict:
     }
 
 
-def _adapter_cards(request: Request, base: dict) -> list[dict]:
+def _adapter_cards(request: Request, base: dict[str, Any]) -> list[dict[str, Any]]:
     """A card per loaded LoRA adapter (vLLM's shape: its `root` is the adapter's path, its
     `parent` the base model); a request's `model` may name one."""
     tm = request.app.state.server.manager()

@@ -7,7 +7,7 @@ the context window, as OpenAI does).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -252,13 +252,15 @@ def _response(
 
 
 async def _stream(
-    plan: ChatPlan, first: Any, rest: AsyncIterator[Any], model: str, cache_report: bool
+    plan: ChatPlan, first: Any, rest: AsyncGenerator[Any, None], model: str, cache_report: bool
 ) -> AsyncIterator[bytes]:
     req = plan.req
     rid, created = common.new_id("chatcmpl"), common.now()
     sent: dict[int, int] = {}
     builders: dict[int, ChatDeltaBuilder] = {}
-    prompt, completion, cached = {}, {}, {}
+    prompt: dict[int, int] = {}
+    completion: dict[int, int] = {}
+    cached: dict[int, int] = {}
     continuous = common.continuous_usage(req.stream_options)
 
     def event(index: int, delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:

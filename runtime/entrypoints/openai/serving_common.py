@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -217,7 +217,7 @@ async def serve_generation(
     request_model: type,
     make_plan: Callable[[Any, Any], Any],
     build_response: Callable[[Any, list[dict[str, Any]], Any, bool], dict[str, Any]],
-    build_stream: Callable[[Any, Any, AsyncIterator[Any], str, bool], AsyncIterator[bytes]],
+    build_stream: Callable[[Any, Any, AsyncGenerator[Any, None], str, bool], AsyncIterator[bytes]],
     input_field: str,
 ) -> Response:
     """The request flow both OpenAI generation endpoints share: validate, plan, generate, then

@@ -5,7 +5,7 @@ Choices are ordered prompt-major: choice `i * n + k` is sample k of prompt i, as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -36,11 +36,11 @@ class CompletionPlan:
         if isinstance(prompt, str):
             self.texts, self.batch = [prompt], False
         elif isinstance(prompt[0], str):
-            self.texts, self.batch = list(prompt), True  # type: ignore[arg-type]
+            self.texts, self.batch = list(prompt), True
         elif isinstance(prompt[0], int):
-            self.ids, self.batch = [prompt], False  # type: ignore[list-item]
+            self.ids, self.batch = [prompt], False
         else:
-            self.ids, self.batch = list(prompt), True  # type: ignore[arg-type]
+            self.ids, self.batch = list(prompt), True
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
         self.sampling_params = common.sampling_params(req, max_tokens)
         self.tm = tm
@@ -126,13 +126,19 @@ def _response(
 
 
 async def _stream(
-    plan: CompletionPlan, first: Any, rest: AsyncIterator[Any], model: str, cache_report: bool
+    plan: CompletionPlan,
+    first: Any,
+    rest: AsyncGenerator[Any, None],
+    model: str,
+    cache_report: bool,
 ) -> AsyncIterator[bytes]:
     req = plan.req
     rid, created = common.new_id("cmpl"), common.now()
     sent: dict[int, int] = {}
     lp_end: dict[int, int] = {}  # text offset where each choice's streamed tokens end
-    prompt, completion, cached = {}, {}, {}
+    prompt: dict[int, int] = {}
+    completion: dict[int, int] = {}
+    cached: dict[int, int] = {}
     continuous = common.continuous_usage(req.stream_options)
 
     def event(choice: dict[str, Any]) -> bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -154,7 +154,11 @@ def _finished(
 
 
 async def _stream(
-    turn: _Turn, first: Any, rest: AsyncIterator[Any], tm: TokenizerManager, store: ResponseStore
+    turn: _Turn,
+    first: Any,
+    rest: AsyncGenerator[Any, None],
+    tm: TokenizerManager,
+    store: ResponseStore,
 ) -> AsyncIterator[bytes]:
     events = ResponseEvents(turn.skeleton())
     deltas = turn.plan.delta_builder()

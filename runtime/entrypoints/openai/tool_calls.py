@@ -45,7 +45,8 @@ def tool_mode(tools: list[Tool] | None, choice: Any) -> str | None:
             f"tool_choice names function '{choice.function.name}', which is not in tools",
             "tool_choice",
         )
-    return choice.function.name
+    name: str = choice.function.name
+    return name
 
 
 def tools_system_prompt(
