@@ -4,6 +4,7 @@ Each variant's quantized GEMM (AVX512-BF16 dot products, or float32 FMAs on AVX-
 serves the model by default (`--dtype auto`, `--quantization` auto), `/server_info` says which,
 and its greedy output agrees with the dequantized float32 path on the first 16 tokens for at
 least 10 of 12 prompts (the bar issue 29 sets; measured 12/12 on AVX2, 11/12 on AVX512-BF16).
+So does the int8-activation path (RADIXGEN_CPU_ACT_QUANT=int8) where a variant has one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from test_kv_dtype_engine import GREEDY16, PROMPTS
 import radixgen
 from radixgen.kernels.cpu import runnable_isas
 from radixgen.kernels.cpu.isa import ISA_ENV
+from radixgen.kernels.cpu.loader import ACT_QUANT_ENV, load_kernels_for_isa
 
 pytestmark = pytest.mark.slow  # starts Engines
 
@@ -38,8 +40,25 @@ def test_kept_quantized_agrees_with_float32_on_every_variant(
     if isa == "none":
         pytest.skip("no native kernel variant for this CPU")
     monkeypatch.setenv(ISA_ENV, isa)  # the scheduler child inherits it
+    monkeypatch.setenv(ACT_QUANT_ENV, "off")
     ids, info = _greedy(chat_prompt)
+    assert info["kernel_act_quant"] == "off"
     assert (info["kernel_isa"], info["quantization"], info["dtype"]) == (isa, "gguf", "bfloat16")
     agree = sum(ours[:16] == ref[:16] for ours, ref in zip(ids, float32_reference, strict=True))
     print(f"{isa}: {agree}/{len(PROMPTS)} prompts agree with float32 on 16 tokens")
     assert agree >= 10, f"{isa}: only {agree}/12 prompts agree with float32 on 16 tokens"
+
+
+@pytest.mark.parametrize("isa", runnable_isas() or ["none"])
+def test_int8_activations_agree_with_float32(
+    isa: str, float32_reference, chat_prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if isa == "none" or not load_kernels_for_isa(isa).act_int8_formats:
+        pytest.skip(f"variant {isa} has no int8-activation path")
+    monkeypatch.setenv(ISA_ENV, isa)
+    monkeypatch.setenv(ACT_QUANT_ENV, "int8")
+    ids, info = _greedy(chat_prompt)
+    assert (info["kernel_isa"], info["kernel_act_quant"]) == (isa, "int8")
+    agree = sum(ours[:16] == ref[:16] for ours, ref in zip(ids, float32_reference, strict=True))
+    print(f"{isa} int8 activations: {agree}/{len(PROMPTS)} prompts agree with float32 on 16 tokens")
+    assert agree >= 10, f"{isa} int8: only {agree}/12 prompts agree with float32 on 16 tokens"
