@@ -17,6 +17,8 @@
  *   panel's columns) and the buffered path (a group unpacked once into an L1 buffer as the same
  *   floats, register tiles of rows x columns) do exactly these operations on exactly these
  *   operands, so a row is bitwise the same alone or in any batch.
+ * - AVX2 only, asked for per call (QACT_I8 / QACT_I8X2 in fmt): Q4_0/Q4_1 with the activations
+ *   quantized to int8 and integer dot products on the same packed bytes (qgemm_act_i8 below).
  */
 #include "simd.h"
 
