@@ -9,7 +9,10 @@ head: ~96 MB quantized, ~540 MB float32 streamed per step). `--torch-isa avx2` l
 oneDNN to AVX2 (what torch runs on an AVX2-only CPU); it must be set before torch loads.
 
     python benchmark/bench_qgemm_isa.py [--rows 1,32,64] [--repeats 7] [--threads 1] [--cold]
-        [--torch-isa avx2] [--isas avx2,avx512,avx512bf16]
+        [--torch-isa avx2] [--isas avx2,avx512,avx512bf16] [--act-quant int8,int8x2]
+
+`--act-quant` adds each variant's int8-activation paths (RADIXGEN_CPU_ACT_QUANT's modes) as
+`<variant>_<mode>`, interleaved with the rest, and prints the float-activation time over each.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 SHAPES = (("o", 576, 576, "u4"), ("kv", 192, 576, "u4"), ("qkv", 960, 576, "u4"),
           ("gate_up", 3072, 576, "u4"), ("down", 576, 1536, "u4"),
@@ -43,12 +47,12 @@ def random_quant(n: int, k: int, fmt: str, seed: int):
     return q, d, m, w.view(n, k)
 
 
-def _step_quant(lib, shapes, weights, xs) -> None:
+def _step_quant(lib, shapes, weights, xs, act: str = "off") -> None:
     """One decode step's quantized linear layers (float32 out, as F.linear's)."""
     import torch
 
     for (_, k, _), w in zip(shapes, weights, strict=True):
-        lib.linear_quant(xs[k], w, torch.float32)
+        lib.linear_quant(xs[k], w, torch.float32, act_quant=act)
 
 
 def best_of(fns: dict[str, Callable[[], object]], repeats: int, budget_s: float) -> dict:
@@ -78,6 +82,7 @@ def main() -> None:
     ap.add_argument("--torch-isa", default="", help="avx2: MKL and oneDNN limited to AVX2")
     ap.add_argument("--isas", default="", help="default: every variant this CPU runs")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    ap.add_argument("--act-quant", default="", help="also these int8-activation modes")
     args = ap.parse_args()
     if args.torch_isa == "avx2":  # read when MKL / oneDNN initialise: before torch loads
         os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
@@ -93,6 +98,12 @@ def main() -> None:
     libs = {isa: load_kernels_for_isa(isa) for isa in isas}
     libs = {isa: lib for isa, lib in libs.items() if lib.has_quant_gemm}
     torch_name = f"torch_f32{'_' + args.torch_isa if args.torch_isa else ''}"
+    modes = [m for m in args.act_quant.split(",") if m]
+    i8 = [(isa, m) for isa, lib in libs.items() if lib.act_int8_formats for m in modes]
+
+    def i8_ratios(best: dict[str, float]) -> str:
+        return "".join(f" {m} {best[isa] / best[f'{isa}_{m}']:.2f}x({isa})" for isa, m in i8)
+
     print(
         f"threads {args.threads}; variants {', '.join(libs)}; times in us (best of "
         f"{args.repeats}); ratios: {torch_name} time / variant time"
@@ -100,12 +111,14 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     if args.cold:
         shapes = [(n, k, "u4") for _ in range(30) for _, n, k in LAYER] + [(49152, 576, "i8")]
+        # qkv and gate_up read RMSNorm outputs (act_quant "mixed")
+        norm_fed = [name in ("qkv", "gate_up") for _ in range(30) for name, _, _ in LAYER] + [False]
         packed: dict[str, list] = {isa: [] for isa in libs}
         dense = []
         for i, (n, k, fmt) in enumerate(shapes):
             q, d, m, w = random_quant(n, k, fmt, i)
             for isa, lib in libs.items():
-                packed[isa].append(lib.pack_quant(q, d, m, fmt))
+                packed[isa].append(replace(lib.pack_quant(q, d, m, fmt), reads_norm=norm_fed[i]))
             dense.append(w)
         for mrows in rows:
             xs = {k: torch.randn(mrows, k).bfloat16() for k in (576, 1536)}
@@ -114,13 +127,17 @@ def main() -> None:
                 isa: (lambda lib=lib, ws=packed[isa], xs=xs: _step_quant(lib, shapes, ws, xs))
                 for isa, lib in libs.items()
             }
+            for isa, mode in i8:
+                fns[f"{isa}_{mode}"] = lambda lib=libs[isa], ws=packed[isa], xs=xs, mode=mode: (
+                    _step_quant(lib, shapes, ws, xs, mode)
+                )
             fns[torch_name] = lambda xf=xf: [
                 F.linear(xf[k], w) for (_, k, _), w in zip(shapes, dense, strict=True)
             ]
             best = best_of(fns, args.repeats, 0.0)
             cells = " ".join(f"{name}={t * 1e3:.2f}ms" for name, t in best.items())
             ratios = " ".join(f"{best[torch_name] / best[isa]:.2f}x({isa})" for isa in libs)
-            print(f"cold step M={mrows}: {cells}  {ratios}", flush=True)
+            print(f"cold step M={mrows}: {cells}  {ratios}{i8_ratios(best)}", flush=True)
         return
     for name, n, k, fmt in SHAPES:
         if name not in args.shapes.split(","):
@@ -134,11 +151,15 @@ def main() -> None:
                 isa: (lambda lib=lib, p=packed1[isa], x=x: lib.linear_quant(x, p, torch.float32))
                 for isa, lib in libs.items()
             }
+            for isa, mode in i8:
+                fns[f"{isa}_{mode}"] = lambda lib=libs[isa], p=packed1[isa], x=x, mode=mode: (
+                    lib.linear_quant(x, p, torch.float32, act_quant=mode)
+                )
             fns[torch_name] = lambda xf=xf, w=w: F.linear(xf, w)
             best = best_of(fns, args.repeats, 0.02)
             cells = " ".join(f"{iname}={t * 1e6:.1f}" for iname, t in best.items())
             ratios = " ".join(f"{best[torch_name] / best[isa]:.2f}x({isa})" for isa in libs)
-            print(f"{name} {n}x{k} {fmt} M={mrows}: {cells}  {ratios}", flush=True)
+            print(f"{name} {n}x{k} {fmt} M={mrows}: {cells}  {ratios}{i8_ratios(best)}", flush=True)
 
 
 if __name__ == "__main__":

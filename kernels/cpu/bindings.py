@@ -66,6 +66,7 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "qgemm_available": (_I32, ()),
     "qgemm_pack": (None, (_P, _P, _P, _I64, _I64, _I32, _P)),
     "qgemm_rows_bf16": (None, (_P, _I64, _I64, _I32, _P, _I64, _P)),
+    "qgemm_act_int8_formats": (_I32, ()),
     "qgemm": (_I32, (_P, _I64, _I64, _P, _I64, _I64, _I32, _P, _P, _I64, _I32)),
     "decoder_stack_words": (_I32, ()),
     "decoder_stack_workspace_bytes": (_I64, (_I64, _I64, _I32, _I32, _I32, _I64)),
@@ -74,6 +75,13 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
 
 QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
 QUANT_GROUP = 32  # k per scale group
+# or'ed into a `fmt` code: qgemm quantizes the activations to int8 per row per group ("int8",
+# gemm_quant.c's QACT_I8), or to int8 and the residual to int8 again ("int8x2", QACT_I8X2),
+# where the build has that path for the format (qgemm_act_int8_formats)
+ACT_FLAGS = {"off": 0, "int8": 256, "int8x2": 512}
+# "mixed": int8x2 for weights that read an RMSNorm output (QuantLinearWeight.reads_norm: their
+# outlier channels cost one int8 too much accuracy), int8 for the others
+ACT_QUANT_MODES = (*ACT_FLAGS, "mixed")  # NativeKernels.act_quant
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `dtype` arguments
 # the KV pool formats of `kv_dtype` arguments (kv_quant.h)
@@ -133,6 +141,7 @@ class QuantLinearWeight:
     in_features: int
     fmt: str
     bias: torch.Tensor | None
+    reads_norm: bool = False  # its input is an RMSNorm output (act_quant "mixed")
 
     @property
     def nbytes(self) -> int:
@@ -142,9 +151,18 @@ class QuantLinearWeight:
 class NativeKernels:
     """Typed Python entry points over the compiled library."""
 
-    def __init__(self, lib: ctypes.CDLL, isa: str) -> None:
+    def __init__(self, lib: ctypes.CDLL, isa: str, act_quant: str = "off") -> None:
+        if act_quant not in ACT_QUANT_MODES:
+            raise ValueError(f"act_quant must be one of {ACT_QUANT_MODES}, not {act_quant!r}")
         self._lib = lib
         self.isa = isa  # the instruction-set variant the library was built for (isa.py)
+        formats = int(bind(lib, "qgemm_act_int8_formats")())
+        # the quantized formats whose GEMM can take int8 activations in this build
+        self.act_int8_formats = frozenset(f for f, c in QUANT_FORMATS.items() if formats >> c & 1)
+        # "int8" / "int8x2" / "mixed": quantized linear layers quantize their activations where
+        # the format allows (act_int8_formats); "off": float32 activations (the exact
+        # dequantize-then-matmul)
+        self.act_quant = act_quant
         self._ragged = bind(lib, "ragged_attention")
         self._add_rmsnorm = bind(lib, "add_rmsnorm")
         self._rope = bind(lib, "rope_store_kv")
@@ -164,6 +182,24 @@ class NativeKernels:
         self.decoder_stack_words = int(bind(lib, "decoder_stack_words")())
         self._stack_bytes = bind(lib, "decoder_stack_workspace_bytes")
         self._stack = bind(lib, "decoder_stack_forward")
+
+    def with_act_quant(self, act_quant: str) -> NativeKernels:
+        """The same library with another activation mode (a new instance)."""
+        return NativeKernels(self._lib, self.isa, act_quant)
+
+    @property
+    def act_quant_active(self) -> str:
+        """act_quant where some format has the int8 path in this build, else "off"."""
+        return self.act_quant if self.act_int8_formats else "off"
+
+    def quant_code(self, w: QuantLinearWeight, act_quant: str | None = None) -> int:
+        """`qgemm`'s fmt argument for `w`: its format code, with the ACT_FLAGS bit where the
+        activations are quantized (act_quant, default this instance's)."""
+        mode = self.act_quant if act_quant is None else act_quant
+        if mode == "mixed":
+            mode = "int8x2" if w.reads_norm else "int8"
+        code = QUANT_FORMATS[w.fmt]
+        return code | ACT_FLAGS[mode] if w.fmt in self.act_int8_formats else code
 
     # --- linear layers (see gemm_bf16.c) ----------------------------------------------------
 
@@ -238,10 +274,15 @@ class NativeKernels:
         return QuantLinearWeight(data, n, k, fmt, b)
 
     def linear_quant(
-        self, x: torch.Tensor, w: QuantLinearWeight, out_dtype: torch.dtype = torch.bfloat16
+        self,
+        x: torch.Tensor,
+        w: QuantLinearWeight,
+        out_dtype: torch.dtype = torch.bfloat16,
+        act_quant: str | None = None,
     ) -> torch.Tensor:
         """x [M, in] bf16 -> x W^T + b as [M, out] bf16 (or float32); a row's result never
-        depends on M."""
+        depends on M. act_quant: an ACT_QUANT_MODES mode for this call (default this
+        instance's)."""
         k = w.in_features
         assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k
         assert out_dtype in (torch.bfloat16, torch.float32)
@@ -253,7 +294,7 @@ class NativeKernels:
             return y
         rc = self._qgemm(
             x.data_ptr(), m, x.stride(0), w.data.data_ptr(), w.out_features, k,
-            QUANT_FORMATS[w.fmt], 0 if w.bias is None else w.bias.data_ptr(), y.data_ptr(),
+            self.quant_code(w, act_quant), 0 if w.bias is None else w.bias.data_ptr(), y.data_ptr(),
             w.out_features, int(out_dtype == torch.float32),
         )  # fmt: skip
         if rc != 0:

@@ -48,6 +48,10 @@
 #define QFMT_U4F 2
 #define QFMT_I8H 3
 #define QFMT_I8M 4
+/* or'ed into fmt: quantize x to int8 per row per group (QACT_I8X2: and its residual) where
+ * this build can (qgemm_act_int8_formats), else the flag is ignored */
+#define QACT_I8 256
+#define QACT_I8X2 512
 /* U4 and U4F: nibbles with a scale and a min; the others: bytes */
 #define IS_U4(fmt) ((fmt) == QFMT_U4 || (fmt) == QFMT_U4F)
 #define HAS_MIN(fmt) (IS_U4(fmt) || (fmt) == QFMT_I8M)
@@ -489,8 +493,11 @@ static void group_sums(const uint16_t* x, int64_t m, int64_t ldx, int64_t groups
 /* x: [m, k] bf16 (row stride ldx); packed: from qgemm_pack; bias: float32 [n] or NULL;
  * y: [m, n] (row stride ldy) bf16 or (out_f32) float32. 0 = ok, -1 unavailable, -2 bad k/fmt,
  * -3 out of memory. */
+int qgemm_act_int8_formats(void) { return 0; }
+
 int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
           int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {
+    fmt &= ~(QACT_I8 | QACT_I8X2); /* no int8-activation path in this variant */
     if (qgemm_packed_bytes(n, k, fmt) < 0) return -2;
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
     int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
@@ -590,6 +597,7 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
 #else /* no SIMD variant: report unavailable */
 
 int qgemm_available(void) { return 0; }
+int qgemm_act_int8_formats(void) { return 0; }
 
 int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
           int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {

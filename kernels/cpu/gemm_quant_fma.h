@@ -17,6 +17,8 @@
  *   panel's columns) and the buffered path (a group unpacked once into an L1 buffer as the same
  *   floats, register tiles of rows x columns) do exactly these operations on exactly these
  *   operands, so a row is bitwise the same alone or in any batch.
+ * - AVX2 only, asked for per call (QACT_I8 / QACT_I8X2 in fmt): Q4_0/Q4_1 with the activations
+ *   quantized to int8 and integer dot products on the same packed bytes (qgemm_act_i8 below).
  */
 #include "simd.h"
 
@@ -354,13 +356,205 @@ static float* thread_fbuffer(int64_t floats) {
     return tl_fbuf;
 }
 
+#if SIMD_W == 8 && defined(__AVX2__)
+/* int8 activations (AVX2, U4 weights; asked for by QACT_I8 in fmt): x is quantized per row per
+ * group (d1 = max|x| / 127, q1 = x / d1 rounded to nearest even, float32 ops), then each group's
+ * integer dot is exact (vpmaddubsw u4 x s8 pairs, 8 of them summed in int16: |sum| <= 8 * 2 *
+ * 15 * 127 < 2^15; vpmaddwd to int32) and acc = float(dot) * (d_w d) + acc, then
+ * acc = m_w (d sum q) + acc, groups in order: the same operations for a row in any batch and
+ * any tile. With QACT_I8X2 the residual is quantized too (r = x - q1 d1 in one rounding,
+ * d = d1 / 254, q2 = r / d rounded, in -127..127): x ~ d (254 q1 + q2), dot = 254 dot1 + dot2
+ * (exact below 2^24), ~16 bits per group for twice the integer work; one int8 per group loses
+ * too much on the RMSNorm outputs' outlier channels (7/12 greedy prompts agree, bench_quant).
+ * The U4 chunk's 32-bit word c holds column c's k = 8t + {0,4,1,5} in its low nibbles and
+ * 8t + {2,6,3,7} in its high ones, so q is stored in that order (dwords 2t, 2t + 1). */
+#define QACT_FORMATS (1 << QFMT_U4)
+#define QA_MR(two) ((two) ? 2 : 4) /* rows per register tile */
+/* vectors of columns per pass */
+#define QA_NV(two, mr) ((two) ? ((mr) == 1 ? 3 : 2) : ((mr) == 1 ? 6 : (mr) == 2 ? 3 : 2))
+
+static const uint8_t qa_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/* xq: [m, groups, 32 (two: 64)] int8 in chunk order (two: q1 then q2); xd: [m, groups, 2]
+ * (d, d * sum q) with q = q1 (two: 254 q1 + q2). */
+static void qa_prepare(const uint16_t* x, int64_t m, int64_t ldx, int64_t k, int two, int8_t* xq,
+                       float* xd) {
+    const int64_t groups = k / QGROUP, gq = two ? 2 * QGROUP : QGROUP;
+#pragma omp parallel for schedule(static) if (m > 4)
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t* p = x + r * ldx + g * QGROUP;
+            vf v[4], a = vf_zero();
+            const vf sign = vf_set1(-0.0f);
+            for (int i = 0; i < 4; ++i) {
+                v[i] = vf_load_bf16(p + 8 * i);
+                a = vf_max(a, _mm256_andnot_ps(sign, v[i]));
+            }
+            const float d1 = vf_hmax(a) / 127.0f, d2 = d1 / 254.0f;
+            int32_t q[2][QGROUP] __attribute__((aligned(32))) = {{0}};
+            if (d1 > 0.0f)
+                for (int i = 0; i < 4; ++i) {
+                    const vf q1 = vf_round(vf_div(v[i], vf_set1(d1)));
+                    _mm256_store_si256((__m256i*)(q[0] + 8 * i), vf_to_i(q1));
+                    if (two && d2 > 0.0f) {
+                        const vf res = _mm256_fnmadd_ps(q1, vf_set1(d1), v[i]);
+                        const vf q2 = vf_round(vf_div(res, vf_set1(d2)));
+                        const vf lim = vf_set1(127.0f);
+                        _mm256_store_si256((__m256i*)(q[1] + 8 * i),
+                                           vf_to_i(vf_min(vf_max(q2, vf_sub(vf_zero(), lim)), lim)));
+                    }
+                }
+            int8_t* o = xq + (r * groups + g) * gq;
+            int32_t sum = 0;
+            for (int j = 0; j < QGROUP; ++j) {
+                o[j] = (int8_t)q[0][(j / 8) * 8 + qa_order[j % 8]];
+                if (two) o[QGROUP + j] = (int8_t)q[1][(j / 8) * 8 + qa_order[j % 8]];
+                sum += two ? 254 * q[0][j] + q[1][j] : q[0][j];
+            }
+            const float d = two ? d2 : d1;
+            xd[(r * groups + g) * 2] = d;
+            xd[(r * groups + g) * 2 + 1] = d * (float)sum;
+        }
+}
+
+/* 8 u4 x s8 pairs of one chunk row into an int16 partial sum (x: the 8 bytes of t). */
+static inline __attribute__((always_inline)) __m256i qa_dot8(__m256i part, __m256i lo,
+                                                             __m256i hi, const int8_t* x) {
+    int32_t a, b;
+    memcpy(&a, x, 4);
+    memcpy(&b, x + 4, 4);
+    return _mm256_add_epi16(part, _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b))));
+}
+
+/* `mr` rows x `nv` vectors of columns from c0 over every group of a U4 panel. xq, xd: row 0's;
+ * acc: rows of 48 floats, zeroed by the caller. */
+static inline __attribute__((always_inline)) void qa_tile_u4(const int two, const int mr,
+                                                             const int nv, const int8_t* xq,
+                                                             const float* xd, int64_t groups,
+                                                             const uint8_t* panel, int c0,
+                                                             float* acc) {
+    const int64_t gb = group_bytes(QFMT_U4), sb = scale_bytes_of(QFMT_U4);
+    const int64_t gq = two ? 2 * QGROUP : QGROUP;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i w254 = _mm256_set1_epi16(254);
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = panel + g * gb;
+        const uint8_t* qd = src + sb;
+        for (int64_t b = 0; b < gb; b += 64) __builtin_prefetch(src + QPF_ROW * gb + b, 0, 3);
+        __m256i p1[4][QV], p2[4][QV];
+#pragma GCC unroll 32
+        for (int m = 0; m < mr; ++m)
+            for (int v = 0; v < nv; ++v) p1[m][v] = p2[m][v] = _mm256_setzero_si256();
+        /* not unrolled: GCC would reassociate the int16 sums of every t and spill them */
+#pragma GCC unroll 1
+        for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; ++v) {
+                const int c = c0 + v * SIMD_W;
+                const __m256i w = vi_load(qd + (t * 3 + c / 16) * 64 + (c % 16) * 4);
+                const __m256i lo = _mm256_and_si256(w, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+#pragma GCC unroll 8
+                for (int m = 0; m < mr; ++m) {
+                    const int8_t* xg = xq + (m * groups + g) * gq + 8 * t;
+                    p1[m][v] = qa_dot8(p1[m][v], lo, hi, xg);
+                    if (two) p2[m][v] = qa_dot8(p2[m][v], lo, hi, xg + QGROUP);
+                }
+            }
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; ++v) {
+            const int c = c0 + v * SIMD_W;
+            const vf dw = vf_load_f16((const uint16_t*)src + c);
+            const vf mw = vf_load_f16((const uint16_t*)src + QPANEL + c);
+#pragma GCC unroll 8
+            for (int m = 0; m < mr; ++m) {
+                const float* xdg = xd + (m * groups + g) * 2;
+                float* a = acc + m * QPANEL + c;
+                const __m256i i32 =
+                    two ? _mm256_add_epi32(_mm256_madd_epi16(p1[m][v], w254),
+                                           _mm256_madd_epi16(p2[m][v], ones))
+                        : _mm256_madd_epi16(p1[m][v], ones);
+                vf r = vf_fma(vi_to_f(i32), vf_mul(dw, vf_bcast(xdg)), vf_load(a));
+                vf_store(a, vf_fma(mw, vf_bcast(xdg + 1), r));
+            }
+        }
+    }
+}
+
+#define QA_PASSES(TWO, MR)                                            \
+    for (int c0 = 0; c0 < QPANEL; c0 += QA_NV(TWO, MR) * SIMD_W)    \
+        qa_tile_u4(TWO, MR, QA_NV(TWO, MR), xqr, xdr, groups, panel, c0, acc);
+
+/* qgemm with int8 activations (fmt: QFMT_U4; two: the residual too). */
+static int qgemm_act_i8(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed,
+                        int64_t n, int64_t k, int two, const float* bias, void* y, int64_t ldy,
+                        int out_f32) {
+    const int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL;
+    const int64_t gbytes = group_bytes(QFMT_U4), gq = two ? 2 * QGROUP : QGROUP;
+    const int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
+    int8_t* xq = (int8_t*)malloc((size_t)(m * groups * (gq + 2 * sizeof(float))));
+    if (!xq) return -3;
+    float* xd = (float*)(xq + m * groups * gq);
+    qa_prepare(x, m, ldx, k, two, xq, xd);
+    const int step = QA_MR(two);
+#pragma omp parallel for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        int64_t blk = it / panels, p = it % panels;
+        const uint8_t* panel = packed + p * groups * gbytes;
+        int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
+        const float* pb = bias ? bias + p * QPANEL : NULL;
+        int64_t end = (blk + 1) * QBLOCK_M < m ? (blk + 1) * QBLOCK_M : m;
+        for (int64_t r = blk * QBLOCK_M; r < end; r += step) {
+            float acc[4 * QPANEL];
+            memset(acc, 0, sizeof(acc));
+            const int8_t* xqr = xq + r * groups * gq;
+            const float* xdr = xd + r * groups * 2;
+            const int rows = end - r < step ? (int)(end - r) : step;
+            if (two) {
+                if (rows == 2) {
+                    QA_PASSES(1, 2)
+                } else {
+                    QA_PASSES(1, 1)
+                }
+            } else {
+                switch (rows) {
+                    case 4: QA_PASSES(0, 4) break;
+                    case 3: QA_PASSES(0, 3) break;
+                    case 2: QA_PASSES(0, 2) break;
+                    default: QA_PASSES(0, 1) break;
+                }
+            }
+            int64_t yoff = r * ldy + p * QPANEL;
+            void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+            qstore_rows(acc, rows, pb, yr, ldy, ncols, out_f32);
+        }
+    }
+    free(xq);
+    return 0;
+}
+#else
+#define QACT_FORMATS 0
+#endif
+
+int qgemm_act_int8_formats(void) { return QACT_FORMATS; }
+
 /* x: [m, k] bf16 (row stride ldx); packed: from qgemm_pack; bias: float32 [n] or NULL;
  * y: [m, n] (row stride ldy) bf16 or (out_f32) float32. 0 = ok, -2 bad k/fmt, -3 out of
  * memory. */
 int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
           int fmt, const float* bias, void* y, int64_t ldy, int out_f32) {
+    const int act_i8 = (fmt & (QACT_I8 | QACT_I8X2)) != 0, two = (fmt & QACT_I8X2) != 0;
+    fmt &= ~(QACT_I8 | QACT_I8X2);
     if (qgemm_packed_bytes(n, k, fmt) < 0) return -2;
     if (m <= 0 || n <= 0) return 0;
+#if QACT_FORMATS
+    if (act_i8 && ((QACT_FORMATS >> fmt) & 1))
+        return qgemm_act_i8(x, m, ldx, packed, n, k, two, bias, y, ldy, out_f32);
+#else
+    (void)act_i8;
+    (void)two;
+#endif
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gbytes = group_bytes(fmt);
     int64_t blocks = (m + QBLOCK_M - 1) / QBLOCK_M, items = blocks * panels;
     float* xprep = (float*)malloc((size_t)(m * k + m * groups) * sizeof(float));

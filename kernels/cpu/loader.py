@@ -10,7 +10,7 @@ from functools import cache
 
 import torch
 
-from .bindings import NativeKernels
+from .bindings import ACT_QUANT_MODES, NativeKernels
 from .build import NativeBuildError, open_library
 from .cpu_features import has_amx_bf16
 from .isa import chosen_isa, why_not_runnable
@@ -23,6 +23,12 @@ REQUIRE_ENV = "RADIXGEN_REQUIRE_NATIVE"  # "1": a failed build is an error, not 
 # CPUs too (where oneDNN is the default); unset: native unless the CPU has AMX
 GEMM_ENV = "RADIXGEN_NATIVE_GEMM"
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+# "int8": the quantized GEMM quantizes activations to int8 per row per 32-k group (integer dot
+# products; AVX2 Q4_0/Q4_1 today); "int8x2": int8 and the residual in int8 again (~16 bits);
+# "mixed": int8x2 for projections that read an RMSNorm output, int8 for the others; "off":
+# float32 activations, the exact dequantize-then-matmul; unset: ACT_QUANT_DEFAULT's
+ACT_QUANT_ENV = "RADIXGEN_CPU_ACT_QUANT"
+ACT_QUANT_DEFAULT: dict[str, str] = {}  # variant -> mode when the variable is unset ("off")
 
 
 @cache
@@ -55,8 +61,25 @@ def load_native_kernels() -> NativeKernels | None:
             ) from e
         logger.warning("native CPU kernels unavailable, using the torch path: %s", str(e)[:2000])
         return None
-    logger.info("native CPU kernels: variant %s (%s)", isa, why)
+    mode, mode_why = chosen_act_quant(isa)
+    if mode != "off":
+        kernels = kernels.with_act_quant(mode)
+    logger.info(
+        "native CPU kernels: variant %s (%s), activations %s (%s)",
+        isa, why, kernels.act_quant_active, mode_why,
+    )  # fmt: skip
     return kernels
+
+
+def chosen_act_quant(isa: str) -> tuple[str, str]:
+    """(the activation mode for variant `isa`, and why): RADIXGEN_CPU_ACT_QUANT's, else the
+    variant's default; an unknown value is logged and ignored."""
+    forced = os.environ.get(ACT_QUANT_ENV)
+    if forced in ACT_QUANT_MODES:
+        return forced, f"{ACT_QUANT_ENV}={forced}"
+    if forced:
+        logger.warning("%s=%r is not one of %s: ignored", ACT_QUANT_ENV, forced, ACT_QUANT_MODES)
+    return ACT_QUANT_DEFAULT.get(isa, "off"), f"the default for {isa}"
 
 
 def select_native_kernels(device: str, dtype: torch.dtype) -> NativeKernels | None:

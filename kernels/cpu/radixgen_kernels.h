@@ -77,7 +77,13 @@ void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64
 void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const int64_t* rows,
                      int64_t r, uint16_t* out);
 
-/* gemm_quant.c: y = x W^T (+ bias) from the packed weight (0 = ok, < 0 an error). */
+/* gemm_quant.c: bit f set where qgemm quantizes x to int8 for format f when fmt has 256
+ * (QACT_I8) or 512 (QACT_I8X2: the residual too) or'ed in (0: no such path in this build; the
+ * flags are then ignored). */
+int qgemm_act_int8_formats(void);
+
+/* gemm_quant.c: y = x W^T (+ bias) from the packed weight (0 = ok, < 0 an error); fmt may
+ * carry 256 or 512 (int8 activations, see qgemm_act_int8_formats). */
 int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int64_t n, int64_t k,
           int fmt, const float* bias, void* y, int64_t ldy, int out_f32);
 

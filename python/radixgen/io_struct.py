@@ -161,6 +161,9 @@ class SchedulerReadyOut:
     # and the native CPU kernels' instruction-set variant (None: the torch path, or CUDA)
     quantization: str = "unquant"
     kernel_isa: str | None = None
+    # the quantized GEMM's activations: "int8" (RADIXGEN_CPU_ACT_QUANT) or "off" (float32);
+    # None without native kernels
+    kernel_act_quant: str | None = None
     # an embedding model's vector width (`--is-embedding`, or an encoder's config); None: the
     # server generates text
     embedding_dim: int | None = None

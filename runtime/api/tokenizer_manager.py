@@ -746,4 +746,5 @@ class TokenizerManager:
             # as chosen at load (flags, CPU features, model file), not the flags given
             "quantization": self.ready.quantization,
             "kernel_isa": self.ready.kernel_isa,
+            "kernel_act_quant": self.ready.kernel_act_quant,
         }

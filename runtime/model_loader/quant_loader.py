@@ -245,6 +245,12 @@ def _write_cache(
         tmp.unlink(missing_ok=True)
 
 
+# projections whose input is a pre-norm decoder layer's RMSNorm output (act_quant "mixed")
+_READS_NORM = frozenset(
+    {"qkv_proj", "q_proj", "k_proj", "v_proj", "gate_up_proj", "gate_proj", "up_proj"}
+)
+
+
 def _checkpoint_names(fused_name: str) -> set[str]:
     """The HF names a (possibly fused) parameter name stands for."""
     for fused, parts in _FUSED.items():
@@ -268,7 +274,8 @@ def attach_quantized(
         mod = modules[name[len("model.") : -len(".weight")]]
         assert isinstance(mod, Linear), name
         bias = None if mod.bias is None else mod.bias.detach().float().contiguous()
-        mod.set_quantized(replace(w, bias=bias), native)
+        reads_norm = name.split(".")[-2] in _READS_NORM
+        mod.set_quantized(replace(w, bias=bias, reads_norm=reads_norm), native)
 
 
 def quantize_int8(model: CausalLM, native: NativeKernels) -> None:

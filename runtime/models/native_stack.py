@@ -20,7 +20,7 @@ import torch
 
 from radixgen.kernels.attention.base import KVPool, kv_scales
 from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
-from radixgen.kernels.cpu.bindings import KV_CODES, QUANT_FORMATS
+from radixgen.kernels.cpu.bindings import KV_CODES
 from radixgen.runtime.layers.attention import Attention
 from radixgen.runtime.layers.decoder import DecoderLayer
 from radixgen.runtime.layers.linear import Linear
@@ -49,7 +49,7 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _linear_words(layer: Linear) -> tuple[int, int, int] | None:
+def _linear_words(layer: Linear, kernels: NativeKernels) -> tuple[int, int, int] | None:
     """(weight, format code, bias) of a natively packed layer, or None (torch / oneDNN)."""
     packed = layer.packed
     if isinstance(packed, PackedLinearWeight):
@@ -57,7 +57,7 @@ def _linear_words(layer: Linear) -> tuple[int, int, int] | None:
             return None
         return packed.data.data_ptr(), -1, _ptr(packed.bias)
     if isinstance(packed, QuantLinearWeight):
-        return packed.data.data_ptr(), QUANT_FORMATS[packed.fmt], _ptr(packed.bias)
+        return packed.data.data_ptr(), kernels.quant_code(packed), _ptr(packed.bias)
     return None
 
 
@@ -108,7 +108,7 @@ class NativeDecoderStack:
             modules = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             if any(type(m) is not Linear for m in modules):  # e.g. tensor-parallel layers
                 return None
-            linears = [_linear_words(m) for m in modules]
+            linears = [_linear_words(m, kernels) for m in modules]
             if any(w is None for w in linears):
                 return None
             k_buf, v_buf = pool.get_kv_buffer(i)

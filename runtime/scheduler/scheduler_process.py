@@ -266,6 +266,9 @@ def _serve(
             dp_rank=dp_rank,
             quantization=runner.quantization,
             kernel_isa=runner.native.isa if runner.native is not None else None,
+            kernel_act_quant=(
+                runner.native.act_quant_active if runner.native is not None else None
+            ),
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})
