@@ -99,3 +99,48 @@ def test_wheel_holds_only_radixgen(wheel_names: set[str]) -> None:
         r'__version__\s*=\s*"([^"]+)"', (ROOT / "python/radixgen/version.py").read_text()
     )
     assert version and dist_info == f"radixgen-{version.group(1)}.dist-info"
+
+
+# imported when their module loads but needed only where the user opts in, each with its reason
+OPTIONAL_IMPORTS = {
+    "triton": "the GPU path's kernels (radixgen.kernels.triton loads only with a CUDA device)",
+}
+
+
+def _dist_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; (]", requirement, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
+def test_every_package_imported_at_load_is_an_install_dependency() -> None:
+    """A module-level import of a third-party package must be covered by pyproject's
+    `dependencies` (or what they require): a test extra is not installed by the quick start's
+    `install.sh` (jsonschema, imported by the scheduler, once was only in the test extra)."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+
+    import tomllib
+    from test_layering import own_modules, top_level_imports
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    covered = {_dist_name(d) for d in pyproject["project"]["dependencies"]}
+    todo = list(covered)
+    while todo:  # what the declared dependencies themselves require (their own, not extras)
+        try:
+            reqs = requires(todo.pop()) or []
+        except PackageNotFoundError:
+            continue
+        for req in reqs:
+            name = _dist_name(req)
+            if "extra ==" not in req and name not in covered:
+                covered.add(name)
+                todo.append(name)
+    dists = packages_distributions()
+    missing = {}
+    for module, path in own_modules().items():
+        for imported in top_level_imports(module, path):
+            top = imported.split(".")[0]
+            if top in sys.stdlib_module_names or top in ("radixgen", "__future__"):
+                continue
+            names = {_dist_name(d) for d in dists.get(top, [top])}
+            if not names & covered and top not in OPTIONAL_IMPORTS:
+                missing.setdefault(top, module)
+    assert not missing, f"imported at load but not an install dependency: {missing}"
