@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,7 +26,7 @@ from radixgen.runtime.lora.adapter import (
     refuse,
     resolve_target_modules,
 )
-from radixgen.runtime.lora.slots import LoraLinearSlots, LoraStepRows, Rows
+from radixgen.runtime.lora.slots import LoraLinearSlots, LoraStepRows
 
 if TYPE_CHECKING:
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -192,24 +191,7 @@ class LoraManager:
         for name, start, n in zip(names, batch.extend_start_loc, batch.extend_lens, strict=True):
             if name is not None and n > 0:
                 ranges.setdefault(slots[name], []).append((start, start + n))
-        groups: list[tuple[int, Rows]] = []
-        for slot, spans in ranges.items():
-            groups.append((slot, _rows(spans, batch.input_ids.device)))
-        self.rows.groups = groups
+        self.rows.set(ranges, batch.input_ids.device)
 
     def end_step(self) -> None:
-        self.rows.groups = []
-
-
-def _rows(spans: Sequence[tuple[int, int]], device: torch.device) -> Rows:
-    """One slice when the spans touch end to end, else the index tensor of their tokens."""
-    merged = [list(spans[0])]
-    for lo, hi in spans[1:]:
-        if lo == merged[-1][1]:
-            merged[-1][1] = hi
-        else:
-            merged.append([lo, hi])
-    if len(merged) == 1:
-        return slice(merged[0][0], merged[0][1])
-    idx = torch.cat([torch.arange(lo, hi) for lo, hi in merged])
-    return idx.to(device)
+        self.rows.clear()

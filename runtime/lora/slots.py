@@ -5,7 +5,10 @@ the shards of a fused output ([slots, shards * R, in]) and B block-diagonal ([sl
 shards * R]), so the q, k and v adapters of the fused qkv matmul (gate and up of gate_up) are one
 GEMM pair per adapter: x A^T gives every shard's rank-R projection, and each B block writes only
 its own slice of the fused output. A step's rows are grouped by slot once (`LoraStepRows`, shared
-by every layer); each group costs one GEMM pair per layer, never one per request.
+by every layer); each group costs one GEMM pair per layer, never one per request. Where the
+groups' rows are not one contiguous run each (requests of several adapters interleaved in the
+batch), the step gathers every adapter row once in slot order, so a layer makes one gather and
+one scatter-add whatever the number of groups (the scatter-add in bf16 is the costly part on CPU).
 """
 
 from __future__ import annotations
@@ -14,16 +17,46 @@ from dataclasses import dataclass, field
 
 import torch
 
-# a group's rows: a contiguous range of the step's tokens, or their indices
-Rows = slice | torch.Tensor
-
 
 @dataclass
 class LoraStepRows:
     """The current step's token rows by adapter slot (set by the manager around a forward; empty
-    outside one, so a layer adds nothing)."""
+    outside one, so a layer adds nothing).
 
-    groups: list[tuple[int, Rows]] = field(default_factory=list)
+    order None: each group's rows are a slice of the step's tokens. Otherwise `order` lists the
+    adapter rows grouped by slot and each group's rows are a slice of that order."""
+
+    groups: list[tuple[int, slice]] = field(default_factory=list)
+    order: torch.Tensor | None = None
+
+    def set(self, spans: dict[int, list[tuple[int, int]]], device: torch.device) -> None:
+        """Group the token spans [start, end) of each slot's requests."""
+        merged = {slot: _merge(s) for slot, s in spans.items()}
+        if all(len(m) == 1 for m in merged.values()):
+            self.groups = [(slot, slice(*m[0])) for slot, m in merged.items()]
+            self.order = None
+            return
+        groups, parts, start = [], [], 0
+        for slot, ranges in merged.items():
+            n = sum(hi - lo for lo, hi in ranges)
+            groups.append((slot, slice(start, start + n)))
+            parts += [torch.arange(lo, hi) for lo, hi in ranges]
+            start += n
+        self.groups, self.order = groups, torch.cat(parts).to(device)
+
+    def clear(self) -> None:
+        self.groups, self.order = [], None
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans that touch end to end joined into one."""
+    merged = [spans[0]]
+    for lo, hi in spans[1:]:
+        if lo == merged[-1][1]:
+            merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 class LoraLinearSlots:
@@ -72,16 +105,23 @@ class LoraLinearSlots:
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + (x A^T B^T) * scaling for each group of rows (PEFT's unmerged order of ops)."""
-        for slot, rows in self.rows.groups:
-            scaling = self.scaling[slot]
-            if scaling == 0.0:  # this adapter does not target this layer
-                continue
-            a, b = self.a[slot], self.b[slot]
-            if isinstance(rows, slice):
+        order = self.rows.order
+        if order is None:
+            for slot, rows in self.rows.groups:
+                scaling = self.scaling[slot]
+                if scaling == 0.0:  # this adapter does not target this layer
+                    continue
+                a, b = self.a[slot], self.b[slot]
                 d = torch.mm(torch.mm(x[rows].to(a.dtype), a.t()), b.t()).mul_(scaling)
                 y[rows] += d.to(y.dtype)
-            else:
-                xs = x.index_select(0, rows).to(a.dtype)
-                d = torch.mm(torch.mm(xs, a.t()), b.t()).mul_(scaling)
-                y.index_add_(0, rows, d.to(y.dtype))
-        return y
+            return y
+        xs = x.index_select(0, order).to(self.a.dtype)
+        ds = torch.empty(order.numel(), y.shape[1], dtype=self.a.dtype, device=y.device)
+        for slot, rows in self.rows.groups:
+            scaling = self.scaling[slot]
+            if scaling == 0.0:
+                ds[rows].zero_()
+                continue
+            a, b = self.a[slot], self.b[slot]
+            torch.mm(torch.mm(xs[rows], a.t()), b.t(), out=ds[rows]).mul_(scaling)
+        return y.index_add_(0, order, ds.to(y.dtype))
