@@ -696,12 +696,6 @@ class ServerArgs:
             raise InvalidRequestError(
                 "LoRA adapters are not served by an embedding server", "enable_lora"
             )
-        if self.cache.enable_hierarchical_cache:
-            raise InvalidRequestError(
-                "LoRA adapters are not served with --enable-hierarchical-cache yet (its host and "
-                "file tiers are keyed by tokens alone, not by adapter)",
-                "enable_lora",
-            )
 
     def _validate_limits(self) -> None:
         lim = self.limits

@@ -10,6 +10,7 @@ refusal is an `InvalidRequestError` (400 over HTTP; a start-up error for `--lora
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -60,6 +61,10 @@ class LoraAdapter:
     rank: int
     scaling: float  # lora_alpha / r (rsLoRA: lora_alpha / sqrt(r))
     modules: dict[tuple[int, str], LoraModuleWeights]
+    # what the adapter computes (its factors and scale), hashed: the prefix cache's namespace,
+    # so a name reloaded with other weights never meets the KV of the old ones, and HiCache's
+    # lower tiers find an adapter's blocks again after a restart
+    digest: str = ""
 
     @property
     def target_names(self) -> set[str]:
@@ -183,7 +188,18 @@ def load_adapter(
                 f"{tuple(b.shape)}, the base needs ({out_f}, {rank})",
             )
         modules[(layer, module)] = LoraModuleWeights(a.contiguous(), b.contiguous())
-    return LoraAdapter(name, str(folder), rank, scaling, modules)
+    return LoraAdapter(name, str(folder), rank, scaling, modules, content_digest(modules, scaling))
+
+
+def content_digest(modules: dict[tuple[int, str], LoraModuleWeights], scaling: float) -> str:
+    """A hash of the factors (in a fixed order, with their shapes) and the scale."""
+    h = hashlib.blake2b(repr(scaling).encode(), digest_size=16)
+    for key in sorted(modules):
+        w = modules[key]
+        h.update(repr((key, tuple(w.a.shape), tuple(w.b.shape))).encode())
+        h.update(w.a.contiguous().numpy().tobytes())
+        h.update(w.b.contiguous().numpy().tobytes())
+    return "lora:" + h.hexdigest()
 
 
 def resolve_target_modules(flag: tuple[str, ...] | None) -> frozenset[str]:

@@ -149,6 +149,10 @@ class LoraManager:
     def __contains__(self, name: object) -> bool:
         return name in self.adapters
 
+    def cache_namespace(self, name: str) -> str:
+        """The prefix cache's namespace of a loaded adapter: its content, not its name."""
+        return self.adapters[name].digest
+
     # --- slots and steps ----------------------------------------------------------------------
 
     def _acquire(self, names: list[str]) -> dict[str, int]:

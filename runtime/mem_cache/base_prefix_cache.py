@@ -37,10 +37,10 @@ class BasePrefixCache(ABC):
         """The longest cached prefix of `key` computed under `namespace` (a LoRA adapter's
         name; None: the base model): KV of one namespace is never served to another."""
 
-    def match_and_load(self, key: list[int]) -> MatchResult:
+    def match_and_load(self, key: list[int], namespace: str | None = None) -> MatchResult:
         """`match_prefix` for an admission: a cache with lower tiers first copies back what
         they hold of the key's continuation (into fresh pool pages, owned by the cache)."""
-        return self.match_prefix(key)
+        return self.match_prefix(key, namespace)
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode | None) -> None: ...

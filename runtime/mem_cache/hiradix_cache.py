@@ -6,7 +6,9 @@ tiers gets them copied back into fresh pool pages instead of prefilling them aga
 Runs in the scheduler process. The tree itself is the plain `RadixCache` (same locking, same
 eviction order, same slot ownership): the lower tiers hold copies keyed by the hash chain of the
 page-aligned token prefix (`prefix_hash.py`), never pool slots, so the KV accounting of the pool
-is unchanged, and blocks that come back are ordinary tree nodes owned by the cache. Only whole
+is unchanged, and blocks that come back are ordinary tree nodes owned by the cache. A LoRA
+adapter's tree (its namespace, the adapter's content digest) seeds its chains with that digest,
+so its blocks never meet another adapter's or the base model's, and come back after a restart. Only whole
 blocks of `block_tokens` (a multiple of the page) are kept: the tail of a leaf shorter than a
 block is dropped as before.
 
@@ -36,6 +38,12 @@ if TYPE_CHECKING:
 
 HOST_BLOCK_MIN_TOKENS = 16  # per-token host entries would cost a hash and a dict entry each
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
+
+
+def chain_seed(namespace: str | None) -> bytes:
+    """The seed of a tree's hash chains: none for the base model's, the namespace (a LoRA
+    adapter's content digest) for an adapter's."""
+    return b"" if namespace is None else namespace.encode()
 
 
 def host_block_tokens(page_size: int) -> int:
@@ -82,21 +90,22 @@ class HiRadixCache(RadixCache):
     def flush(self, keep_lower_tiers: bool = False) -> None:
         self.reset(keep_lower_tiers)
 
-    def _path(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
-        """The tokens and pool slots from the root to the end of `node`."""
+    def _path(self, node: TreeNode) -> tuple[list[int], torch.Tensor, bytes]:
+        """The tokens and pool slots from its tree's root to the end of `node`, and the seed of
+        that tree's hash chains."""
         nodes: list[TreeNode] = []
-        while node is not self.root:
+        while node.parent is not None:
             nodes.append(node)
-            assert node.parent is not None
             node = node.parent
         nodes.reverse()
         tokens = [t for n in nodes for t in n.key]
-        return tokens, torch.cat([n.value for n in nodes])
+        namespace = next(ns for ns, root in self.roots.items() if root is node)
+        return tokens, torch.cat([n.value for n in nodes]), chain_seed(namespace)
 
     def _backup(self, leaf: TreeNode) -> None:
         """Copy the whole blocks that end inside `leaf` to the lower tiers (a block's head may
         lie in the leaf's ancestors, which stay in the pool)."""
-        tokens, slots = self._path(leaf)
+        tokens, slots, seed = self._path(leaf)
         b = self.host.block_tokens
         first = (len(tokens) - len(leaf.key)) // b
         last = len(tokens) // b  # exclusive
@@ -107,7 +116,7 @@ class HiRadixCache(RadixCache):
         )
         if first >= last or (self.host.capacity_blocks == 0 and not to_files):
             return
-        for k, h in enumerate(chain_hashes(tokens[: last * b], b)):
+        for k, h in enumerate(chain_hashes(tokens[: last * b], b, seed)):
             if k < first:
                 continue
             in_host = self.host.touch(h)
@@ -121,27 +130,26 @@ class HiRadixCache(RadixCache):
                 files.put(h, block)
 
     def insert(self, key: list[int], value: torch.Tensor, namespace: str | None = None) -> int:
-        assert namespace is None, "HiCache serves the base model only (LoRA is refused with it)"
         already = super().insert(key, value, namespace)
         if self.files is not None and self.write_policy == "write_through":
-            self._write_through(key, value)
+            self._write_through(key, value, chain_seed(namespace))
         return already
 
     def cache_finished_req(self, req: Req) -> None:
         prompt = req.origin_input_ids
         super().cache_finished_req(req)
         if req.pin_prefix:
-            self.pin(prompt)
+            self.pin(prompt, req.cache_namespace)
 
-    def pin(self, key: list[int]) -> int:
+    def pin(self, key: list[int], namespace: str | None = None) -> int:
         """Copy the whole blocks of `key` the tree holds to the host tier, pinned (and to the
         file tier if it lacks them, whatever the write policy): a prefix hint says this prefix
         comes back. Returns the tokens pinned."""
         b = self.host.block_tokens
-        match = self.match_prefix(key[: len(key) // b * b])
+        match = self.match_prefix(key[: len(key) // b * b], namespace)
         n = match.indices.numel() // b * b
         files = self.files
-        for k, h in enumerate(chain_hashes(key[:n], b)):
+        for k, h in enumerate(chain_hashes(key[:n], b, chain_seed(namespace))):
             held = self.host.pin(h)
             on_disk = files is None or h in files
             if held and on_disk:
@@ -153,13 +161,13 @@ class HiRadixCache(RadixCache):
                 files.put(h, block)
         return n
 
-    def _write_through(self, key: list[int], value: torch.Tensor) -> None:
+    def _write_through(self, key: list[int], value: torch.Tensor, seed: bytes) -> None:
         """Write the inserted key's whole blocks the file tier lacks (the caller's slots still
         hold their KV: duplicates are freed only after the insert)."""
         files = self.files
         assert files is not None
         b = self.host.block_tokens
-        for k, h in enumerate(chain_hashes(key, b)):
+        for k, h in enumerate(chain_hashes(key, b, seed)):
             if h not in files:
                 files.put(h, self.kv_pool.read_slots(value[k * b : (k + 1) * b]))
 
@@ -177,9 +185,9 @@ class HiRadixCache(RadixCache):
         self.host.put(h, block)
         return block, True
 
-    def match_and_load(self, key: list[int]) -> MatchResult:
+    def match_and_load(self, key: list[int], namespace: str | None = None) -> MatchResult:
         key = key[: self._aligned(len(key))]
-        dev = self.match_prefix(key)
+        dev = self.match_prefix(key, namespace)
         start = dev.indices.numel()
         b = self.host.block_tokens
         if not (len(self.host) or self.files) or len(key) - start < b:
@@ -187,7 +195,7 @@ class HiRadixCache(RadixCache):
         first = start // b
         blocks: list[KVBlock] = []
         from_files: list[bool] = []
-        for k, h in enumerate(chain_hashes(key, b)):
+        for k, h in enumerate(chain_hashes(key, b, chain_seed(namespace))):
             if k < first:
                 continue
             block, on_disk = self._lower_block(h)
@@ -213,7 +221,7 @@ class HiRadixCache(RadixCache):
         assert slots is not None, "free pages were counted above"
         offset = start - first * b
         self.kv_pool.write_slots(slots, KVBlock.cat(blocks).tokens(offset, offset + n))
-        already = self.insert(key[: start + n], torch.cat([dev.indices, slots]))
+        already = self.insert(key[: start + n], torch.cat([dev.indices, slots]), namespace)
         assert already == start, "the tree changed between the match and the load"
         storage = 0
         for i, on_disk in enumerate(from_files):  # tokens [offset, offset + n) of the blocks
@@ -226,7 +234,7 @@ class HiRadixCache(RadixCache):
         if self.files is not None:
             self.files.stats.hit_blocks += sum(from_files[:used_blocks])
             self.files.stats.hit_tokens += storage
-        loaded = self.match_prefix(key)
+        loaded = self.match_prefix(key, namespace)
         return MatchResult(
             loaded.indices, loaded.last_node, host_tokens=n - storage, storage_tokens=storage
         )

@@ -220,7 +220,7 @@ class RadixCache(BasePrefixCache):
         kv_len = req.kv_len
         slots = self.req_to_token_pool.req_to_token[row, :kv_len].clone()
         aligned = self._aligned(kv_len)
-        already = self.insert(req.all_ids[:aligned], slots[:aligned], req.lora_id)
+        already = self.insert(req.all_ids[:aligned], slots[:aligned], req.cache_namespace)
         # duplicates of what the tree already held, and the unaligned tail, go back to the pool
         self.kv_pool.free(slots[req.cache_protected_len : already])
         self.kv_pool.free(slots[aligned:])
@@ -236,9 +236,9 @@ class RadixCache(BasePrefixCache):
             return
         key = req.all_ids[:aligned]
         slots = self.req_to_token_pool.req_to_token[row, :aligned].clone()
-        already = self.insert(key, slots, req.lora_id)
+        already = self.insert(key, slots, req.cache_namespace)
         self.kv_pool.free(slots[req.cache_protected_len : already])
-        node, values = self._match(key, req.lora_id)
+        node, values = self._match(key, req.cache_namespace)
         tree_slots = torch.cat(values)
         assert tree_slots.numel() == aligned
         start = req.cache_protected_len

@@ -154,7 +154,7 @@ class SchedulerPlanner:
         if cand is None:
             return
         self._planning = [cand]
-        match = self.cache.match_prefix(cand.all_ids[: cand.seq_len - 1], cand.lora_id)
+        match = self.cache.match_prefix(cand.all_ids[: cand.seq_len - 1], cand.cache_namespace)
         need = -(-(cand.seq_len - match.indices.numel()) // self.page_size) * self.page_size
         if self.chunk_size:
             need = min(need, -(-self.chunk_size // self.page_size) * self.page_size)
@@ -251,10 +251,7 @@ class SchedulerPlanner:
             key_len = req.seq_len - 1  # at least one token must run to produce logits
             if req.input_logprob_start >= 0:
                 key_len = min(key_len, req.input_logprob_start)
-            if req.lora_id is None:  # NOTE: HiCache and LoRA are not enabled together
-                match = self.cache.match_and_load(req.all_ids[:key_len])
-            else:
-                match = self.cache.match_prefix(req.all_ids[:key_len], req.lora_id)
+            match = self.cache.match_and_load(req.all_ids[:key_len], req.cache_namespace)
             prefix_len = match.indices.numel()
             loaded = loaded or match.host_tokens + match.storage_tokens > 0
             if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
@@ -333,7 +330,7 @@ class SchedulerPlanner:
             ids = req.all_ids
         first, last = ids[prefix_len], ids[end - 1]
         for o in others:
-            if o.lora_id != req.lora_id:
+            if o.cache_namespace != req.cache_namespace:
                 continue  # another adapter's KV is never shared
             theirs = o.origin_input_ids
             if len(theirs) < end or theirs[prefix_len] != first or theirs[end - 1] != last:

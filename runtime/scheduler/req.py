@@ -40,6 +40,9 @@ class Req:
         self.background = msg.background  # a Batch API line
         self.pin_prefix = msg.pin_prefix  # HiCache keeps its prompt in the host tier
         self.lora_id = msg.lora_path  # the LoRA adapter it runs under (None: the base model)
+        # the prefix cache's namespace: the adapter's content digest, set on arrival (None: the
+        # base model); by content, so a name reloaded with other weights starts a new one
+        self.cache_namespace: str | None = None
         # the waiting-queue rank, smaller first: (tier: 0 interactive, 1 background, priority
         # key); the scheduler re-derives it under --schedule-low-priority-values-first
         self.rank: tuple[int, int] = (int(msg.background), -msg.priority)

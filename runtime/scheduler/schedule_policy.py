@@ -96,7 +96,7 @@ def _order_level(queue: list[Req], policy: str, cache: BasePrefixCache, fcfs: bo
         return sorted(queue, key=_fcfs_key)
     retracted = [r for r in queue if r.retractions]
     fresh = [r for r in queue if not r.retractions]
-    matches = {id(r): cache.match_prefix(r.all_ids[:-1], r.lora_id) for r in fresh}
+    matches = {id(r): cache.match_prefix(r.all_ids[:-1], r.cache_namespace) for r in fresh}
     if policy == "lpm":
         fresh.sort(key=lambda r: (-matches[id(r)].indices.numel(), r.arrival_time))
     elif policy == "dfs-weight":

@@ -222,6 +222,10 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                     400,
                 )
             )
+        if req.lora_id is not None and not req.finished:
+            lora = getattr(self.model_runner, "lora", None)
+            assert lora is not None, "a loaded adapter has a LoRA manager"
+            req.cache_namespace = lora.cache_namespace(req.lora_id)
         if req.finished:
             self.outbox.append(req)
             return

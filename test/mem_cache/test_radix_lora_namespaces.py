@@ -15,7 +15,9 @@ from radixgen.sampling_params import SamplingParams
 
 def lora_req(rid: str, ids: list[int], lora: str | None) -> Req:
     msg = TokenizedGenerateReq(rid, list(ids), SamplingParams(), lora_path=lora)
-    return Req(msg, default_seed=0)
+    req = Req(msg, default_seed=0)
+    req.cache_namespace = lora  # the scheduler sets the adapter's content digest
+    return req
 
 
 def test_prefixes_never_cross_adapters() -> None:
@@ -60,7 +62,7 @@ def test_finished_requests_cache_under_their_adapter() -> None:
     for req in (lora_req("x", ids, "a"), make_req("y", ids)):
         row = rows.alloc()
         assert row is not None
-        req.req_pool_idx, req.last_node = row, cache.match_prefix([], req.lora_id).last_node
+        req.req_pool_idx, req.last_node = row, cache.match_prefix([], req.cache_namespace).last_node
         slots = pool.alloc(len(ids))
         assert slots is not None
         rows.write_row(row, 0, slots)

@@ -241,10 +241,6 @@ def test_refused_flags_given_what_runs_here_anyway_are_accepted(argv):
         (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is refused"),
         (["--uno-lora-path", "/x"], "--uno-lora-path /x is refused"),
         (["--enable-lora", "--tp-size", "2"], "LoRA adapters are served with --tp-size 1"),
-        (
-            ["--enable-lora", "--enable-hierarchical-cache"],
-            "not served with --enable-hierarchical-cache",
-        ),
         (["--model-checksum", "--port", "5"], "--model-checksum is refused"),
     ],
 )
@@ -252,6 +248,12 @@ def test_sglang_values_we_lack_are_refused_with_the_flag(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and "usage:" not in err
+
+
+def test_lora_is_served_with_the_hicache_tiers():
+    """Their blocks are keyed by the adapter's content (test_lora_engine.py serves both)."""
+    args, _ = resolve("--enable-lora", "--enable-hierarchical-cache")
+    assert args.lora.enabled and args.cache.enable_hierarchical_cache
 
 
 def test_values_are_consumed_by_every_arity():
