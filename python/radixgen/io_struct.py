@@ -6,7 +6,9 @@ TokenizerManager, and control replies Scheduler -> TokenizerManager.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, cast
 
 from radixgen.errors import InvalidRequestError
@@ -170,7 +172,7 @@ class SchedulerReadyOut:
     cross_encoder: bool = False  # the embedding model scores (query, document) pairs: /v1/rerank
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMeta:
     """Per-request counters that travel with every output."""
 
@@ -195,44 +197,102 @@ class RequestMeta:
     schema_checks: tuple[str, ...] = ()
     schema_check_rollbacks: int = 0
 
+    def __reduce__(self) -> tuple[type[RequestMeta], tuple[object, ...]]:
+        return (RequestMeta, _request_meta_values(self))
+
+
+@dataclass(slots=True)
+class TokenIDDelta:
+    """One request's part of a `BatchTokenIDOut`: its new token ids since the last send."""
+
+    rid: str
+    rollback: int  # previously sent tokens to drop before appending new_token_ids
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    meta: RequestMeta
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    no_stop_trim: bool
+    # stop strings and stop_regex patterns go with a request's first message only (empty
+    # afterwards; a failure's message, built without them, has none)
+    stop_strings: list[str] = field(default_factory=list)
+    stop_regexes: list[str] = field(default_factory=list)
+    # logprobs (delta for output; input ones are sent once, with the first output)
+    output_token_logprobs: LogprobList | None = None
+    output_top_logprobs: list[TopLogprobList | None] | None = None
+    input_token_logprobs: LogprobList | None = None
+    input_top_logprobs: list[TopLogprobList | None] | None = None
+
+    def __reduce__(self) -> tuple[type[TokenIDDelta], tuple[object, ...]]:
+        # pickled as its field values in order (rebuilt by __init__), not as a state dict
+        return (TokenIDDelta, _token_id_delta_values(self))
+
 
 @dataclass
 class BatchTokenIDOut:
-    """Scheduler -> Detokenizer: new token ids per request since the last send."""
+    """Scheduler -> Detokenizer: one record per request with something to send this step."""
 
-    rids: list[str]
-    rollbacks: list[int]  # previously sent tokens to drop before appending new_token_ids
-    new_token_ids: list[list[int]]
-    finished_reasons: list[FinishReason | None]
-    metas: list[RequestMeta]
-    skip_special_tokens: list[bool]
-    spaces_between_special_tokens: list[bool]
-    stop_strings: list[list[str]]  # with a request's first message only (empty afterwards)
-    no_stop_trim: list[bool]
-    # logprobs (delta for output; input ones are sent once, with the first output)
-    output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    # stop_regex patterns, like stop_strings with a request's first message only (a failure's
-    # message, built without them, leaves this list empty)
-    stop_regexes: list[list[str]] = field(default_factory=list)
+    deltas: list[TokenIDDelta]
+
+    def __reduce__(self) -> tuple[Callable[..., BatchTokenIDOut], tuple[object, ...]]:
+        # NOTE: pickled as columns (one tuple per field): smaller and faster than a record each
+        return (_token_ids_from_columns, (_columns(map(_token_id_delta_values, self.deltas)),))
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """One request's part of a `BatchStrOut`: its new text (and ids) since the last send."""
+
+    rid: str
+    text: str
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    meta: RequestMeta
+    rollback: int = 0  # previously sent token ids to drop before appending new_token_ids
+    output_token_logprobs: LogprobList | None = None
+    output_top_logprobs: list[TopLogprobList | None] | None = None
+    input_token_logprobs: LogprobList | None = None
+    input_top_logprobs: list[TopLogprobList | None] | None = None
+
+    def __reduce__(self) -> tuple[type[TextDelta], tuple[object, ...]]:
+        return (TextDelta, _text_delta_values(self))
 
 
 @dataclass
 class BatchStrOut:
-    """Detokenizer -> TokenizerManager: new text per request since the last send."""
+    """Detokenizer -> TokenizerManager: one record per request of the token batch it decoded."""
 
-    rids: list[str]
-    delta_texts: list[str]
-    new_token_ids: list[list[int]]
-    finished_reasons: list[FinishReason | None]
-    metas: list[RequestMeta]
-    output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    rollbacks: list[int] = field(default_factory=list)
+    deltas: list[TextDelta]
+
+    def __reduce__(self) -> tuple[Callable[..., BatchStrOut], tuple[object, ...]]:
+        return (_texts_from_columns, (_columns(map(_text_delta_values, self.deltas)),))
+
+
+# a record's field values in __init__'s order (one C call; the pickled form of the records)
+_request_meta_values: Callable[[RequestMeta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(RequestMeta))
+)
+_token_id_delta_values: Callable[[TokenIDDelta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(TokenIDDelta))
+)
+_text_delta_values: Callable[[TextDelta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(TextDelta))
+)
+
+
+def _columns(rows: Iterable[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """Records' field values as columns, one tuple per field ([] without records)."""
+    return list(zip(*rows, strict=True))
+
+
+def _token_ids_from_columns(columns: list[tuple[object, ...]]) -> BatchTokenIDOut:
+    make: Callable[..., TokenIDDelta] = TokenIDDelta
+    return BatchTokenIDOut(list(map(make, *columns)) if columns else [])
+
+
+def _texts_from_columns(columns: list[tuple[object, ...]]) -> BatchStrOut:
+    make: Callable[..., TextDelta] = TextDelta
+    return BatchStrOut(list(map(make, *columns)) if columns else [])
 
 
 _PER_ITEM_FIELDS = (

@@ -219,31 +219,32 @@ class TokenizerManager:
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
         link = self.link
-        for i, rid in enumerate(out.rids):
-            if out.finished_reasons[i] is not None and link is not None:
+        for d in out.deltas:
+            rid = d.rid
+            reason = d.finished_reason
+            if reason is not None and link is not None:
                 link.on_finished(rid)
             st = self.states.get(rid)
             if st is None:
                 continue  # aborted and forgotten
-            if out.rollbacks and out.rollbacks[i]:
-                del st.output_ids[len(st.output_ids) - out.rollbacks[i] :]
-            st.text += out.delta_texts[i]
-            new_ids = out.new_token_ids[i]
+            if d.rollback:
+                del st.output_ids[len(st.output_ids) - d.rollback :]
+            st.text += d.text
+            new_ids = d.new_token_ids
             st.output_ids.extend(new_ids)
-            st.meta = out.metas[i]
+            st.meta = d.meta
             if new_ids and st.first_token_time is None:
                 st.first_token_time = now
             if st.return_logprob:
-                input_lp, output_lp = out.input_token_logprobs[i], out.output_token_logprobs[i]
+                input_lp, output_lp = d.input_token_logprobs, d.output_token_logprobs
                 if input_lp is not None:
                     st.input_token_logprobs = input_lp
-                    st.input_top_logprobs = out.input_top_logprobs[i] or []
+                    st.input_top_logprobs = d.input_top_logprobs or []
                 if output_lp:
                     st.output_token_logprobs.extend(output_lp)
-                output_top = out.output_top_logprobs[i]
+                output_top = d.output_top_logprobs
                 if output_top:
                     st.output_top_logprobs.extend(output_top)
-            reason = out.finished_reasons[i]
             if reason is not None:
                 st.finish_reason = reason
                 st.finished_time = now
