@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any, Generic, TypeAlias, TypeVar, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
@@ -293,6 +293,66 @@ def _token_ids_from_columns(columns: list[tuple[object, ...]]) -> BatchTokenIDOu
 def _texts_from_columns(columns: list[tuple[object, ...]]) -> BatchStrOut:
     make: Callable[..., TextDelta] = TextDelta
     return BatchStrOut(list(map(make, *columns)) if columns else [])
+
+
+# --- one message union per socket, and the receivers' dispatch --------------------------------
+
+# control requests, each answered by one control reply carrying its `request_id`
+ControlRequest: TypeAlias = (
+    FlushCacheReq
+    | LoadLoraAdapterReq
+    | UnloadLoraAdapterReq
+    | GetInternalStateReq
+    | DashboardSnapshotReq
+)
+ControlReply: TypeAlias = (
+    FlushCacheOut | LoraAdapterOut | GetInternalStateOut | DashboardSnapshotOut
+)
+# the `scheduler` socket (TokenizerManager -> each replica's scheduler); a generating scheduler
+# takes no TokenizedEmbeddingReq, an embedding one neither TokenizedGenerateReq nor LoRA requests
+SchedulerInbound: TypeAlias = (
+    TokenizedGenerateReq | TokenizedEmbeddingReq | AbortReq | ControlRequest
+)
+# the `detokenizer` socket (every scheduler -> the detokenizer)
+DetokenizerInbound: TypeAlias = BatchTokenIDOut
+# the `tokenizer` socket (the detokenizer and every scheduler -> the TokenizerManager)
+TokenizerInbound: TypeAlias = BatchStrOut | BatchEmbeddingOut | ControlReply
+
+_M = TypeVar("_M")
+_R = TypeVar("_R")
+
+
+class UnknownMessageError(TypeError):
+    """A receiver got a message of a type it has no handler for (a sender's bug)."""
+
+
+class MessageDispatch(Generic[_R]):
+    """A receiver's handlers by exact message type: built once, one dict lookup per message."""
+
+    def __init__(self, receiver: str) -> None:
+        self.receiver = receiver
+        self._handlers: dict[type[object], Callable[[object], _R]] = {}
+
+    def on(self, cls: type[_M], handler: Callable[[_M], _R]) -> MessageDispatch[_R]:
+        assert cls not in self._handlers, f"{cls.__name__} has a handler already"
+        # NOTE: sound: a handler is only called with a message whose type is exactly `cls`
+        self._handlers[cls] = cast("Callable[[object], _R]", handler)
+        return self
+
+    @property
+    def types(self) -> frozenset[type[object]]:
+        """The message types handled."""
+        return frozenset(self._handlers)
+
+    def __call__(self, msg: object) -> _R:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            known = ", ".join(sorted(t.__name__ for t in self._handlers))
+            raise UnknownMessageError(
+                f"the {self.receiver} cannot handle a {type(msg).__name__} message "
+                f"(it handles {known})"
+            )
+        return handler(msg)
 
 
 _PER_ITEM_FIELDS = (

@@ -33,7 +33,7 @@ from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     BatchStrOut,
-    ControlOut,
+    ControlReply,
     ControlReq,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
@@ -44,8 +44,10 @@ from radixgen.io_struct import (
     GetInternalStateReq,
     LoadLoraAdapterReq,
     LoraAdapterOut,
+    MessageDispatch,
     SchedulerReadyOut,
     TokenizedGenerateReq,
+    TokenizerInbound,
     UnloadLoraAdapterReq,
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
@@ -140,6 +142,7 @@ class TokenizerManager:
                 ready.max_req_input_len,
                 ready.vocab_size,
             )
+        self._dispatch = self._message_dispatch()
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -198,23 +201,36 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             try:
-                msg = await self._recv.recv_pyobj()
-                if isinstance(msg, BatchStrOut):
-                    self._on_outputs(msg)
-                elif isinstance(msg, BatchEmbeddingOut) and self.embeddings is not None:
-                    for rid in self.embeddings.on_outputs(msg):
-                        if self.link is not None:
-                            self.link.on_finished(rid)
-                elif isinstance(msg, ControlOut):
-                    if self.link is None or not self.link.on_control_reply(msg):
-                        logger.debug("dropped a %s nobody waits for", type(msg).__name__)
-                else:
-                    logger.error("unexpected message %s", type(msg).__name__)
+                msg: TokenizerInbound = await self._recv.recv_pyobj()
+                self._dispatch(msg)
             except zmq.ZMQError:
                 logger.exception("the receive socket failed: outputs are no longer routed")
                 return
             except Exception:  # NOTE: one bad message must not stop routing for everyone
                 logger.exception("failed to receive or route a message")
+
+    def _message_dispatch(self) -> MessageDispatch[None]:
+        return (
+            MessageDispatch[None]("tokenizer manager")
+            .on(BatchStrOut, self._on_outputs)
+            .on(BatchEmbeddingOut, self._on_embeddings)
+            .on(FlushCacheOut, self._on_control_reply)
+            .on(LoraAdapterOut, self._on_control_reply)
+            .on(GetInternalStateOut, self._on_control_reply)
+            .on(DashboardSnapshotOut, self._on_control_reply)
+        )
+
+    def _on_embeddings(self, msg: BatchEmbeddingOut) -> None:
+        if self.embeddings is None:
+            logger.error("unexpected message %s", type(msg).__name__)
+            return
+        for rid in self.embeddings.on_outputs(msg):
+            if self.link is not None:
+                self.link.on_finished(rid)
+
+    def _on_control_reply(self, msg: ControlReply) -> None:
+        if self.link is None or not self.link.on_control_reply(msg):
+            logger.debug("dropped a %s nobody waits for", type(msg).__name__)
 
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
