@@ -129,9 +129,16 @@ class GetInternalStateReq(ControlReq):
     pass
 
 
+# one value of a scheduler's internal state: a count, seconds, a ratio, or a setting's name
+StateValue: TypeAlias = int | float | str
+# a scheduler's counters and settings by name (/server_info, the metrics, the dashboard); with
+# --dp-size > 1 the TokenizerManager sums the replicas' and adds `dp_size`
+InternalState: TypeAlias = dict[str, StateValue]
+
+
 @dataclass
 class GetInternalStateOut(ControlOut):
-    state: dict[str, Any]
+    state: InternalState
 
 
 @dataclass

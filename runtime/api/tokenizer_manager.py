@@ -34,7 +34,7 @@ from radixgen.io_struct import (
     BatchEmbeddingOut,
     BatchStrOut,
     ControlReply,
-    ControlReq,
+    ControlRequest,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     FlushCacheOut,
@@ -42,6 +42,7 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
     MessageDispatch,
@@ -278,14 +279,15 @@ class TokenizerManager:
             self.link.send_abort(msg)  # a future; zmq.asyncio sends at once when it can
 
     async def _control(
-        self, req: ControlReq, reply_type: type[T], timeout: float = 30.0
+        self, req: ControlRequest, reply_type: type[T], timeout: float = 30.0
     ) -> list[T]:
         """Send a control request to every scheduler replica; their replies in replica order."""
         self._check_alive()
         assert self.link is not None
-        replies = await self.link.control(req, timeout)
-        for reply in replies:
+        replies: list[T] = []
+        for reply in await self.link.control(req, timeout):
             assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
+            replies.append(reply)
         return replies
 
     async def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
@@ -323,13 +325,13 @@ class TokenizerManager:
             raise InvalidRequestError(out.message, "lora_name")
         return out
 
-    async def get_internal_states(self) -> list[dict[str, Any]]:
+    async def get_internal_states(self) -> list[InternalState]:
         """Each scheduler replica's `internal_state()`, in replica order."""
         return [
             out.state for out in await self._control(GetInternalStateReq(), GetInternalStateOut)
         ]
 
-    async def get_internal_state(self) -> dict[str, Any]:
+    async def get_internal_state(self) -> InternalState:
         """The engine's state: a single scheduler's, or the replicas' summed."""
         return aggregate_internal_states(await self.get_internal_states())
 

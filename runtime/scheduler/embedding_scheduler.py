@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import deque
-from typing import Any
 
 from radixgen.io_struct import (
     AbortReq,
@@ -26,6 +25,7 @@ from radixgen.io_struct import (
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
     MessageDispatch,
     SchedulerInbound,
     TokenizedEmbeddingReq,
@@ -157,7 +157,7 @@ class EmbeddingScheduler:
         self.refused = []
         return [out] if out.rids else []
 
-    def internal_state(self) -> dict[str, Any]:
+    def internal_state(self) -> InternalState:
         return {
             "running_requests": 0,
             "waiting_requests": len(self.waiting),

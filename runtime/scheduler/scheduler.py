@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +29,7 @@ from radixgen.io_struct import (
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
     MessageDispatch,
@@ -625,7 +626,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
 
     # --- introspection ------------------------------------------------------------------------
 
-    def internal_state(self) -> dict[str, Any]:
+    def internal_state(self) -> InternalState:
         st = self.stats
         hit = st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
         used = self.kv_pool.size - self.kv_pool.available_size()
