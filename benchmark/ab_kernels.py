@@ -154,9 +154,9 @@ def main() -> None:
                     times["step"][current[0] or ""].append(time.perf_counter() - start)
                 step += 1
                 for batch in sent:
-                    for i, r in enumerate(batch.rids):
-                        if r == rid:
-                            out.extend(batch.new_token_ids[i])
+                    for d in batch.deltas:
+                        if d.rid == rid:
+                            out.extend(d.new_token_ids)
             current[0] = None
             return out
 

@@ -111,13 +111,13 @@ def run_mode(
     finished: dict[str, FinishReason] = {}
     while s.has_work or s.grammar_waiting:
         for out in s.step():
-            for j, rid in enumerate(out.rids):
-                toks = tokens.setdefault(rid, [])
-                if out.rollbacks[j]:
-                    del toks[len(toks) - out.rollbacks[j] :]
-                toks.extend(out.new_token_ids[j])
-                if out.finished_reasons[j]:
-                    finished[rid] = out.finished_reasons[j]
+            for d in out.deltas:
+                toks = tokens.setdefault(d.rid, [])
+                if d.rollback:
+                    del toks[len(toks) - d.rollback :]
+                toks.extend(d.new_token_ids)
+                if d.finished_reason:
+                    finished[d.rid] = d.finished_reason
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     sampling_kernels.apply_token_bitmask = timer._inner

@@ -6,8 +6,10 @@ TokenizerManager, and control replies Scheduler -> TokenizerManager.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, Generic, TypeAlias, TypeVar, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
@@ -127,9 +129,16 @@ class GetInternalStateReq(ControlReq):
     pass
 
 
+# one value of a scheduler's internal state: a count, seconds, a ratio, or a setting's name
+StateValue: TypeAlias = int | float | str
+# a scheduler's counters and settings by name (/server_info, the metrics, the dashboard); with
+# --dp-size > 1 the TokenizerManager sums the replicas' and adds `dp_size`
+InternalState: TypeAlias = dict[str, StateValue]
+
+
 @dataclass
 class GetInternalStateOut(ControlOut):
-    state: dict[str, Any]
+    state: InternalState
 
 
 @dataclass
@@ -170,7 +179,7 @@ class SchedulerReadyOut:
     cross_encoder: bool = False  # the embedding model scores (query, document) pairs: /v1/rerank
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMeta:
     """Per-request counters that travel with every output."""
 
@@ -195,44 +204,162 @@ class RequestMeta:
     schema_checks: tuple[str, ...] = ()
     schema_check_rollbacks: int = 0
 
+    def __reduce__(self) -> tuple[type[RequestMeta], tuple[object, ...]]:
+        return (RequestMeta, _request_meta_values(self))
+
+
+@dataclass(slots=True)
+class TokenIDDelta:
+    """One request's part of a `BatchTokenIDOut`: its new token ids since the last send."""
+
+    rid: str
+    rollback: int  # previously sent tokens to drop before appending new_token_ids
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    meta: RequestMeta
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    no_stop_trim: bool
+    # stop strings and stop_regex patterns go with a request's first message only (empty
+    # afterwards; a failure's message, built without them, has none)
+    stop_strings: list[str] = field(default_factory=list)
+    stop_regexes: list[str] = field(default_factory=list)
+    # logprobs (delta for output; input ones are sent once, with the first output)
+    output_token_logprobs: LogprobList | None = None
+    output_top_logprobs: list[TopLogprobList | None] | None = None
+    input_token_logprobs: LogprobList | None = None
+    input_top_logprobs: list[TopLogprobList | None] | None = None
+
+    def __reduce__(self) -> tuple[type[TokenIDDelta], tuple[object, ...]]:
+        # pickled as its field values in order (rebuilt by __init__), not as a state dict
+        return (TokenIDDelta, _token_id_delta_values(self))
+
 
 @dataclass
 class BatchTokenIDOut:
-    """Scheduler -> Detokenizer: new token ids per request since the last send."""
+    """Scheduler -> Detokenizer: one record per request with something to send this step."""
 
-    rids: list[str]
-    rollbacks: list[int]  # previously sent tokens to drop before appending new_token_ids
-    new_token_ids: list[list[int]]
-    finished_reasons: list[FinishReason | None]
-    metas: list[RequestMeta]
-    skip_special_tokens: list[bool]
-    spaces_between_special_tokens: list[bool]
-    stop_strings: list[list[str]]  # with a request's first message only (empty afterwards)
-    no_stop_trim: list[bool]
-    # logprobs (delta for output; input ones are sent once, with the first output)
-    output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    # stop_regex patterns, like stop_strings with a request's first message only (a failure's
-    # message, built without them, leaves this list empty)
-    stop_regexes: list[list[str]] = field(default_factory=list)
+    deltas: list[TokenIDDelta]
+
+    def __reduce__(self) -> tuple[Callable[..., BatchTokenIDOut], tuple[object, ...]]:
+        # NOTE: pickled as columns (one tuple per field): smaller and faster than a record each
+        return (_token_ids_from_columns, (_columns(map(_token_id_delta_values, self.deltas)),))
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """One request's part of a `BatchStrOut`: its new text (and ids) since the last send."""
+
+    rid: str
+    text: str
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    meta: RequestMeta
+    rollback: int = 0  # previously sent token ids to drop before appending new_token_ids
+    output_token_logprobs: LogprobList | None = None
+    output_top_logprobs: list[TopLogprobList | None] | None = None
+    input_token_logprobs: LogprobList | None = None
+    input_top_logprobs: list[TopLogprobList | None] | None = None
+
+    def __reduce__(self) -> tuple[type[TextDelta], tuple[object, ...]]:
+        return (TextDelta, _text_delta_values(self))
 
 
 @dataclass
 class BatchStrOut:
-    """Detokenizer -> TokenizerManager: new text per request since the last send."""
+    """Detokenizer -> TokenizerManager: one record per request of the token batch it decoded."""
 
-    rids: list[str]
-    delta_texts: list[str]
-    new_token_ids: list[list[int]]
-    finished_reasons: list[FinishReason | None]
-    metas: list[RequestMeta]
-    output_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    output_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    input_token_logprobs: list[LogprobList | None] = field(default_factory=list)
-    input_top_logprobs: list[list[TopLogprobList | None] | None] = field(default_factory=list)
-    rollbacks: list[int] = field(default_factory=list)
+    deltas: list[TextDelta]
+
+    def __reduce__(self) -> tuple[Callable[..., BatchStrOut], tuple[object, ...]]:
+        return (_texts_from_columns, (_columns(map(_text_delta_values, self.deltas)),))
+
+
+# a record's field values in __init__'s order (one C call; the pickled form of the records)
+_request_meta_values: Callable[[RequestMeta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(RequestMeta))
+)
+_token_id_delta_values: Callable[[TokenIDDelta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(TokenIDDelta))
+)
+_text_delta_values: Callable[[TextDelta], tuple[object, ...]] = attrgetter(
+    *(f.name for f in fields(TextDelta))
+)
+
+
+def _columns(rows: Iterable[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """Records' field values as columns, one tuple per field ([] without records)."""
+    return list(zip(*rows, strict=True))
+
+
+def _token_ids_from_columns(columns: list[tuple[object, ...]]) -> BatchTokenIDOut:
+    make: Callable[..., TokenIDDelta] = TokenIDDelta
+    return BatchTokenIDOut(list(map(make, *columns)) if columns else [])
+
+
+def _texts_from_columns(columns: list[tuple[object, ...]]) -> BatchStrOut:
+    make: Callable[..., TextDelta] = TextDelta
+    return BatchStrOut(list(map(make, *columns)) if columns else [])
+
+
+# --- one message union per socket, and the receivers' dispatch --------------------------------
+
+# control requests, each answered by one control reply carrying its `request_id`
+ControlRequest: TypeAlias = (
+    FlushCacheReq
+    | LoadLoraAdapterReq
+    | UnloadLoraAdapterReq
+    | GetInternalStateReq
+    | DashboardSnapshotReq
+)
+ControlReply: TypeAlias = (
+    FlushCacheOut | LoraAdapterOut | GetInternalStateOut | DashboardSnapshotOut
+)
+# the `scheduler` socket (TokenizerManager -> each replica's scheduler); a generating scheduler
+# takes no TokenizedEmbeddingReq, an embedding one neither TokenizedGenerateReq nor LoRA requests
+SchedulerInbound: TypeAlias = (
+    TokenizedGenerateReq | TokenizedEmbeddingReq | AbortReq | ControlRequest
+)
+# the `detokenizer` socket (every scheduler -> the detokenizer)
+DetokenizerInbound: TypeAlias = BatchTokenIDOut
+# the `tokenizer` socket (the detokenizer and every scheduler -> the TokenizerManager)
+TokenizerInbound: TypeAlias = BatchStrOut | BatchEmbeddingOut | ControlReply
+
+_M = TypeVar("_M")
+_R = TypeVar("_R")
+
+
+class UnknownMessageError(TypeError):
+    """A receiver got a message of a type it has no handler for (a sender's bug)."""
+
+
+class MessageDispatch(Generic[_R]):
+    """A receiver's handlers by exact message type: built once, one dict lookup per message."""
+
+    def __init__(self, receiver: str) -> None:
+        self.receiver = receiver
+        self._handlers: dict[type[object], Callable[[object], _R]] = {}
+
+    def on(self, cls: type[_M], handler: Callable[[_M], _R]) -> MessageDispatch[_R]:
+        assert cls not in self._handlers, f"{cls.__name__} has a handler already"
+        # NOTE: sound: a handler is only called with a message whose type is exactly `cls`
+        self._handlers[cls] = cast("Callable[[object], _R]", handler)
+        return self
+
+    @property
+    def types(self) -> frozenset[type[object]]:
+        """The message types handled."""
+        return frozenset(self._handlers)
+
+    def __call__(self, msg: object) -> _R:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            known = ", ".join(sorted(t.__name__ for t in self._handlers))
+            raise UnknownMessageError(
+                f"the {self.receiver} cannot handle a {type(msg).__name__} message "
+                f"(it handles {known})"
+            )
+        return handler(msg)
 
 
 _PER_ITEM_FIELDS = (

@@ -33,8 +33,8 @@ from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     BatchStrOut,
-    ControlOut,
-    ControlReq,
+    ControlReply,
+    ControlRequest,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     FlushCacheOut,
@@ -42,10 +42,13 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
+    MessageDispatch,
     SchedulerReadyOut,
     TokenizedGenerateReq,
+    TokenizerInbound,
     UnloadLoraAdapterReq,
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
@@ -140,6 +143,7 @@ class TokenizerManager:
                 ready.max_req_input_len,
                 ready.vocab_size,
             )
+        self._dispatch = self._message_dispatch()
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -198,52 +202,66 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             try:
-                msg = await self._recv.recv_pyobj()
-                if isinstance(msg, BatchStrOut):
-                    self._on_outputs(msg)
-                elif isinstance(msg, BatchEmbeddingOut) and self.embeddings is not None:
-                    for rid in self.embeddings.on_outputs(msg):
-                        if self.link is not None:
-                            self.link.on_finished(rid)
-                elif isinstance(msg, ControlOut):
-                    if self.link is None or not self.link.on_control_reply(msg):
-                        logger.debug("dropped a %s nobody waits for", type(msg).__name__)
-                else:
-                    logger.error("unexpected message %s", type(msg).__name__)
+                msg: TokenizerInbound = await self._recv.recv_pyobj()
+                self._dispatch(msg)
             except zmq.ZMQError:
                 logger.exception("the receive socket failed: outputs are no longer routed")
                 return
             except Exception:  # NOTE: one bad message must not stop routing for everyone
                 logger.exception("failed to receive or route a message")
 
+    def _message_dispatch(self) -> MessageDispatch[None]:
+        return (
+            MessageDispatch[None]("tokenizer manager")
+            .on(BatchStrOut, self._on_outputs)
+            .on(BatchEmbeddingOut, self._on_embeddings)
+            .on(FlushCacheOut, self._on_control_reply)
+            .on(LoraAdapterOut, self._on_control_reply)
+            .on(GetInternalStateOut, self._on_control_reply)
+            .on(DashboardSnapshotOut, self._on_control_reply)
+        )
+
+    def _on_embeddings(self, msg: BatchEmbeddingOut) -> None:
+        if self.embeddings is None:
+            logger.error("unexpected message %s", type(msg).__name__)
+            return
+        for rid in self.embeddings.on_outputs(msg):
+            if self.link is not None:
+                self.link.on_finished(rid)
+
+    def _on_control_reply(self, msg: ControlReply) -> None:
+        if self.link is None or not self.link.on_control_reply(msg):
+            logger.debug("dropped a %s nobody waits for", type(msg).__name__)
+
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
         link = self.link
-        for i, rid in enumerate(out.rids):
-            if out.finished_reasons[i] is not None and link is not None:
+        for d in out.deltas:
+            rid = d.rid
+            reason = d.finished_reason
+            if reason is not None and link is not None:
                 link.on_finished(rid)
             st = self.states.get(rid)
             if st is None:
                 continue  # aborted and forgotten
-            if out.rollbacks and out.rollbacks[i]:
-                del st.output_ids[len(st.output_ids) - out.rollbacks[i] :]
-            st.text += out.delta_texts[i]
-            new_ids = out.new_token_ids[i]
+            if d.rollback:
+                del st.output_ids[len(st.output_ids) - d.rollback :]
+            st.text += d.text
+            new_ids = d.new_token_ids
             st.output_ids.extend(new_ids)
-            st.meta = out.metas[i]
+            st.meta = d.meta
             if new_ids and st.first_token_time is None:
                 st.first_token_time = now
             if st.return_logprob:
-                input_lp, output_lp = out.input_token_logprobs[i], out.output_token_logprobs[i]
+                input_lp, output_lp = d.input_token_logprobs, d.output_token_logprobs
                 if input_lp is not None:
                     st.input_token_logprobs = input_lp
-                    st.input_top_logprobs = out.input_top_logprobs[i] or []
+                    st.input_top_logprobs = d.input_top_logprobs or []
                 if output_lp:
                     st.output_token_logprobs.extend(output_lp)
-                output_top = out.output_top_logprobs[i]
+                output_top = d.output_top_logprobs
                 if output_top:
                     st.output_top_logprobs.extend(output_top)
-            reason = out.finished_reasons[i]
             if reason is not None:
                 st.finish_reason = reason
                 st.finished_time = now
@@ -261,14 +279,15 @@ class TokenizerManager:
             self.link.send_abort(msg)  # a future; zmq.asyncio sends at once when it can
 
     async def _control(
-        self, req: ControlReq, reply_type: type[T], timeout: float = 30.0
+        self, req: ControlRequest, reply_type: type[T], timeout: float = 30.0
     ) -> list[T]:
         """Send a control request to every scheduler replica; their replies in replica order."""
         self._check_alive()
         assert self.link is not None
-        replies = await self.link.control(req, timeout)
-        for reply in replies:
+        replies: list[T] = []
+        for reply in await self.link.control(req, timeout):
             assert isinstance(reply, reply_type), f"{type(reply).__name__} answered {req!r}"
+            replies.append(reply)
         return replies
 
     async def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
@@ -306,13 +325,13 @@ class TokenizerManager:
             raise InvalidRequestError(out.message, "lora_name")
         return out
 
-    async def get_internal_states(self) -> list[dict[str, Any]]:
+    async def get_internal_states(self) -> list[InternalState]:
         """Each scheduler replica's `internal_state()`, in replica order."""
         return [
             out.state for out in await self._control(GetInternalStateReq(), GetInternalStateOut)
         ]
 
-    async def get_internal_state(self) -> dict[str, Any]:
+    async def get_internal_state(self) -> InternalState:
         """The engine's state: a single scheduler's, or the replicas' summed."""
         return aggregate_internal_states(await self.get_internal_states())
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import regex
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import BatchStrOut, BatchTokenIDOut
+from radixgen.io_struct import BatchStrOut, BatchTokenIDOut, TextDelta, TokenIDDelta
 from radixgen.runtime.launch.process_utils import PortArgs, ReadyPipe, configure_child_process
 from radixgen.runtime.text.stop_regex import (
     StopRegexTimeout,
@@ -25,13 +25,6 @@ from radixgen.runtime.text.stop_regex import (
 from radixgen.runtime.text.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-_LOGPROB_FIELDS = (
-    "output_token_logprobs",
-    "output_top_logprobs",
-    "input_token_logprobs",
-    "input_top_logprobs",
-)
 
 # How many already-emitted tokens to re-decode as context: byte-level BPE pieces and
 # sentencepiece's leading-space rule both need a little left context to decode a suffix.
@@ -63,61 +56,59 @@ class DetokenizerManager:
         self.failed: set[str] = set()  # rids failed here whose scheduler side still runs
 
     def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
+        deltas = batch.deltas
         errors: dict[int, Exception] = {}
         states: dict[int, DecodeState] = {}
-        for i, rid in enumerate(batch.rids):
-            if rid in self.failed:
+        for i, d in enumerate(deltas):
+            if d.rid in self.failed:
                 continue
             try:
-                states[i] = self._advance(batch, i)
+                states[i] = self._advance(d)
             except Exception as e:
                 errors[i] = e
         try:
-            self._decode(list(states.values()), [batch.skip_special_tokens[i] for i in states])
+            self._decode(list(states.values()), [deltas[i].skip_special_tokens for i in states])
         except Exception:  # NOTE: find the request(s) it fails for: decode each alone
             for i in list(states):
                 try:
-                    self._decode([states[i]], [batch.skip_special_tokens[i]])
+                    self._decode([states[i]], [deltas[i].skip_special_tokens])
                 except Exception as e:
                     errors[i] = e
                     del states[i]
-        deltas: dict[int, str] = {}
+        texts: dict[int, str] = {}
         for i, st in states.items():
             if i in errors:
                 continue
             try:
-                deltas[i] = self._delta(batch, i, st)
+                texts[i] = self._delta(deltas[i], st)
             except Exception as e:
                 errors[i] = e
-        return self._output(batch, deltas, errors)
+        return self._output(batch, texts, errors)
 
     def fail_batch(self, batch: BatchTokenIDOut, e: Exception) -> BatchStrOut:
         """After `handle` itself broke: every request of the batch fails with a 500 abort."""
-        return self._output(batch, {}, dict.fromkeys(range(len(batch.rids)), e))
+        return self._output(batch, {}, dict.fromkeys(range(len(batch.deltas)), e))
 
-    def _advance(self, batch: BatchTokenIDOut, i: int) -> DecodeState:
-        """Apply request i's rollback and new ids to its state (text is decoded afterwards)."""
-        rid = batch.rids[i]
-        st = self.states.get(rid)
+    def _advance(self, d: TokenIDDelta) -> DecodeState:
+        """Apply a request's rollback and new ids to its state (text is decoded afterwards)."""
+        st = self.states.get(d.rid)
         if st is None:
-            patterns = batch.stop_regexes[i] if i < len(batch.stop_regexes) else []
-            st = self.states[rid] = DecodeState(
-                stop_strings=batch.stop_strings[i], stop_regexes=compile_patterns(patterns)
+            st = self.states[d.rid] = DecodeState(
+                stop_strings=d.stop_strings, stop_regexes=compile_patterns(d.stop_regexes)
             )
-        rollback = batch.rollbacks[i]
-        if rollback:
-            self._rollback(st, rollback, batch.skip_special_tokens[i])
-        st.ids.extend(batch.new_token_ids[i])
-        finished = batch.finished_reasons[i]
-        if finished is not None and _trims_last_token(finished, batch.no_stop_trim[i]) and st.ids:
+        if d.rollback:
+            self._rollback(st, d.rollback, d.skip_special_tokens)
+        st.ids.extend(d.new_token_ids)
+        finished = d.finished_reason
+        if finished is not None and _trims_last_token(finished, d.no_stop_trim) and st.ids:
             st.ids.pop()  # a matched stop token id is not part of the text
             st.read_offset = min(st.read_offset, len(st.ids))
         return st
 
-    def _delta(self, batch: BatchTokenIDOut, i: int, st: DecodeState) -> str:
-        """Request i's new text to send (the final flush and stop-string trimming included)."""
-        finished = batch.finished_reasons[i]
-        skip = batch.skip_special_tokens[i]
+    def _delta(self, d: TokenIDDelta, st: DecodeState) -> str:
+        """A request's new text to send (the final flush and stop-string trimming included)."""
+        finished = d.finished_reason
+        skip = d.skip_special_tokens
         if finished is not None and st.read_offset < len(st.ids):
             # the request ended inside a multi-byte character: flush it as it decodes
             full = self.tokenizer.decode(st.ids[st.prefix_offset :], skip)
@@ -125,7 +116,7 @@ class DetokenizerManager:
             st.text += full[len(prefix) :]
             st.read_offset = len(st.ids)
         end = len(st.text)
-        stops, trim = st.stop_strings, not batch.no_stop_trim[i]
+        stops, trim = st.stop_strings, not d.no_stop_trim
         if finished is not None:
             matched = finished.matched_stop_string
             pattern = finished.matched_stop_regex
@@ -143,28 +134,28 @@ class DetokenizerManager:
                 try:
                     held = max(held, held_back(st.text, st.stop_regexes))
                 except StopRegexTimeout as e:  # NOTE: once; never again for this request
-                    logger.warning("request %s: %s; its text is not held back", batch.rids[i], e)
+                    logger.warning("request %s: %s; its text is not held back", d.rid, e)
                     st.stop_regexes = []
             end -= held
         end = max(end, st.sent_len)
         delta = st.text[st.sent_len : end]
         st.sent_len = end
         if finished is not None:
-            del self.states[batch.rids[i]]
+            del self.states[d.rid]
         return delta
 
     def _output(
-        self, batch: BatchTokenIDOut, deltas: dict[int, str], errors: dict[int, Exception]
+        self, batch: BatchTokenIDOut, texts: dict[int, str], errors: dict[int, Exception]
     ) -> BatchStrOut:
         """The text batch: decoded requests as they are, failed ones as a 500 abort."""
-        out = BatchStrOut([], [], [], [], [], [], [], [], [], [])
-        for i, rid in enumerate(batch.rids):
-            finished = batch.finished_reasons[i]
+        out: list[TextDelta] = []
+        for i, d in enumerate(batch.deltas):
+            rid = d.rid
+            finished = d.finished_reason
             if rid in self.failed:  # its scheduler side is still finishing: nothing to send
                 if finished is not None:
                     self.failed.discard(rid)
                 continue
-            new_ids = batch.new_token_ids[i]
             if i in errors:
                 e = errors[i]
                 logger.error(
@@ -177,19 +168,23 @@ class DetokenizerManager:
                 if finished is None:
                     self.failed.add(rid)
                 finished = FinishReason.abort(f"internal error in the detokenizer: {e!r}", 500)
-                delta, new_ids = "", []
-            else:
-                delta = deltas[i]
-            out.rids.append(rid)
-            out.delta_texts.append(delta)
-            out.new_token_ids.append(new_ids)
-            out.finished_reasons.append(finished)
-            out.metas.append(batch.metas[i])
-            out.rollbacks.append(batch.rollbacks[i] if i not in errors else 0)
-            for name in _LOGPROB_FIELDS:
-                values = getattr(batch, name)
-                getattr(out, name).append(values[i] if values and i not in errors else None)
-        return out
+                out.append(TextDelta(rid, "", [], finished, d.meta))
+                continue
+            out.append(
+                TextDelta(
+                    rid,
+                    texts[i],
+                    d.new_token_ids,
+                    finished,
+                    d.meta,
+                    d.rollback,
+                    d.output_token_logprobs,
+                    d.output_top_logprobs,
+                    d.input_token_logprobs,
+                    d.input_top_logprobs,
+                )
+            )
+        return BatchStrOut(out)
 
     def _decode(self, states: list[DecodeState], skip_special: list[bool]) -> None:
         """Advance every state's text by the ids it has not decoded yet (two batched calls)."""
@@ -273,7 +268,7 @@ def run_detokenizer_process(
         try:
             out = manager.handle(msg)
         except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
-            logger.exception("failed to decode a batch of %d requests", len(msg.rids))
+            logger.exception("failed to decode a batch of %d requests", len(msg.deltas))
             out = manager.fail_batch(msg, e)
-        if out.rids:
+        if out.deltas:
             send.send_pyobj(out)

@@ -25,8 +25,9 @@ import zmq.asyncio
 
 from radixgen.io_struct import (
     AbortReq,
-    ControlOut,
-    ControlReq,
+    ControlReply,
+    ControlRequest,
+    InternalState,
     TokenizedEmbeddingReq,
     TokenizedGenerateReq,
 )
@@ -39,7 +40,7 @@ class SchedulerLink:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
         self._socks = [ctx.socket(zmq.PUSH)]
         self._socks[0].connect(endpoint)
-        self._waiters: dict[str, asyncio.Future[Any]] = {}  # control replies, by request_id
+        self._waiters: dict[str, asyncio.Future[ControlReply]] = {}  # replies by request_id
 
     @property
     def num_replicas(self) -> int:
@@ -57,7 +58,7 @@ class SchedulerLink:
         future from sync code (zmq.asyncio sends at once when it can)."""
         return self._socks[0].send_pyobj(msg)
 
-    async def control(self, req: ControlReq, timeout: float) -> list[Any]:
+    async def control(self, req: ControlRequest, timeout: float) -> list[ControlReply]:
         """Send `req` to every replica (each copy with its own request_id) and wait for all the
         replies (matched by `on_control_reply`; a late one is dropped); in replica order."""
         loop = asyncio.get_running_loop()
@@ -75,7 +76,7 @@ class SchedulerLink:
             for request_id in ids:
                 self._waiters.pop(request_id, None)
 
-    def on_control_reply(self, msg: ControlOut) -> bool:
+    def on_control_reply(self, msg: ControlReply) -> bool:
         """A replica's reply to `control`; False when nobody waits for it (any more)."""
         fut = self._waiters.pop(msg.request_id, None)
         if fut is None or fut.done():
@@ -144,23 +145,30 @@ class DataParallelController(SchedulerLink):
 _RATIOS = {"kv_usage", "cache_hit_rate", "new_token_ratio", "kv_bytes_per_token"}
 
 
-def aggregate_internal_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate_internal_states(states: list[InternalState]) -> InternalState:
     """One `internal_state()` for the whole engine: counts summed over the replicas, ratios
     recomputed from the sums (a single replica's state is returned as it is)."""
     if len(states) == 1:
         return states[0]
-    out: dict[str, Any] = {}
+    out: InternalState = {}
     for key, value in states[0].items():
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if numeric and key not in _RATIOS:
-            out[key] = sum(s.get(key, 0) for s in states)
+            out[key] = sum(_number(s, key) for s in states)
         else:
             out[key] = value
-    total = out.get("max_total_num_tokens") or 0
+    total = _number(out, "max_total_num_tokens")
     if total:
-        out["kv_usage"] = out.get("kv_used_tokens", 0) / total
-    prompt = out.get("prompt_tokens") or 0
-    out["cache_hit_rate"] = out.get("cached_tokens", 0) / prompt if prompt else 0.0
-    out["new_token_ratio"] = sum(s.get("new_token_ratio", 0.0) for s in states) / len(states)
+        out["kv_usage"] = _number(out, "kv_used_tokens") / total
+    prompt = _number(out, "prompt_tokens")
+    out["cache_hit_rate"] = _number(out, "cached_tokens") / prompt if prompt else 0.0
+    out["new_token_ratio"] = sum(_number(s, "new_token_ratio") for s in states) / len(states)
     out["dp_size"] = len(states)
     return out
+
+
+def _number(state: InternalState, key: str) -> float:
+    """A numeric entry of an internal state (0 when absent)."""
+    value = state.get(key, 0)
+    assert not isinstance(value, str), f"{key} is a setting, not a number"
+    return value

@@ -14,17 +14,20 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import deque
-from typing import Any
 
 from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
+    ControlOut,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
+    MessageDispatch,
+    SchedulerInbound,
     TokenizedEmbeddingReq,
 )
 from radixgen.runtime.model_executor.decoder_embedding_runner import DecoderEmbeddingRunner
@@ -46,37 +49,50 @@ class EmbeddingScheduler:
         self.forward_steps = 0
         self.embedded_requests = 0
         self.prompt_tokens = 0
+        self._dispatch = self._message_dispatch()
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.refused)
 
-    def handle(self, msg: object) -> Any:
-        """Queue a request or apply an abort; answer a control request (its reply, else None)."""
-        if isinstance(msg, TokenizedEmbeddingReq):
-            reason = self._refusal(msg)
-            if reason is not None:
-                self.refused.append((msg, reason))
-            else:
-                self.waiting.append(msg)
-            return None
-        if isinstance(msg, AbortReq):
-            if msg.abort_all:
-                self.waiting.clear()
-            else:
-                self.waiting = deque(r for r in self.waiting if r.rid != msg.rid)
-            return None
-        if isinstance(msg, FlushCacheReq):
-            return FlushCacheOut(
-                True, "an embedding server keeps no cache", request_id=msg.request_id
-            )
-        if isinstance(msg, GetInternalStateReq):
-            return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
-        if isinstance(msg, DashboardSnapshotReq):
-            return DashboardSnapshotOut(
-                {"counters": self.internal_state()}, request_id=msg.request_id
-            )
-        raise TypeError(f"an embedding scheduler cannot handle {type(msg).__name__}")
+    def handle(self, msg: SchedulerInbound) -> ControlOut | None:
+        """Queue a request or apply an abort; answer a control request (its reply, else None).
+
+        Raises UnknownMessageError for what an embedding server does not take (generate and
+        LoRA requests)."""
+        return self._dispatch(msg)
+
+    def _message_dispatch(self) -> MessageDispatch[ControlOut | None]:
+        return (
+            MessageDispatch[ControlOut | None]("embedding scheduler")
+            .on(TokenizedEmbeddingReq, self._on_request)
+            .on(AbortReq, self._on_abort)
+            .on(FlushCacheReq, self._on_flush_cache)
+            .on(GetInternalStateReq, self._on_internal_state)
+            .on(DashboardSnapshotReq, self._on_dashboard_snapshot)
+        )
+
+    def _on_request(self, msg: TokenizedEmbeddingReq) -> None:
+        reason = self._refusal(msg)
+        if reason is not None:
+            self.refused.append((msg, reason))
+        else:
+            self.waiting.append(msg)
+
+    def _on_abort(self, msg: AbortReq) -> None:
+        if msg.abort_all:
+            self.waiting.clear()
+        else:
+            self.waiting = deque(r for r in self.waiting if r.rid != msg.rid)
+
+    def _on_flush_cache(self, msg: FlushCacheReq) -> FlushCacheOut:
+        return FlushCacheOut(True, "an embedding server keeps no cache", request_id=msg.request_id)
+
+    def _on_internal_state(self, msg: GetInternalStateReq) -> GetInternalStateOut:
+        return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
+
+    def _on_dashboard_snapshot(self, msg: DashboardSnapshotReq) -> DashboardSnapshotOut:
+        return DashboardSnapshotOut({"counters": self.internal_state()}, request_id=msg.request_id)
 
     def _refusal(self, req: TokenizedEmbeddingReq) -> str | None:
         """Why the request cannot run (the API process checks the same before sending)."""
@@ -141,7 +157,7 @@ class EmbeddingScheduler:
         self.refused = []
         return [out] if out.rids else []
 
-    def internal_state(self) -> dict[str, Any]:
+    def internal_state(self) -> InternalState:
         return {
             "running_requests": 0,
             "waiting_requests": len(self.waiting),

@@ -7,11 +7,10 @@ send their new tokens every `stream_interval` steps (per-request override allowe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from radixgen.io_struct import BatchTokenIDOut, RequestMeta
+from radixgen.io_struct import BatchTokenIDOut, RequestMeta, TokenIDDelta
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import StepBatch
@@ -59,40 +58,39 @@ class OutputCollection:
 def collect_outputs(outbox: list[Req], stream_interval: int) -> OutputCollection:
     """One message with every request that has something to send (finished, or a stream chunk due).
 
-    NOTE: each request's entry is built before anything of it is committed, so a request whose
-    entry raises is reported in `failed` and the others are sent untouched.
+    NOTE: each request's record is built before anything of it is committed, so a request whose
+    record raises is reported in `failed` and the others are sent untouched.
     """
     result = OutputCollection([])
     if not outbox:
         return result
     seen: set[int] = set()
-    out = BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [], [], [])
+    deltas: list[TokenIDDelta] = []
     for r in outbox:
         if id(r) in seen:
             continue
         seen.add(id(r))
         try:
-            entry = _entry(r, stream_interval)
+            delta = _delta(r, stream_interval)
         except Exception as e:
             result.failed.append((r, e))
             continue
-        if entry is None:
+        if delta is None:
             continue
-        for name, value in entry.items():
-            getattr(out, name).append(value)
+        deltas.append(delta)
         r.steps_since_stream = 0
         r.rollback_pending = 0
         r.sent_stop_strings = True
         if r.return_logprob:
             r.sent_input_logprobs = True
         r.sent_output_len = len(r.output_ids)
-    if out.rids:
-        result.messages.append(out)
+    if deltas:
+        result.messages.append(BatchTokenIDOut(deltas))
     return result
 
 
-def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
-    """Request r's fields of a BatchTokenIDOut (by field name), or None when nothing is due."""
+def _delta(r: Req, stream_interval: int) -> TokenIDDelta | None:
+    """Request r's record of a BatchTokenIDOut, or None when nothing is due."""
     if not r.finished:
         every = r.sampling_params.stream_interval or stream_interval
         # the first tokens go out at once (time to first token), then every `every` steps
@@ -104,45 +102,42 @@ def _entry(r: Req, stream_interval: int) -> dict[str, Any] | None:
         ):
             return None
     sp = r.sampling_params
-    entry: dict[str, Any] = {
-        "rids": r.rid,
-        "rollbacks": r.rollback_pending,
-        "new_token_ids": r.output_ids[r.sent_output_len :],
-        "finished_reasons": r.finished_reason,
-        "metas": r.meta(),
-        "skip_special_tokens": sp.skip_special_tokens,
-        "spaces_between_special_tokens": sp.spaces_between_special_tokens,
-        # NOTE: stop strings go out once, with the request's first message; the detokenizer
-        # keeps them in its per-request state (a long stop list is not re-sent every chunk)
-        "stop_strings": [] if r.sent_stop_strings else sp.stop,
-        "stop_regexes": [] if r.sent_stop_strings else sp.stop_regex,
-        "no_stop_trim": sp.no_stop_trim,
-        "output_token_logprobs": None,
-        "output_top_logprobs": None,
-        "input_token_logprobs": None,
-        "input_top_logprobs": None,
-    }
+    sent = r.sent_output_len
+    # NOTE: stop strings go out once, with the request's first message; the detokenizer
+    # keeps them in its per-request state (a long stop list is not re-sent every chunk)
+    stops_sent = r.sent_stop_strings
+    delta = TokenIDDelta(
+        r.rid,
+        r.rollback_pending,
+        r.output_ids[sent:],
+        r.finished_reason,
+        r.meta(),
+        sp.skip_special_tokens,
+        sp.spaces_between_special_tokens,
+        sp.no_stop_trim,
+        [] if stops_sent else sp.stop,
+        [] if stops_sent else sp.stop_regex,
+    )
     if r.return_logprob:
         # NOTE: one entry per output token (jump-forward, which adds tokens without a model
         # step, is off for these requests): a chunk's entries are exactly its new tokens'
         assert len(r.output_token_logprobs) == len(r.output_ids), "an output token has no logprob"
         first = not r.sent_input_logprobs
-        entry["output_token_logprobs"] = r.output_token_logprobs[r.sent_output_len :]
-        entry["output_top_logprobs"] = (
-            r.output_top_logprobs[r.sent_output_len :] if r.top_logprobs_num else None
-        )
-        entry["input_token_logprobs"] = r.input_token_logprobs if first else None
-        entry["input_top_logprobs"] = r.input_top_logprobs if first else None
-    return entry
+        delta.output_token_logprobs = r.output_token_logprobs[sent:]
+        delta.output_top_logprobs = r.output_top_logprobs[sent:] if r.top_logprobs_num else None
+        delta.input_token_logprobs = r.input_token_logprobs if first else None
+        delta.input_top_logprobs = r.input_top_logprobs if first else None
+    return delta
 
 
 def failure_output(r: Req) -> BatchTokenIDOut:
-    """A final message for a request failed after its entry could not be built: no new tokens,
+    """A final message for a request failed after its record could not be built: no new tokens,
     its finish reason, counters that need nothing but its token lists."""
     assert r.finished_reason is not None
     meta = RequestMeta(len(r.origin_input_ids), len(r.output_ids), 0)
     sp = r.sampling_params
-    return BatchTokenIDOut(
-        [r.rid], [0], [[]], [r.finished_reason], [meta], [sp.skip_special_tokens],
-        [sp.spaces_between_special_tokens], [[]], [True], [None], [None], [None], [None],
+    delta = TokenIDDelta(
+        r.rid, 0, [], r.finished_reason, meta, sp.skip_special_tokens,
+        sp.spaces_between_special_tokens, True,
     )  # fmt: skip
+    return BatchTokenIDOut([delta])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,15 +23,17 @@ from radixgen.io_struct import (
     AbortReq,
     BatchTokenIDOut,
     ControlOut,
-    ControlReq,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
+    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
+    MessageDispatch,
+    SchedulerInbound,
     TokenizedGenerateReq,
     UnloadLoraAdapterReq,
 )
@@ -167,35 +169,48 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.background_budget = BackgroundBudget(sched.background_step_ms)
         self._plan_tokens = 0  # tokens of the step being run: the step rate's measure
         self._init_speculation()
+        self._dispatch = self._message_dispatch()
         self.future_ids = torch.zeros(
             self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
         )
 
     # --- requests in --------------------------------------------------------------------------
 
-    def handle(self, msg: TokenizedGenerateReq | AbortReq | ControlReq) -> ControlOut | None:
-        """Handle one control or generate message; returns a direct reply for control messages."""
-        if isinstance(msg, TokenizedGenerateReq):
-            self.add_request(msg)
-            return None
-        if isinstance(msg, AbortReq):
-            self.abort(msg)
-            return None
-        if isinstance(msg, FlushCacheReq):
-            reply = self.flush_cache(msg.keep_lower_tiers)
-            reply.request_id = msg.request_id
-            return reply
-        if isinstance(msg, (LoadLoraAdapterReq, UnloadLoraAdapterReq)):
-            lora_reply = self.change_lora(msg)
-            lora_reply.request_id = msg.request_id
-            return lora_reply
-        if isinstance(msg, GetInternalStateReq):
-            return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
-        if isinstance(msg, DashboardSnapshotReq):
-            snap = self.probe.snapshot(self, msg.max_nodes)
-            return DashboardSnapshotOut(snap, request_id=msg.request_id)
-        logger.error("unknown message %r", type(msg))
-        return None
+    def handle(self, msg: SchedulerInbound) -> ControlOut | None:
+        """Handle one message of the scheduler socket; returns the reply of a control request.
+
+        Raises UnknownMessageError for a type this scheduler does not take (an embedding
+        server's `TokenizedEmbeddingReq`)."""
+        return self._dispatch(msg)
+
+    def _message_dispatch(self) -> MessageDispatch[ControlOut | None]:
+        return (
+            MessageDispatch[ControlOut | None]("scheduler")
+            .on(TokenizedGenerateReq, self.add_request)
+            .on(AbortReq, self.abort)
+            .on(FlushCacheReq, self._on_flush_cache)
+            .on(LoadLoraAdapterReq, self._on_change_lora)
+            .on(UnloadLoraAdapterReq, self._on_change_lora)
+            .on(GetInternalStateReq, self._on_internal_state)
+            .on(DashboardSnapshotReq, self._on_dashboard_snapshot)
+        )
+
+    def _on_flush_cache(self, msg: FlushCacheReq) -> FlushCacheOut:
+        reply = self.flush_cache(msg.keep_lower_tiers)
+        reply.request_id = msg.request_id
+        return reply
+
+    def _on_change_lora(self, msg: LoadLoraAdapterReq | UnloadLoraAdapterReq) -> LoraAdapterOut:
+        reply = self.change_lora(msg)
+        reply.request_id = msg.request_id
+        return reply
+
+    def _on_internal_state(self, msg: GetInternalStateReq) -> GetInternalStateOut:
+        return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
+
+    def _on_dashboard_snapshot(self, msg: DashboardSnapshotReq) -> DashboardSnapshotOut:
+        snap = self.probe.snapshot(self, msg.max_nodes)
+        return DashboardSnapshotOut(snap, request_id=msg.request_id)
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.args.model.random_seed)
@@ -615,7 +630,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
 
     # --- introspection ------------------------------------------------------------------------
 
-    def internal_state(self) -> dict[str, Any]:
+    def internal_state(self) -> InternalState:
         st = self.stats
         hit = st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
         used = self.kv_pool.size - self.kv_pool.available_size()

@@ -88,14 +88,14 @@ def run(s: Scheduler, names: list[str], max_rollbacks: int) -> dict[str, Any]:
     while s.has_work or s.grammar_waiting:
         assert time.monotonic() < deadline
         for msg in s.step():
-            for i, rid in enumerate(msg.rids):
-                toks = tokens.setdefault(rid, [])
-                if msg.rollbacks[i]:
-                    del toks[len(toks) - msg.rollbacks[i] :]
-                toks.extend(msg.new_token_ids[i])
-                if msg.finished_reasons[i]:
+            for d in msg.deltas:
+                toks = tokens.setdefault(d.rid, [])
+                if d.rollback:
+                    del toks[len(toks) - d.rollback :]
+                toks.extend(d.new_token_ids)
+                if d.finished_reason:
                     text = s.tokenizer.decode(toks)
-                    out[rid] = (text, msg.finished_reasons[i], msg.metas[i], list(toks))
+                    out[d.rid] = (text, d.finished_reason, d.meta, list(toks))
     return out
 
 

@@ -90,17 +90,17 @@ def run_batch(
     while s.has_work or s.grammar_waiting:  # has_work does not count compiling requests
         assert time.monotonic() < deadline, "constrained batch did not finish"
         for out in s.step():
-            for i, rid in enumerate(out.rids):
-                toks = tokens.setdefault(rid, [])
-                if out.rollbacks[i]:
-                    del toks[len(toks) - out.rollbacks[i] :]
-                toks.extend(out.new_token_ids[i])
-                if out.finished_reasons[i]:
-                    meta = out.metas[i]
-                    results[rid] = Result(
+            for d in out.deltas:
+                toks = tokens.setdefault(d.rid, [])
+                if d.rollback:
+                    del toks[len(toks) - d.rollback :]
+                toks.extend(d.new_token_ids)
+                if d.finished_reason:
+                    meta = d.meta
+                    results[d.rid] = Result(
                         s.tokenizer.decode(toks),
                         list(toks),
-                        out.finished_reasons[i],
+                        d.finished_reason,
                         meta.jump_forward_tokens,
                         meta.completion_tokens,
                     )

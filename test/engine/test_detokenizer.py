@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import BatchTokenIDOut
+from radixgen.io_struct import BatchTokenIDOut, TokenIDDelta
 from radixgen.runtime.detokenizer.detokenizer_manager import DetokenizerManager
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.runtime.text.tokenizer import Tokenizer, _bytes_to_unicode
@@ -20,10 +20,14 @@ def tokenizer() -> Tokenizer:
 
 
 def _batch(rid: str, ids: list[int], finished: FinishReason | None) -> BatchTokenIDOut:
-    return BatchTokenIDOut(
-        rids=[rid], rollbacks=[0], new_token_ids=[ids], finished_reasons=[finished], metas=[None],
-        skip_special_tokens=[True], spaces_between_special_tokens=[True], stop_strings=[[]],
-        no_stop_trim=[False],
+    return BatchTokenIDOut([_delta(rid, ids, finished)])
+
+
+def _delta(rid: str, ids: list[int], finished: FinishReason | None) -> TokenIDDelta:
+    return TokenIDDelta(
+        rid=rid, rollback=0, new_token_ids=ids, finished_reason=finished, meta=None,
+        skip_special_tokens=True, spaces_between_special_tokens=True, no_stop_trim=False,
+        stop_strings=[],
     )  # fmt: skip
 
 
@@ -39,7 +43,7 @@ def test_streamed_pieces_are_whole_characters(tokenizer, spelling):
     pieces = []
     for i, tok in enumerate(ids):
         done = FinishReason.length(len(ids)) if i == len(ids) - 1 else None
-        pieces.append(detok.handle(_batch(spelling, [tok], done)).delta_texts[0])
+        pieces.append(detok.handle(_batch(spelling, [tok], done)).deltas[0].text)
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == TEXT
     if spelling == "bytes":
@@ -67,8 +71,8 @@ def test_stop_strings_travel_once_and_the_detokenizer_keeps_them(tokenizer):
         if step == len(chunks) - 1:
             req.finish(FinishReason.stop("STOP here"))
         (msg,) = collect_outputs([req], stream_interval=1).messages
-        sent_stops.append(msg.stop_strings[0])
-        pieces.append(detok.handle(msg).delta_texts[0])
+        sent_stops.append(msg.deltas[0].stop_strings)
+        pieces.append(detok.handle(msg).deltas[0].text)
     assert sent_stops == [["STOP here"], [], []]
     # "STO" could still grow into the stop string: held back though the message had no stops
     assert pieces[:2] == ["Hello world", " "]
@@ -84,22 +88,19 @@ def test_a_request_that_fails_to_decode_fails_alone_and_its_later_outputs_are_dr
 
     def batch(bad_ids: list[int], good_ids: list[int], finished: FinishReason | None):
         return BatchTokenIDOut(
-            rids=["bad", "good"], rollbacks=[0, 0], new_token_ids=[bad_ids, good_ids],
-            finished_reasons=[finished, finished], metas=[None, None],
-            skip_special_tokens=[True, True], spaces_between_special_tokens=[True, True],
-            stop_strings=[[], []], no_stop_trim=[False, False],
-        )  # fmt: skip
+            [_delta("bad", bad_ids, finished), _delta("good", good_ids, finished)]
+        )
 
     first = detok.handle(batch([good[0], -1], good[:2], None))
-    assert first.rids == ["bad", "good"]
-    reason = first.finished_reasons[0]
+    assert [d.rid for d in first.deltas] == ["bad", "good"]
+    reason = first.deltas[0].finished_reason
     assert reason.is_abort and reason.status_code == 500 and "detokenizer" in reason.message
-    assert first.delta_texts[0] == "" and first.finished_reasons[1] is None
+    assert first.deltas[0].text == "" and first.deltas[1].finished_reason is None
     # the scheduler still streams the failed request until the API's abort reaches it
     second = detok.handle(batch([good[1]], good[2:], None))
-    assert second.rids == ["good"]
+    assert [d.rid for d in second.deltas] == ["good"]
     last = detok.handle(batch([], [], FinishReason.abort("aborted by the client", 499)))
-    assert last.rids == ["good"]
-    text = first.delta_texts[1] + second.delta_texts[0] + last.delta_texts[0]
+    assert [d.rid for d in last.deltas] == ["good"]
+    text = first.deltas[1].text + second.deltas[0].text + last.deltas[0].text
     assert text == tokenizer.decode(good)
     assert not detok.states and not detok.failed

@@ -194,12 +194,9 @@ async def _last(agen):
 
 def _finished(rid: str):
     from radixgen.finish_reason import FinishReason
-    from radixgen.io_struct import BatchStrOut, RequestMeta
+    from radixgen.io_struct import BatchStrOut, RequestMeta, TextDelta
 
-    return BatchStrOut(
-        [rid], [""], [[]], [FinishReason.length(0)], [RequestMeta(1, 0, 0)], [None], [None],
-        [None], [None], [0],
-    )  # fmt: skip
+    return BatchStrOut([TextDelta(rid, "", [], FinishReason.length(0), RequestMeta(1, 0, 0))])
 
 
 # --- streaming: every chunk carries the logprob entries of exactly the tokens it adds ----------
@@ -208,14 +205,13 @@ def _finished(rid: str):
 def _output(rid: str, text: str, tokens: list[int], total: int, finished: bool = False):
     """One detokenizer output: `tokens` added (`total` so far), each with a logprob entry."""
     from radixgen.finish_reason import FinishReason
-    from radixgen.io_struct import BatchStrOut, RequestMeta
+    from radixgen.io_struct import BatchStrOut, RequestMeta, TextDelta
 
     lps = [(-0.25 * t, t) for t in tokens]
     reason = FinishReason.length(total) if finished else None
     return BatchStrOut(
-        [rid], [text], [tokens], [reason], [RequestMeta(1, total, 0)], [lps], [None], [None],
-        [None], [0],
-    )  # fmt: skip
+        [TextDelta(rid, text, tokens, reason, RequestMeta(1, total, 0), 0, lps, None, None, None)]
+    )
 
 
 def _stream_req(rid: str) -> GenerateReqInput:

@@ -56,9 +56,9 @@ def _cached_tokens(lines: list[dict], in_flight: int) -> tuple[int, int]:
             submit(s, rid, _tokens(pending.pop(0)["prompt"]), max_new_tokens=2)
             live.add(rid)
         for out in s.step():
-            for rid, reason in zip(out.rids, out.finished_reasons, strict=True):
-                if reason is not None:
-                    live.discard(rid)
+            for d in out.deltas:
+                if d.finished_reason is not None:
+                    live.discard(d.rid)
     return s.stats.cached_tokens, s.stats.prompt_tokens
 
 

@@ -31,15 +31,16 @@ def run_collecting(s: Scheduler, max_steps: int = 10_000) -> dict[str, Any]:
         if not (s.has_work or s.grammar_waiting):
             return {rid: (tokens.get(rid, []), reasons.get(rid)) for rid in reasons}
         for batch in s.step():
-            for i, rid in enumerate(batch.rids):
+            for d in batch.deltas:
+                rid = d.rid
                 assert rid not in reasons, f"{rid}: a message after its final one"
                 toks = tokens.setdefault(rid, [])
-                if batch.rollbacks[i]:
-                    del toks[len(toks) - batch.rollbacks[i] :]
-                assert all(t >= 0 for t in batch.new_token_ids[i]), "a pending token escaped"
-                toks.extend(batch.new_token_ids[i])
-                if batch.finished_reasons[i] is not None:
-                    reasons[rid] = batch.finished_reasons[i]
+                if d.rollback:
+                    del toks[len(toks) - d.rollback :]
+                assert all(t >= 0 for t in d.new_token_ids), "a pending token escaped"
+                toks.extend(d.new_token_ids)
+                if d.finished_reason is not None:
+                    reasons[rid] = d.finished_reason
     raise AssertionError("the scheduler did not go idle")
 
 
@@ -147,8 +148,8 @@ def test_logprobs_arrive_with_their_tokens():
     entries, tokens = [], []
     while s.has_work:
         for batch in s.step():
-            tokens += batch.new_token_ids[0]
-            entries += batch.output_token_logprobs[0]
+            tokens += batch.deltas[0].new_token_ids
+            entries += batch.deltas[0].output_token_logprobs
     assert tokens == reference_output(PROMPT[:8], 6)
     assert [tid for _, tid in entries] == tokens
 

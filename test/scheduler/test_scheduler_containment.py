@@ -169,9 +169,9 @@ def test_the_last_resort_fails_every_request_held_and_the_scheduler_serves_on():
     submit(s, "waiting", OTHER, max_new_tokens=20)
     s.step()
     outputs = s.fail_all(Boom("step"))
-    assert sorted(rid for b in outputs for rid in b.rids) == ["running", "waiting"]
+    assert sorted(d.rid for b in outputs for d in b.deltas) == ["running", "waiting"]
     for b in outputs:
-        assert_internal_error(b.finished_reasons[0])
+        assert_internal_error(b.deltas[0].finished_reason)
     assert_all_free(s)
     s.check_invariants()
     submit(s, "after", OTHER, max_new_tokens=4)

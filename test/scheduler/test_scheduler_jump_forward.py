@@ -81,10 +81,10 @@ def test_a_jump_into_streamed_tokens_rolls_them_back_and_frees_their_kv():
     rollbacks, streamed = [], []
     while s.has_work or s.grammar_waiting:
         for batch in s.step():
-            rollbacks.append(batch.rollbacks[0])
-            if batch.rollbacks[0]:
-                del streamed[len(streamed) - batch.rollbacks[0] :]
-            streamed.extend(batch.new_token_ids[0])
+            rollbacks.append(batch.deltas[0].rollback)
+            if batch.deltas[0].rollback:
+                del streamed[len(streamed) - batch.deltas[0].rollback :]
+            streamed.extend(batch.deltas[0].new_token_ids)
             s.check_invariants()  # the replaced token's KV slot went back to the pool
     assert rollbacks.count(1) == 1 and sum(rollbacks) == 1  # output 1 had been sent: undo it
     assert streamed == continue_reference([*PROMPT, t0, 9, 9], 8)

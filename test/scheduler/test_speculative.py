@@ -411,7 +411,7 @@ def test_streaming_sends_every_token_once_in_order():
     chunks: list[list[int]] = []
     while s.has_work:
         for batch in s.step():
-            chunks.extend(batch.new_token_ids)
+            chunks.extend(d.new_token_ids for d in batch.deltas)
     assert [t for c in chunks for t in c] == reference(prompt, 50, copy_model)
     assert max(len(c) for c in chunks) > 1  # several verified tokens per message
 

@@ -26,15 +26,9 @@ def _messages(s, rid: str = "r") -> list[tuple[list[int], list, list | None]]:
     out = []
     while s.has_work:
         for batch in s.step():
-            for i in range(len(batch.rids)):
-                if batch.rids[i] == rid:
-                    out.append(
-                        (
-                            batch.new_token_ids[i],
-                            batch.output_token_logprobs[i],
-                            batch.output_top_logprobs[i],
-                        )
-                    )
+            for d in batch.deltas:
+                if d.rid == rid:
+                    out.append((d.new_token_ids, d.output_token_logprobs, d.output_top_logprobs))
     return out
 
 

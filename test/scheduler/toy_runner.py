@@ -113,11 +113,11 @@ def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[in
         if not (s.has_work or s.grammar_waiting):  # compiling requests are not `has_work`
             return out
         for batch in s.step():
-            for i, rid in enumerate(batch.rids):
-                toks = tokens.setdefault(rid, [])
-                if batch.rollbacks[i]:
-                    del toks[len(toks) - batch.rollbacks[i] :]
-                toks.extend(batch.new_token_ids[i])
-                if batch.finished_reasons[i] is not None:
-                    out[rid] = (toks, batch.finished_reasons[i])
+            for d in batch.deltas:
+                toks = tokens.setdefault(d.rid, [])
+                if d.rollback:
+                    del toks[len(toks) - d.rollback :]
+                toks.extend(d.new_token_ids)
+                if d.finished_reason is not None:
+                    out[d.rid] = (toks, d.finished_reason)
     raise AssertionError("the scheduler did not go idle")

@@ -150,8 +150,8 @@ def test_streamed_pieces_never_show_text_the_final_answer_trims(tokenizer, no_st
             check_finish(req, [], 2048, tokenizer)
         req.steps_since_stream = 1
         (msg,) = collect_outputs([req], stream_interval=1).messages
-        sent_patterns.append(msg.stop_regexes[0])
-        pieces.append(detok.handle(msg).delta_texts[0])
+        sent_patterns.append(msg.deltas[0].stop_regexes)
+        pieces.append(detok.handle(msg).deltas[0].text)
     assert req.finished_reason == FinishReason.stop_regex(pattern)
     assert sent_patterns == [[pattern], [], []]
     if no_stop_trim:
@@ -162,7 +162,7 @@ def test_streamed_pieces_never_show_text_the_final_answer_trims(tokenizer, no_st
 
 
 def test_a_catastrophic_pattern_stops_being_held_back_in_the_detokenizer(tokenizer):
-    from radixgen.io_struct import BatchTokenIDOut
+    from radixgen.io_struct import BatchTokenIDOut, TokenIDDelta
     from radixgen.runtime.detokenizer.detokenizer_manager import DetokenizerManager
     from radixgen.runtime.text.stop_regex import StopRegexTimeout
 
@@ -171,11 +171,13 @@ def test_a_catastrophic_pattern_stops_being_held_back_in_the_detokenizer(tokeniz
     with pytest.raises(StopRegexTimeout, match="simplify the pattern"):
         held_back(text, compile_patterns([pattern]))
     detok = DetokenizerManager(tokenizer)
-    batch = BatchTokenIDOut(
-        rids=["r"], rollbacks=[0], new_token_ids=[tokenizer.encode(text, add_special_tokens=False)],
-        finished_reasons=[None], metas=[None], skip_special_tokens=[True],
-        spaces_between_special_tokens=[True], stop_strings=[[]], no_stop_trim=[False],
-        stop_regexes=[[pattern]],
-    )  # fmt: skip
-    assert detok.handle(batch).delta_texts == [text]  # sent, not held back
+    batch = BatchTokenIDOut([
+        TokenIDDelta(
+            rid="r", rollback=0, new_token_ids=tokenizer.encode(text, add_special_tokens=False),
+            finished_reason=None, meta=None, skip_special_tokens=True,
+            spaces_between_special_tokens=True, no_stop_trim=False, stop_strings=[],
+            stop_regexes=[pattern],
+        )
+    ])  # fmt: skip
+    assert [d.text for d in detok.handle(batch).deltas] == [text]  # sent, not held back
     assert detok.states["r"].stop_regexes == []  # and never searched again
