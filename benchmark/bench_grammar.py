@@ -112,10 +112,7 @@ def run_mode(
     while s.has_work or s.grammar_waiting:
         for out in s.step():
             for d in out.deltas:
-                toks = tokens.setdefault(d.rid, [])
-                if d.rollback:
-                    del toks[len(toks) - d.rollback :]
-                toks.extend(d.new_token_ids)
+                toks = d.apply_to(tokens.setdefault(d.rid, []))
                 if d.finished_reason:
                     finished[d.rid] = d.finished_reason
     wall = time.perf_counter() - start

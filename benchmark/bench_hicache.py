@@ -163,6 +163,13 @@ def load_cost_ms_per_1k(tokens: int = 1024, repeats: int = 5) -> tuple[float, fl
     return statistics.median(host_ms) * scale, statistics.median(file_ms) * scale
 
 
+def scale_note(docs: int, tokens_per_request: int) -> str:
+    """How this run's size compares with the issue's (200 documents of ~1,000 tokens)."""
+    if docs >= 200:
+        return f" (the issue's 200 documents, at ~{tokens_per_request} tokens against its ~1,000)"
+    return " (scaled down from the issue's 200 x ~1,000 tokens for 2 cores)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=30)
@@ -201,8 +208,9 @@ def main() -> None:
     cpu = sorted(set(os.popen("grep -o 'avx512_bf16\\|avx2' /proc/cpuinfo").read().split()))
     lines = [
         f"Command: `python benchmark/bench_hicache.py --docs {args.docs} --doc-words "
-        f"{args.doc_words} --requests {args.requests}` (scaled down from the issue's 200 x "
-        f"~1,000 tokens for 2 cores). {args.docs} documents, {off['prompt_tokens'] // len(reqs)} "
+        f"{args.doc_words} --requests {args.requests} --pool {args.pool}`"
+        f"{scale_note(args.docs, off['prompt_tokens'] // len(reqs))}. {args.docs} documents, "
+        f"{off['prompt_tokens'] // len(reqs)} "
         f"prompt tokens a request on average, KV pool {args.pool} tokens "
         f"(~{args.docs * off['prompt_tokens'] // len(reqs) // args.pool}x smaller than the "
         f"documents), Zipf skew {args.skew}, one generated token a request (latency = TTFT), "

@@ -244,11 +244,9 @@ class TokenizerManager:
             st = self.states.get(rid)
             if st is None:
                 continue  # aborted and forgotten
-            if d.rollback:
-                del st.output_ids[len(st.output_ids) - d.rollback :]
             st.text += d.text
             new_ids = d.new_token_ids
-            st.output_ids.extend(new_ids)
+            d.apply_to(st.output_ids)
             st.meta = d.meta
             if new_ids and st.first_token_time is None:
                 st.first_token_time = now

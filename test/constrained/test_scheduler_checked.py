@@ -89,10 +89,7 @@ def run(s: Scheduler, names: list[str], max_rollbacks: int) -> dict[str, Any]:
         assert time.monotonic() < deadline
         for msg in s.step():
             for d in msg.deltas:
-                toks = tokens.setdefault(d.rid, [])
-                if d.rollback:
-                    del toks[len(toks) - d.rollback :]
-                toks.extend(d.new_token_ids)
+                toks = d.apply_to(tokens.setdefault(d.rid, []))
                 if d.finished_reason:
                     text = s.tokenizer.decode(toks)
                     out[d.rid] = (text, d.finished_reason, d.meta, list(toks))

@@ -91,10 +91,7 @@ def run_batch(
         assert time.monotonic() < deadline, "constrained batch did not finish"
         for out in s.step():
             for d in out.deltas:
-                toks = tokens.setdefault(d.rid, [])
-                if d.rollback:
-                    del toks[len(toks) - d.rollback :]
-                toks.extend(d.new_token_ids)
+                toks = d.apply_to(tokens.setdefault(d.rid, []))
                 if d.finished_reason:
                     meta = d.meta
                     results[d.rid] = Result(

@@ -34,11 +34,8 @@ def run_collecting(s: Scheduler, max_steps: int = 10_000) -> dict[str, Any]:
             for d in batch.deltas:
                 rid = d.rid
                 assert rid not in reasons, f"{rid}: a message after its final one"
-                toks = tokens.setdefault(rid, [])
-                if d.rollback:
-                    del toks[len(toks) - d.rollback :]
                 assert all(t >= 0 for t in d.new_token_ids), "a pending token escaped"
-                toks.extend(d.new_token_ids)
+                d.apply_to(tokens.setdefault(rid, []))
                 if d.finished_reason is not None:
                     reasons[rid] = d.finished_reason
     raise AssertionError("the scheduler did not go idle")

@@ -114,10 +114,7 @@ def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[in
             return out
         for batch in s.step():
             for d in batch.deltas:
-                toks = tokens.setdefault(d.rid, [])
-                if d.rollback:
-                    del toks[len(toks) - d.rollback :]
-                toks.extend(d.new_token_ids)
+                toks = d.apply_to(tokens.setdefault(d.rid, []))
                 if d.finished_reason is not None:
                     out[d.rid] = (toks, d.finished_reason)
     raise AssertionError("the scheduler did not go idle")
