@@ -27,7 +27,7 @@ import torch
 
 import radixgen.kernels.sampling as sampling_kernels
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.io_struct import TokenizedGenerateReq, apply_delta
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.model_loader import resolve_model_path
 from radixgen.runtime.scheduler.scheduler import Scheduler
@@ -112,7 +112,7 @@ def run_mode(
     while s.has_work or s.grammar_waiting:
         for out in s.step():
             for d in out.deltas:
-                toks = d.apply_to(tokens.setdefault(d.rid, []))
+                toks = apply_delta(tokens.setdefault(d.rid, []), d)
                 if d.finished_reason:
                     finished[d.rid] = d.finished_reason
     wall = time.perf_counter() - start

@@ -230,13 +230,6 @@ class TokenIDDelta:
     input_token_logprobs: LogprobList | None = None
     input_top_logprobs: list[TopLogprobList | None] | None = None
 
-    def apply_to(self, ids: list[int]) -> list[int]:
-        """`ids` (the tokens sent so far) updated by this delta: rolled back, then extended."""
-        if self.rollback:
-            del ids[len(ids) - self.rollback :]
-        ids.extend(self.new_token_ids)
-        return ids
-
     def __reduce__(self) -> tuple[type[TokenIDDelta], tuple[object, ...]]:
         # pickled as its field values in order (rebuilt by __init__), not as a state dict
         return (TokenIDDelta, _token_id_delta_values(self))
@@ -268,15 +261,17 @@ class TextDelta:
     input_token_logprobs: LogprobList | None = None
     input_top_logprobs: list[TopLogprobList | None] | None = None
 
-    def apply_to(self, ids: list[int]) -> list[int]:
-        """`ids` (the tokens sent so far) updated by this delta: rolled back, then extended."""
-        if self.rollback:
-            del ids[len(ids) - self.rollback :]
-        ids.extend(self.new_token_ids)
-        return ids
-
     def __reduce__(self) -> tuple[type[TextDelta], tuple[object, ...]]:
         return (TextDelta, _text_delta_values(self))
+
+
+def apply_delta(ids: list[int], delta: TokenIDDelta | TextDelta) -> list[int]:
+    """`ids` (a request's tokens sent so far) updated by its next delta: the rolled-back tokens
+    dropped, then the new ones appended."""
+    if delta.rollback:
+        del ids[len(ids) - delta.rollback :]
+    ids.extend(delta.new_token_ids)
+    return ids
 
 
 @dataclass

@@ -50,6 +50,7 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
     TokenizerInbound,
     UnloadLoraAdapterReq,
+    apply_delta,
 )
 from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
 from radixgen.runtime.api.req_state import ReqState, build_output
@@ -246,7 +247,7 @@ class TokenizerManager:
                 continue  # aborted and forgotten
             st.text += d.text
             new_ids = d.new_token_ids
-            d.apply_to(st.output_ids)
+            apply_delta(st.output_ids, d)
             st.meta = d.meta
             if new_ids and st.first_token_time is None:
                 st.first_token_time = now

@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.io_struct import TokenizedGenerateReq, apply_delta
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.scheduler.scheduler import Scheduler
 from radixgen.runtime.scheduler.scheduler_process import build_scheduler
@@ -89,7 +89,7 @@ def run(s: Scheduler, names: list[str], max_rollbacks: int) -> dict[str, Any]:
         assert time.monotonic() < deadline
         for msg in s.step():
             for d in msg.deltas:
-                toks = d.apply_to(tokens.setdefault(d.rid, []))
+                toks = apply_delta(tokens.setdefault(d.rid, []), d)
                 if d.finished_reason:
                     text = s.tokenizer.decode(toks)
                     out[d.rid] = (text, d.finished_reason, d.meta, list(toks))

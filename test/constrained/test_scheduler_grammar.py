@@ -17,7 +17,7 @@ import pytest
 from grammar_cases import ALL_CASES, Case
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.io_struct import TokenizedGenerateReq, apply_delta
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.scheduler.scheduler import Scheduler
@@ -91,7 +91,7 @@ def run_batch(
         assert time.monotonic() < deadline, "constrained batch did not finish"
         for out in s.step():
             for d in out.deltas:
-                toks = d.apply_to(tokens.setdefault(d.rid, []))
+                toks = apply_delta(tokens.setdefault(d.rid, []), d)
                 if d.finished_reason:
                     meta = d.meta
                     results[d.rid] = Result(

@@ -15,7 +15,7 @@ import pytest
 from toy_runner import make_scheduler, reference_output, submit
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import AbortReq, TokenizedGenerateReq
+from radixgen.io_struct import AbortReq, TokenizedGenerateReq, apply_delta
 from radixgen.runtime.scheduler.scheduler import Scheduler, overlap_enabled
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
@@ -35,7 +35,7 @@ def run_collecting(s: Scheduler, max_steps: int = 10_000) -> dict[str, Any]:
                 rid = d.rid
                 assert rid not in reasons, f"{rid}: a message after its final one"
                 assert all(t >= 0 for t in d.new_token_ids), "a pending token escaped"
-                d.apply_to(tokens.setdefault(rid, []))
+                apply_delta(tokens.setdefault(rid, []), d)
                 if d.finished_reason is not None:
                     reasons[rid] = d.finished_reason
     raise AssertionError("the scheduler did not go idle")

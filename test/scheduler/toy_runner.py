@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from radixgen.io_struct import TokenizedGenerateReq
+from radixgen.io_struct import TokenizedGenerateReq, apply_delta
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
@@ -114,7 +114,7 @@ def run_to_end(s: Scheduler, max_steps: int = 10_000) -> dict[str, tuple[list[in
             return out
         for batch in s.step():
             for d in batch.deltas:
-                toks = d.apply_to(tokens.setdefault(d.rid, []))
+                toks = apply_delta(tokens.setdefault(d.rid, []), d)
                 if d.finished_reason is not None:
                     out[d.rid] = (toks, d.finished_reason)
     raise AssertionError("the scheduler did not go idle")
