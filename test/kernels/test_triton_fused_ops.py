@@ -52,6 +52,27 @@ def reference_add_rmsnorm(
     return normed, r
 
 
+def bf16_neighbours(h: torch.Tensor) -> list[torch.Tensor]:
+    """h and the bf16 values one unit in the last place below and above it (finite, nonzero h)."""
+    bits = h.view(torch.int16)
+    return [(bits - 1).view(BF16), h, (bits + 1).view(BF16)]
+
+
+def assert_normed_times_weight(
+    got: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    """Each output is torch's bf16 product of the weight and the bf16 norm, or of the bf16 value
+    one place beside that norm: the kernel rounds norm(residual) to bf16 before the weight
+    multiplies it, as torch does, and its rsqrt and float32 sum may flip that first rounding.
+    (A flip can move the product by two of its own places, where the norm sits at the bottom of
+    a binade and the weight is below 1: no plain tolerance on the product says this.)"""
+    normed = F.rms_norm(residual, (residual.shape[-1],), eps=eps).to(BF16)
+    match = torch.zeros_like(got, dtype=torch.bool)
+    for candidate in bf16_neighbours(normed):
+        match |= got == candidate * weight
+    assert bool(match.all()), f"{int((~match).sum())} outputs are no neighbour's product"
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize(
     ("x_dtype", "w_dtype", "hidden"),
@@ -69,7 +90,9 @@ def test_add_rmsnorm(
     out = add_rmsnorm(x, residual, weight, 1e-5)
     assert torch.equal(residual, want_residual)  # updated in place, the same float32 adds
     if w_dtype == BF16:
-        assert_close_bf16(out, want)
+        assert_normed_times_weight(out, want_residual, weight, 1e-5)
+        if out.numel():
+            assert (out == want).float().mean().item() >= 0.99
     else:
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
@@ -231,8 +254,10 @@ def test_selection_and_the_ops_object() -> None:
     residual = rand(3, 64, seed=12)
     weight = rand(64, seed=13).to(BF16)
     x = rand(3, 64, dtype=BF16, seed=14)
-    want, want_residual = reference_add_rmsnorm(x, residual, weight, 1e-6)
-    assert_close_bf16(ops.add_rmsnorm(x, residual, weight, 1e-6), want)
+    _, want_residual = reference_add_rmsnorm(x, residual, weight, 1e-6)
+    assert_normed_times_weight(
+        ops.add_rmsnorm(x, residual, weight, 1e-6), want_residual, weight, 1e-6
+    )
     assert torch.equal(residual, want_residual)
     gate_up = rand(3, 80, dtype=BF16, seed=15)
     assert_close_bf16(ops.silu_mul(gate_up), reference_silu_mul(gate_up, BF16))

@@ -169,7 +169,7 @@ class Session:
 
 def max_rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest |ours - ref| relative to the reference logits' scale (max |ref|)."""
-    return float((ours.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+    return float((ours.float().to(ref.device) - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
 def random_ids(n: int, seed: int) -> list[int]:
