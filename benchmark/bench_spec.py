@@ -17,6 +17,11 @@ mode ran (independent of machine noise) and whether the outputs were identical (
 must be).
 
     python benchmark/bench_spec.py [--quick] [--repeats N] [--results benchmark/RESULTS.md]
+        [--device cuda] [--model-path FOLDER]
+
+On the GPU machine (scripts/gpu_check.sh) the model is the default model's shape with random
+weights: outputs there quote nothing, so drafts are rarely accepted, and the row measures what
+verifying the drafts costs a step.
 
 Prints one JSON line per result.
 """
@@ -200,12 +205,17 @@ def main() -> None:
         default=1,
         help="runs per mode and row (order alternating; best kept)",
     )
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (the engine's flag)")
+    ap.add_argument("--model-path", help="a model folder (default: the bundled default model)")
     args = ap.parse_args()
     concs = [1, 8] if args.quick else [1, 8, 32]
     if args.concurrency:
         concs = [int(c) for c in args.concurrency.split(",")]
     single_n = 2 if args.quick else 4
-    common = {"log_level": "warning", "max_total_tokens": 80_000}
+    common: dict[str, Any] = {"log_level": "warning", "max_total_tokens": 80_000}
+    common["device"] = args.device
+    if args.model_path:
+        common["model_path"] = args.model_path
     with (
         radixgen.Engine(**common) as base,
         radixgen.Engine(speculative_algorithm="NGRAM", **common) as spec,

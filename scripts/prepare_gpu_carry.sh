@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 MODE=${1:-}
 
-# One version of each (two of one package abort the install there). fastapi >= 0.150 needs
+# One version of each (two of one package abort the install there). jsonschema (+ its three) and
+# python-multipart are runtime dependencies the machine's image lacks. fastapi >= 0.150 needs
 # opentelemetry-api, which the GPU machine lacks. flashinfer imports pynvml (nvidia-ml-py) when
 # it loads; the GPU machine's list of packages does not name it, so it travels too (52 KB).
 WHEELS=(
@@ -26,6 +27,8 @@ WHEELS=(
     pyzmq==27.3.0 fastapi==0.140.13 starlette==1.10.0 uvicorn==0.54.0 orjson==3.13.0
     pydantic==2.14.4 pydantic-core==2.50.5 typing-extensions==4.16.0 typing-inspection==0.4.5
     annotated-types==0.8.0 xgrammar==0.2.9 outlines-core==0.2.14 llguidance==1.6.1 gguf==0.19.0
+    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+    python-multipart==0.0.34
 )
 rm -rf .whl && mkdir -p .whl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
