@@ -92,8 +92,10 @@ class ModelRunner:
 
         cache = args.cache
         self.kv_format = resolve_kv_cache_format(cache.kv_cache_dtype, self.dtype)
+        # NOTE: every DP replica and TP rank with device "cuda" runs on the current device
+        sharing = args.parallel.dp_size * args.parallel.tp_size
         self.max_total_tokens = kv_pool_tokens(
-            cache, self.kv_format, self.cfg, local_kv_heads, self.torch_device
+            cache, self.kv_format, self.cfg, local_kv_heads, self.torch_device, sharing
         )
         if tp is not None and self.lm_head is not None:  # NOTE: TP ranks: equal pools, the least
             self.max_total_tokens = tp.startup_min("kv_slots", self.max_total_tokens)
