@@ -2,10 +2,16 @@
 CUDA graphs on and off, the radix cache on and off, and under retraction (issue 13, item 5).
 
 Weights are random (tests/gpu_model.py): the bundled model cannot travel to the GPU machine.
-bf16 runs differ in rounding, so a divergence is allowed only at a near-tie of the reference: the
-first differing position of a prompt must have a top-2 logprob gap below NEAR_TIE there. Every
-divergence is counted and printed (the GPU check's log keeps them); later positions of a
-diverged prompt are not compared (its contexts differ from there on).
+bf16 runs differ in rounding, so a divergence is allowed only at a near-tie of the reference: at
+the first differing position of a prompt, the reference's top-2 logprob gap must be below NEAR_TIE
+and the case must have taken the reference's second choice. Every divergence is counted and
+printed (the GPU check's log keeps them); later positions of a diverged prompt are not compared
+(its contexts differ from there on).
+
+NEAR_TIE is the rounding noise between backends as measured on the H200 (2026-12-04): on one
+5-token prompt, the same context, the torch and Triton backends gave a top-2 gap of 1.169 and
+flashinfer 1.114 (transformers' float32: 1.219), so backends move a gap by ~0.05; 0.1 is twice
+that. (The first bound, 0.01, was set before any GPU run.)
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import radixgen
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-NEAR_TIE = 1e-2
+NEAR_TIE = 0.1
 NEW_TOKENS = 24
 ENGINE_ARGS: dict[str, Any] = dict(
     device="cuda", grammar_backend="none", log_level="warning", cuda_graph_max_bs=16
@@ -54,8 +60,9 @@ def run(folder: str, **overrides: Any) -> list[dict[str, Any]]:
 
 def divergences(
     ref: list[dict[str, Any]], got: list[dict[str, Any]]
-) -> list[tuple[int, int, float]]:
-    """(prompt, position, reference top-2 gap there) of each prompt's first differing token."""
+) -> list[tuple[int, int, float, bool]]:
+    """(prompt, position, reference top-2 gap there, whether the case took the reference's
+    second choice) of each prompt's first differing token."""
     out = []
     for p, (a, b) in enumerate(zip(ref, got, strict=True)):
         ids_a, ids_b = a["output_ids"], b["output_ids"]
@@ -63,7 +70,7 @@ def divergences(
         k = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=True)) if x != y), None)
         if k is not None:
             top = a["meta_info"]["output_top_logprobs"][k]
-            out.append((p, k, float(top[0][0] - top[1][0])))
+            out.append((p, k, float(top[0][0] - top[1][0]), ids_b[k] == top[1][1]))
     return out
 
 
@@ -96,16 +103,16 @@ def test_greedy_outputs_agree(case: str, model_folder: str, reference: list[dict
         pytest.importorskip("flashinfer")
     got = run(model_folder, **CASES[case])
     diverged = divergences(reference, got)
-    gaps = [round(g, 4) for _, _, g in diverged]
+    gaps = [round(g, 4) for _, _, g, _ in diverged]
     print(f"GPU_PARITY {case}: {len(diverged)}/{len(got)} prompts diverged, gaps {gaps}")
-    assert all(g < NEAR_TIE for g in gaps), diverged
+    assert all(g < NEAR_TIE and second for _, _, g, second in diverged), diverged
     if case == "triton-retraction":
         assert got[0].get("retractions"), "the small pool should have forced a retraction"
 
 
 def test_cache_hits_and_sampling_features_on_cuda(model_folder: str):
     """The radix cache shares the 300-token prefix on the GPU; every sampling parameter runs on
-    the device, and seeds reproduce."""
+    the device, and seeds reproduce (the same batch from the same cache state)."""
     params = {
         "temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.02, "max_new_tokens": 12,
         "frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1,
@@ -115,7 +122,11 @@ def test_cache_hits_and_sampling_features_on_cuda(model_folder: str):
         first, second = (
             eng.generate(input_ids=p, sampling_params={"max_new_tokens": 2}) for p in prompts()[:2]
         )
+        # NOTE: each run from an empty cache: a prefill over a cached prefix rounds differently
+        # in bf16 from one over the whole prompt, and a sample may follow that difference
+        eng.flush_cache()
         a = eng.generate(input_ids=prompts()[:4], sampling_params=params)
+        eng.flush_cache()
         b = eng.generate(input_ids=prompts()[:4], sampling_params=params)
     assert first["meta_info"]["cached_tokens"] == 0
     assert second["meta_info"]["cached_tokens"] >= 300
