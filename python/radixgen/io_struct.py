@@ -59,15 +59,34 @@ class TokenizedEmbeddingReq:
 
 @dataclass
 class BatchEmbeddingOut:
-    """Scheduler -> TokenizerManager (straight, no detokenizer): finished embeddings of a step.
+    """Scheduler -> TokenizerManager (straight, no detokenizer): the requests a step answered,
+    one record each: its vector, or the error that stopped it."""
 
-    Per rid either a vector (float32 values as Python floats; a cross-encoder's: its one
-    relevance score) or an error (message, status)."""
+    outputs: list[EmbeddingVector | EmbeddingFailure]
 
-    rids: list[str]
-    embeddings: list[list[float] | None]
-    prompt_tokens: list[int]
-    errors: list[tuple[str, int] | None]
+    @property
+    def rids(self) -> list[str]:
+        return [o.rid for o in self.outputs]
+
+
+@dataclass(slots=True)
+class EmbeddingVector:
+    """A request's embedding (float32 values as Python floats; a cross-encoder's: its one
+    relevance score)."""
+
+    rid: str
+    prompt_tokens: int
+    values: list[float]
+
+
+@dataclass(slots=True)
+class EmbeddingFailure:
+    """A request the embedding scheduler refused (status 400) or failed (500)."""
+
+    rid: str
+    prompt_tokens: int
+    message: str
+    status: int
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from radixgen.errors import EngineDeadError, InternalError, InvalidRequestError
-from radixgen.io_struct import AbortReq, BatchEmbeddingOut, TokenizedEmbeddingReq
+from radixgen.io_struct import AbortReq, BatchEmbeddingOut, EmbeddingVector, TokenizedEmbeddingReq
 
 
 @dataclass(frozen=True)
@@ -101,23 +101,16 @@ class EmbeddingRequests:
 
     def on_outputs(self, out: BatchEmbeddingOut) -> list[str]:
         """Resolve the futures of the answered rids; returns the rids (finished, for routing)."""
-        for i, rid in enumerate(out.rids):
-            fut = self._futures.get(rid)
+        for answer in out.outputs:
+            fut = self._futures.get(answer.rid)
             if fut is None or fut.done():
                 continue
-            error, vector = out.errors[i], out.embeddings[i]
-            if error is not None:
-                message, status = error
-                exc: Exception = (
-                    InvalidRequestError(message, "input")
-                    if status == 400
-                    else InternalError(message)
-                )
-                fut.set_exception(exc)
-            elif vector is None:
-                fut.set_exception(InternalError("the scheduler sent no vector"))
+            if isinstance(answer, EmbeddingVector):
+                fut.set_result(EmbeddingResult(answer.values, answer.prompt_tokens))
+            elif answer.status == 400:
+                fut.set_exception(InvalidRequestError(answer.message, "input"))
             else:
-                fut.set_result(EmbeddingResult(vector, out.prompt_tokens[i]))
+                fut.set_exception(InternalError(answer.message))
         return out.rids
 
     def fail_all(self, reason: str) -> None:

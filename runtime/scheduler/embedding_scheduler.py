@@ -21,6 +21,8 @@ from radixgen.io_struct import (
     ControlOut,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
+    EmbeddingFailure,
+    EmbeddingVector,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateOut,
@@ -108,9 +110,9 @@ class EmbeddingScheduler:
 
     def step(self) -> list[BatchEmbeddingOut]:
         """Serve the refused requests and one batch of the waiting ones."""
-        out = BatchEmbeddingOut([], [], [], [])
+        out = BatchEmbeddingOut([])
         for req, reason in self.refused:
-            self._answer(out, req, None, (reason, 400))
+            out.outputs.append(failure(req, reason, 400))
         self.refused = []
         batch: list[TokenizedEmbeddingReq] = []
         tokens = 0
@@ -126,36 +128,24 @@ class EmbeddingScheduler:
                 vectors = self.runner.embed(jobs)
             except Exception as e:  # NOTE: contained to this step's requests
                 logger.error("embedding step failed: %r\n%s", e, traceback.format_exc())
-                for req in batch:
-                    self._answer(out, req, None, (f"internal error: {e!r}", 500))
+                out.outputs += [failure(req, f"internal error: {e!r}", 500) for req in batch]
             else:
                 self.forward_steps += 1
                 self.embedded_requests += len(batch)
                 self.prompt_tokens += tokens
-                for req, vec in zip(batch, vectors, strict=True):
-                    self._answer(out, req, vec.tolist(), None)
-        return [out] if out.rids else []
-
-    @staticmethod
-    def _answer(
-        out: BatchEmbeddingOut,
-        req: TokenizedEmbeddingReq,
-        vector: list[float] | None,
-        error: tuple[str, int] | None,
-    ) -> None:
-        out.rids.append(req.rid)
-        out.embeddings.append(vector)
-        out.prompt_tokens.append(len(req.input_ids))
-        out.errors.append(error)
+                out.outputs += [
+                    EmbeddingVector(req.rid, len(req.input_ids), vec.tolist())
+                    for req, vec in zip(batch, vectors, strict=True)
+                ]
+        return [out] if out.outputs else []
 
     def fail_all(self, error: Exception) -> list[BatchEmbeddingOut]:
         """A failure outside the step's own containment: every queued request gets a 500."""
-        out = BatchEmbeddingOut([], [], [], [])
-        for req in [*self.waiting, *(r for r, _ in self.refused)]:
-            self._answer(out, req, None, (f"internal error: {error!r}", 500))
+        queued = [*self.waiting, *(r for r, _ in self.refused)]
+        out = BatchEmbeddingOut([failure(r, f"internal error: {error!r}", 500) for r in queued])
         self.waiting.clear()
         self.refused = []
-        return [out] if out.rids else []
+        return [out] if out.outputs else []
 
     def internal_state(self) -> InternalState:
         return {
@@ -168,3 +158,7 @@ class EmbeddingScheduler:
             "embedding_dim": self.runner.hidden_size,
             "max_input_tokens": self.runner.max_input_tokens,
         }
+
+
+def failure(req: TokenizedEmbeddingReq, message: str, status: int) -> EmbeddingFailure:
+    return EmbeddingFailure(req.rid, len(req.input_ids), message, status)

@@ -11,8 +11,11 @@ import pytest
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
+    BatchEmbeddingOut,
     BatchStrOut,
     BatchTokenIDOut,
+    EmbeddingFailure,
+    EmbeddingVector,
     LoadLoraAdapterReq,
     MessageDispatch,
     RequestMeta,
@@ -48,7 +51,13 @@ def test_output_messages_survive_pickling_field_for_field():
         TextDelta("a", "hé", [7, 8], None, META, 2, [(-0.5, 7)], [[(-0.5, 7)]], None, None),
         TextDelta("b", "", [], FinishReason.abort("gone", 499), RequestMeta(1, 0, 0)),
     ])  # fmt: skip
-    for msg in (tokens, texts, BatchTokenIDOut([]), BatchStrOut([]), META, tokens.deltas[0]):
+    embeddings = BatchEmbeddingOut(
+        [EmbeddingVector("e", 5, [0.25, -1.5]), EmbeddingFailure("f", 0, "the input is empty", 400)]
+    )
+    assert embeddings.rids == ["e", "f"]
+    for msg in (
+        tokens, texts, embeddings, BatchTokenIDOut([]), BatchStrOut([]), META, tokens.deltas[0],
+    ):  # fmt: skip
         back = _round_trip(msg)
         assert type(back) is type(msg) and back == msg
 
@@ -60,6 +69,8 @@ def test_records_have_no_instance_dict():
         delta.rollbacks = 1  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
         META.cached = 1  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        EmbeddingVector("e", 1, [1.0]).vector = []  # type: ignore[attr-defined]
 
 
 def _generate_scheduler_types() -> frozenset[type]:

@@ -8,6 +8,8 @@ import torch
 
 from radixgen.io_struct import (
     AbortReq,
+    EmbeddingFailure,
+    EmbeddingVector,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateOut,
@@ -51,8 +53,10 @@ def test_one_batch_per_step_within_the_token_budget_in_arrival_order() -> None:
         sched.handle(_req(rid, n))
     first = sched.step()
     assert [out.rids for out in first] == [["a", "b"]]  # 5 + 4; c's 6 more would pass 12
-    assert first[0].embeddings == [[5.0, 1.0], [4.0, 1.0]]
-    assert first[0].prompt_tokens == [5, 4] and first[0].errors == [None, None]
+    assert first[0].outputs == [
+        EmbeddingVector("a", 5, [5.0, 1.0]),
+        EmbeddingVector("b", 4, [4.0, 1.0]),
+    ]
     second = sched.step()
     assert second[0].rids == ["c", "d"]
     assert not sched.has_work and sched.step() == []
@@ -72,11 +76,13 @@ def test_refusals_are_400s_without_a_forward() -> None:
     sched.handle(_req("wide", 3, dims=3))
     sched.handle(_req("ok", 3, dims=1))
     out = sched.step()[0]
-    errors = dict(zip(out.rids, out.errors, strict=True))
-    assert errors["long"] == ("the input has 9 tokens; this model takes at most 8", 400)
-    assert errors["empty"] is not None and errors["empty"][1] == 400
-    assert errors["wide"] is not None and "dimensions" in errors["wide"][0]
-    assert errors["ok"] is None
+    answers = {o.rid: o for o in out.outputs}
+    long_input = "the input has 9 tokens; this model takes at most 8"
+    assert answers["long"] == EmbeddingFailure("long", 9, long_input, 400)
+    assert isinstance(answers["empty"], EmbeddingFailure) and answers["empty"].status == 400
+    wide = answers["wide"]
+    assert isinstance(wide, EmbeddingFailure) and "dimensions" in wide.message
+    assert isinstance(answers["ok"], EmbeddingVector)
     assert [len(b) for b in runner.batches] == [1]
 
 
@@ -97,9 +103,9 @@ def test_a_failing_step_fails_its_requests_and_the_next_step_serves() -> None:
     sched.handle(_req("b", 4))
     runner.fail_next = True
     out = sched.step()[0]
-    assert out.rids == ["a"] and out.embeddings == [None]
-    assert out.errors[0] is not None and out.errors[0][1] == 500
-    assert sched.step()[0].embeddings == [[4.0, 1.0]]
+    (failed,) = out.outputs
+    assert isinstance(failed, EmbeddingFailure) and failed.rid == "a" and failed.status == 500
+    assert sched.step()[0].outputs == [EmbeddingVector("b", 4, [4.0, 1.0])]
 
 
 def test_control_requests() -> None:
