@@ -223,3 +223,20 @@ def select_nodes(
         tokens += o.prob
         step_ms += o.cost_ms
     return taken
+
+
+def select_drafts(
+    offers: list[NodeOffer], tokens: float, plain_ms: float, drafted_ms: float, budget: int
+) -> list[NodeOffer]:
+    """`select_nodes` for a step that pays a fixed price for carrying any draft: `plain_ms` is
+    the step without drafts, `drafted_ms` the same rows in a step with drafts (on a GPU the
+    plain decode step replays a CUDA graph and a drafted one runs eagerly, several times
+    dearer). Nodes are taken as by `select_nodes` from the drafted step's cost; the drafts are
+    kept only if they then beat the plain step's tokens per millisecond."""
+    base = max(drafted_ms, plain_ms)
+    taken = select_nodes(offers, tokens, base, budget)
+    gain = sum(o.prob for o in taken)
+    cost = sum(o.cost_ms for o in taken)
+    if taken and (tokens + gain) * plain_ms <= tokens * (base + cost):
+        return []
+    return taken

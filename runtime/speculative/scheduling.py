@@ -41,7 +41,7 @@ from radixgen.runtime.speculative.policy import (
     DraftState,
     NodeOffer,
     StepCostModel,
-    select_nodes,
+    select_drafts,
 )
 from radixgen.runtime.speculative.verify import Verified, verify_drafts
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.model_executor.logits_output import LogitsOutput
+    from radixgen.runtime.scheduler.interfaces import StepRunner
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.schedule_batch import StepBatch
     from radixgen.server_args import ServerArgs
@@ -100,9 +101,11 @@ class SpeculativeScheduling:
     context_length: int
     vocab_size: int
     spec_enabled: bool
+    model_runner: StepRunner
     spec_stats: SpecStats
     spec_accept: AcceptanceModel
-    spec_cost: StepCostModel
+    spec_cost: StepCostModel  # steps without drafts
+    spec_cost_drafted: StepCostModel  # steps carrying drafts (itself without CUDA graphs)
     spec_branch_rows: list[int]
     spec_corpus: SharedCorpus
 
@@ -120,8 +123,17 @@ class SpeculativeScheduling:
         fixed = cfg.speculative_break_even_tokens
         if fixed:  # a fixed rule: a step costs (fixed + rows) token-times, rows alike
             self.spec_cost = StepCostModel(float(fixed), 1.0, 0.0, learn=False)
+            self.spec_cost_drafted = self.spec_cost
         else:
             self.spec_cost = StepCostModel(PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True)
+            self.spec_cost_drafted = self.spec_cost
+            if getattr(self.model_runner, "graph_runner", None) is not None:
+                # NOTE: learnt apart where plain decode steps replay a CUDA graph: a step with
+                # drafts runs eagerly (7x dearer on the H200 at batch 8). Without graphs both
+                # kinds of step fit one line, and one model learns it from every step.
+                self.spec_cost_drafted = StepCostModel(
+                    PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True
+                )
 
     # --- planning -----------------------------------------------------------------------------
 
@@ -142,7 +154,8 @@ class SpeculativeScheduling:
         rows = sum(r.extend_len for r in plan)
         attended = sum(r.extend_len * (r.kv_len + (r.extend_len + 1) / 2) for r in plan)
         tokens = float(sum(1 for r in plan if r.kv_len + r.extend_len == r.seq_len))
-        step_ms = self.spec_cost.predict_ms(rows, attended)
+        plain_ms = self.spec_cost.predict_ms(rows, attended)
+        step_ms = max(plain_ms, self.spec_cost_drafted.predict_ms(rows, attended))
         rate = tokens / step_ms  # what a node must beat per millisecond (it only rises)
         trees: list[tuple[Req, CandidateTree]] = []
         offers: list[NodeOffer] = []
@@ -153,7 +166,7 @@ class SpeculativeScheduling:
                 sp.max_new_tokens - len(r.output_ids) - 1,  # the bonus token is one more
                 self.context_length - r.seq_len - 1,
             )
-            cost = self.spec_cost.row_ms(r.seq_len)
+            cost = self.spec_cost_drafted.row_ms(r.seq_len)
             tree = self._candidate_tree(r, breadth, depth, rate * cost) if depth > 0 else None
             if tree is None:
                 continue
@@ -164,7 +177,7 @@ class SpeculativeScheduling:
                 offers.append(NodeOffer(-p / cost, p, cost, owner, v, tree.parents[v]))
         if not offers:
             return
-        taken = select_nodes(offers, tokens, step_ms, budget)
+        taken = select_drafts(offers, tokens, plain_ms, step_ms, budget)
         keeps: dict[int, list[bool]] = {}
         for o in taken:
             if o.owner not in keeps:
@@ -306,7 +319,8 @@ class SpeculativeScheduling:
         if rows > COST_MAX_ROWS or max(lens, default=0) > COST_MAX_EXTEND:
             return  # a prefill: its rows cost what a decode row does not
         attended = sum(e * (p + (e + 1) / 2) for p, e in zip(batch.prefix_lens, lens, strict=True))
-        self.spec_cost.observe(rows, attended, seconds * 1e3)
+        model = self.spec_cost if batch.draft_rows is None else self.spec_cost_drafted
+        model.observe(rows, attended, seconds * 1e3)
 
     # --- after the forward --------------------------------------------------------------------
 

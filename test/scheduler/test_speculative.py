@@ -26,6 +26,7 @@ from radixgen.runtime.speculative.policy import (
     NodeOffer,
     RequestAcceptance,
     StepCostModel,
+    select_drafts,
     select_nodes,
 )
 from radixgen.server_args import ServerArgs
@@ -209,6 +210,23 @@ def test_nodes_are_taken_while_they_raise_tokens_per_millisecond():
     assert [(o.owner, o.node) for o in taken] == [(0, 1), (0, 2)]
     assert select_nodes(list(offers), 2.0, 5.0, budget=1)[0].node == 1
     assert select_nodes(list(offers), 2.0, 1.0, budget=10) == []  # rows dear: nothing pays
+
+
+def test_drafts_pay_for_leaving_the_cuda_graph_or_are_not_taken():
+    """A step carrying drafts costs a fixed price more where plain steps replay a CUDA graph
+    (issue 36: 1.4 ms replayed, ~10 ms eager on the H200): rare matches no longer pay for it,
+    likely ones still do, and without the price the choice is select_nodes'."""
+
+    def offers(p: float) -> list[NodeOffer]:
+        return [NodeOffer(-p / 0.1, p, 0.1, 0, 1, 0), NodeOffer(-p * p / 0.1, p * p, 0.1, 0, 2, 1)]
+
+    plain = select_nodes(offers(0.3), tokens=1.0, step_ms=1.4, budget=10)
+    assert select_drafts(offers(0.3), 1.0, 1.4, 1.4, budget=10) == plain and len(plain) == 2
+    # 1.39 tokens in 10.2 ms lose to 1 token in 1.4 ms; in 1.8 ms they win
+    assert select_drafts(offers(0.3), 1.0, 1.4, 10.0, budget=10) == []
+    assert len(select_drafts(offers(0.3), 1.0, 1.4, 1.6, budget=10)) == 2
+    # likely drafts pay even a large price: 1 + 0.98 + 0.96 tokens in 10.2 ms beat 1 in 7 ms
+    assert len(select_drafts(offers(0.98), 1.0, 7.0, 10.0, budget=10)) == 2
 
 
 def test_acceptance_and_step_cost_models_learn():
