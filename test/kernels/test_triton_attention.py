@@ -16,7 +16,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton_interpret]
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 HEAD_DIM = 64
-SCALING = HEAD_DIM**-0.5
 # (prefix, extend) per request: fresh prompts, 1-token prompts, chunks on a cached prefix and
 # decode rows (extend 1) in one batch; past 256 keys the decode kernel's splits all hold keys
 if ON_GPU:
@@ -26,12 +25,14 @@ else:
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
 
-def batch_for(dtype: torch.dtype, page_size: int, seed: int = 0) -> RaggedBatch:
+def batch_for(
+    dtype: torch.dtype, page_size: int, seed: int = 0, head_dim: int = HEAD_DIM
+) -> RaggedBatch:
     prefixes, extends = (list(x) for x in zip(*MIXED, strict=True))
     return ragged_batch(
         prefixes,
         extends,
-        head_dim=HEAD_DIM,
+        head_dim=head_dim,
         page_size=page_size,
         dtype=dtype,
         device=DEVICE,
@@ -39,7 +40,13 @@ def batch_for(dtype: torch.dtype, page_size: int, seed: int = 0) -> RaggedBatch:
     )
 
 
-def run_extend(batch: RaggedBatch, window: int | None) -> torch.Tensor:
+def scaling_of(batch: RaggedBatch) -> float:
+    return float(batch.q.shape[-1]) ** -0.5
+
+
+def run_extend(
+    batch: RaggedBatch, window: int | None, softcap: float | None = None
+) -> torch.Tensor:
     from radixgen.kernels.triton.extend_attention import extend_attention
 
     out = torch.full_like(batch.q, float("nan"))
@@ -54,13 +61,16 @@ def run_extend(batch: RaggedBatch, window: int | None) -> torch.Tensor:
         batch.ints(batch.extend_lens),
         batch.ints(batch.starts),
         max(batch.extend_lens),
-        SCALING,
+        scaling_of(batch),
         window,
+        softcap,
     )
     return out
 
 
-def run_decode(batch: RaggedBatch, picks: list[int], window: int | None) -> torch.Tensor:
+def run_decode(
+    batch: RaggedBatch, picks: list[int], window: int | None, softcap: float | None = None
+) -> torch.Tensor:
     """Decode the requests `picks` (each an extend-1 row of `batch`)."""
     from radixgen.kernels.triton.decode_attention import decode_attention
 
@@ -74,33 +84,40 @@ def run_decode(batch: RaggedBatch, picks: list[int], window: int | None) -> torc
         batch.req_to_token,
         batch.ints([batch.rows[i] for i in picks]),
         batch.ints([batch.prefix_lens[i] + 1 for i in picks]),
-        SCALING,
+        scaling_of(batch),
         window,
+        None,
+        softcap,
     )
     return out
 
 
+# (dtype, page size, window, softcap, head dim): the last two are Gemma 2's soft-capped logits
+# with a window shorter than a key block, at the 16-wide heads of the tiny test models
 CASES = [
-    (torch.float32, 1, None),
-    (torch.bfloat16, 16, None),
-    (torch.float32, 16, 24),
-    (torch.bfloat16, 1, 24),
+    (torch.float32, 1, None, None, HEAD_DIM),
+    (torch.bfloat16, 16, None, None, HEAD_DIM),
+    (torch.float32, 16, 24, None, HEAD_DIM),
+    (torch.bfloat16, 1, 24, None, HEAD_DIM),
+    (torch.float32, 1, None, 4.0, 16),
+    (torch.float32, 1, 8, 4.0, 16),
+    (torch.bfloat16, 16, 8, 30.0, HEAD_DIM),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "page_size", "window"), CASES)
+@pytest.mark.parametrize(("dtype", "page_size", "window", "softcap", "head_dim"), CASES)
 def test_extend_and_decode_match_the_reference(
-    dtype: torch.dtype, page_size: int, window: int | None
+    dtype: torch.dtype, page_size: int, window: int | None, softcap: float | None, head_dim: int
 ) -> None:
-    batch = batch_for(dtype, page_size)
-    ref = reference(batch, SCALING, window)
+    batch = batch_for(dtype, page_size, head_dim=head_dim)
+    ref = reference(batch, scaling_of(batch), window, softcap)
     tol = TOLERANCE[dtype]
-    out = run_extend(batch, window)
+    out = run_extend(batch, window, softcap)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.float().cpu(), ref, atol=tol, rtol=tol)
 
     decodes = [i for i, e in enumerate(batch.extend_lens) if e == 1]
-    out = run_decode(batch, decodes, window)
+    out = run_decode(batch, decodes, window, softcap)
     assert torch.isfinite(out).all()
     rows = [batch.starts[i] for i in decodes]
     torch.testing.assert_close(out.float().cpu(), ref[rows], atol=tol, rtol=tol)

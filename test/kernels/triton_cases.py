@@ -68,8 +68,11 @@ def ragged_batch(
     )
 
 
-def reference(batch: RaggedBatch, scaling: float, window: int | None) -> torch.Tensor:
-    """Float32 attention of every new token over its request's visible keys: [N, H, D]."""
+def reference(
+    batch: RaggedBatch, scaling: float, window: int | None, softcap: float | None = None
+) -> torch.Tensor:
+    """Float32 attention of every new token over its request's visible keys: [N, H, D]; with
+    `softcap`, scaled scores become softcap * tanh(score / softcap) (Gemma 2)."""
     q = batch.q.float().cpu()
     heads, kv_heads = q.shape[1], batch.k_buf.shape[1]
     out = torch.zeros_like(q)
@@ -82,6 +85,8 @@ def reference(batch: RaggedBatch, scaling: float, window: int | None) -> torch.T
         keys = batch.k_buf[slots].float().cpu().repeat_interleave(heads // kv_heads, dim=1)
         values = batch.v_buf[slots].float().cpu().repeat_interleave(heads // kv_heads, dim=1)
         scores = torch.einsum("ehd,khd->hek", q[start : start + ext], keys) * scaling
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(prefix, n)[:, None]
         k_pos = torch.arange(n)[None, :]
         visible = k_pos <= q_pos

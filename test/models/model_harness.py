@@ -77,7 +77,12 @@ def tiny_config(variant: str, **overrides: Any) -> Any:
 def build_hf_model(config: Any, seed: int = 0) -> Any:
     """HF model from `config` with every parameter redrawn (weights N(0, 0.15), norms ~1)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # NOTE: soft-capped attention logits (Gemma 2) only in transformers' eager attention: some
+    # versions pick sdpa for it, which drops the cap (transformers 5.17 on the GPU machine did)
+    kwargs = (
+        {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
