@@ -168,9 +168,84 @@ class DashboardSnapshotReq(ControlReq):
     max_nodes: int = 200
 
 
+@dataclass(frozen=True, slots=True)
+class RadixNodeView:
+    """One radix node as the dashboard shows it. `parent` is -1 for the root's children."""
+
+    id: int
+    parent: int
+    tokens: int  # tokens this node's edge holds
+    prefix_tokens: int  # tokens from the root to the end of this node
+    lock_ref: int
+    hits: int
+    idle_s: float  # seconds since the last match or insert touched it
+    children: int
+    hidden_children: int  # children left out by the cap
+    preview_ids: list[int]  # the key's first tokens (the API process decodes them)
+    preview_truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One forward step's batch composition and the scheduler's counters after it."""
+
+    time: float  # wall clock
+    decode_rows: int
+    prefill_rows: int
+    prefill_tokens: int
+    grammar_rows: int
+    jump_forward_tokens: int  # so far (cumulative)
+    running: int
+    waiting: int
+    kv_used: int  # KV slots in use
+    generated_tokens: int  # so far (cumulative)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    """One request's timeline (wall-clock seconds) and counters; token ids undecoded."""
+
+    rid: str
+    state: str  # running, waiting or finished
+    arrival: float | None
+    admitted: float | None
+    first_token: float | None
+    finished: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    completion_tokens: int
+    retractions: int
+    jump_forward_tokens: int
+    constrained: bool
+    finish_reason: str | None
+    finish_message: str | None
+    prompt_head_ids: list[int]
+    prompt_tail_ids: list[int]
+    prompt_gap: int  # prompt tokens between the head and the tail
+    output_ids: list[int]
+    output_truncated: bool
+
+
+@dataclass(slots=True)
+class DashboardSnapshot:
+    """A scheduler's picture for the dashboard (built between steps, only when asked)."""
+
+    time: float
+    build_seconds: float  # scheduler time this snapshot took
+    state: InternalState
+    retracted_waiting: int  # waiting requests that were retracted at least once
+    radix_enabled: bool
+    tree_nodes: list[RadixNodeView]
+    tree_truncated: bool  # nodes were left out by the cap
+    steps: list[StepRecord]  # the most recent last
+    requests: list[RequestTimeline]  # live ones, then the recently finished (newest first)
+    dp_size: int = 1  # replicas (with --dp-size > 1 the rest is replica 0's)
+
+
 @dataclass
 class DashboardSnapshotOut(ControlOut):
-    snapshot: dict[str, Any]
+    snapshot: DashboardSnapshot
 
 
 @dataclass

@@ -35,6 +35,7 @@ from radixgen.io_struct import (
     BatchStrOut,
     ControlReply,
     ControlRequest,
+    DashboardSnapshot,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     FlushCacheOut,
@@ -334,12 +335,12 @@ class TokenizerManager:
         """The engine's state: a single scheduler's, or the replicas' summed."""
         return aggregate_internal_states(await self.get_internal_states())
 
-    async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]:
+    async def dashboard_snapshot(self, max_nodes: int) -> DashboardSnapshot:
         """Replica 0's snapshot (with --dp-size > 1 its tree, steps and requests are that
         replica's; `dp_size` says how many there are)."""
         req = DashboardSnapshotReq(max_nodes=max_nodes)
         outs = await self._control(req, DashboardSnapshotOut, 10.0)
-        return {**outs[0].snapshot, "dp_size": len(outs)}
+        return dataclasses.replace(outs[0].snapshot, dp_size=len(outs))
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort one request (an n > 1 request's rid aborts all its samples) or all of them.

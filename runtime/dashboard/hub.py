@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from radixgen.io_struct import DashboardSnapshot
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
 
 HISTORY_POINTS = 300  # plot points kept (about five minutes at the page's 1 Hz)
@@ -27,7 +28,7 @@ class SnapshotSource(Protocol):
 
     program_traces: ProgramTraceStore
 
-    async def dashboard_snapshot(self, max_nodes: int) -> dict[str, Any]: ...
+    async def dashboard_snapshot(self, max_nodes: int) -> DashboardSnapshot: ...
 
 
 class Decoder(Protocol):
@@ -74,9 +75,9 @@ class DashboardHub:
             self._cached = (time.monotonic(), max_nodes, view)
             return view
 
-    def _add_history(self, raw: dict[str, Any]) -> None:
-        st = raw["state"]
-        t, generated = float(raw["time"]), int(st["generated_tokens"])
+    def _add_history(self, raw: DashboardSnapshot) -> None:
+        st = raw.state
+        t, generated = raw.time, int(st.get("generated_tokens", 0))
         rate = 0.0
         if self._last is not None and t > self._last[0]:
             rate = max(0, generated - self._last[1]) / (t - self._last[0])
@@ -84,51 +85,49 @@ class DashboardHub:
         self.history.append(
             HistoryPoint(
                 time=t,
-                kv_usage=float(st["kv_usage"]),
-                cache_hit_rate=float(st["cache_hit_rate"]),
-                running=int(st["running_requests"]),
-                waiting=int(st["waiting_requests"]),
-                retracted=int(raw["retracted_waiting"]),
+                kv_usage=float(st.get("kv_usage", 0.0)),
+                cache_hit_rate=float(st.get("cache_hit_rate", 0.0)),
+                running=int(st.get("running_requests", 0)),
+                waiting=int(st.get("waiting_requests", 0)),
+                retracted=raw.retracted_waiting,
                 tokens_per_s=round(rate, 2),
             )
         )
 
 
-def build_view(raw: dict[str, Any], tokenizer: Decoder) -> dict[str, Any]:
-    """The scheduler's snapshot with token ids replaced by text and the hot nodes marked."""
-    nodes = raw["tree"]["nodes"]
-    reqs = raw["requests"]
-    batch = [n["preview_ids"] for n in nodes]
-    for r in reqs:
-        batch += [r["prompt_head_ids"], r["prompt_tail_ids"], r["output_ids"]]
+def build_view(raw: DashboardSnapshot, tokenizer: Decoder) -> dict[str, Any]:
+    """The scheduler's snapshot as the page's JSON: token ids replaced by text, the hot nodes
+    marked."""
+    batch = [n.preview_ids for n in raw.tree_nodes]
+    for r in raw.requests:
+        batch += [r.prompt_head_ids, r.prompt_tail_ids, r.output_ids]
     texts = tokenizer.decode_batch(batch, skip_special_tokens=False) if batch else []
     it = iter(texts)
-    tree = []
-    for n in nodes:
-        view = {k: v for k, v in n.items() if k != "preview_ids"}
-        view["preview"] = next(it) + ("…" if n["preview_truncated"] else "")
-        tree.append(view)
-    shared = sorted((n for n in tree if n["hits"] > 0), key=lambda n: (-n["hits"], -n["tokens"]))
-    hot = {n["id"] for n in shared[:HOT_NODES]}
-    for n in tree:
-        n["hot"] = n["id"] in hot
+    shared = sorted((n for n in raw.tree_nodes if n.hits > 0), key=lambda n: (-n.hits, -n.tokens))
+    hot = {n.id for n in shared[:HOT_NODES]}
+    tree: list[dict[str, Any]] = []
+    for n in raw.tree_nodes:
+        node = {k: v for k, v in asdict(n).items() if k != "preview_ids"}
+        node["preview"] = next(it) + ("…" if n.preview_truncated else "")
+        node["hot"] = n.id in hot
+        tree.append(node)
     requests = []
-    for r in reqs:
+    for r in raw.requests:
         head, tail, out = next(it), next(it), next(it)
-        view = {k: v for k, v in r.items() if not k.endswith("_ids")}
-        gap = f" …[{r['prompt_gap']} tokens]… " if r["prompt_gap"] else ""
+        view = {k: v for k, v in asdict(r).items() if not k.endswith("_ids")}
+        gap = f" …[{r.prompt_gap} tokens]… " if r.prompt_gap else ""
         view["prompt"] = head + gap + tail
-        view["output"] = out + ("…" if r["output_truncated"] else "")
+        view["output"] = out + ("…" if r.output_truncated else "")
         requests.append(view)
-    fields = raw["step_fields"]
-    steps = [dict(zip(fields, s, strict=True)) for s in raw["steps"]]
+    steps = [asdict(s) for s in raw.steps]
     return {
-        "time": raw["time"],
-        "build_seconds": raw["build_seconds"],
-        "state": raw["state"],
-        "retracted_waiting": raw["retracted_waiting"],
-        "radix_enabled": raw["radix_enabled"],
-        "tree": {"nodes": tree, "truncated": raw["tree"]["truncated"]},
+        "time": raw.time,
+        "build_seconds": raw.build_seconds,
+        "state": raw.state,
+        "dp_size": raw.dp_size,
+        "retracted_waiting": raw.retracted_waiting,
+        "radix_enabled": raw.radix_enabled,
+        "tree": {"nodes": tree, "truncated": raw.tree_truncated},
         "steps": steps,
         "batch": steps[-1] if steps else None,
         "requests": requests,

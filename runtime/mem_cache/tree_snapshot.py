@@ -10,28 +10,12 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 
+from radixgen.io_struct import RadixNodeView
 from radixgen.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 
 PREVIEW_TOKENS = 24  # token ids of a node's key sent for its text preview
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """One radix node as the dashboard shows it. `parent` is -1 for the root's children."""
-
-    id: int
-    parent: int
-    tokens: int  # tokens this node's edge holds
-    prefix_tokens: int  # tokens from the root to the end of this node
-    lock_ref: int
-    hits: int
-    idle_s: float  # seconds since the last match or insert touched it
-    children: int
-    hidden_children: int  # children left out by the cap
-    preview_ids: list[int]
-    preview_truncated: bool
 
 
 def _priority(node: TreeNode) -> int:
@@ -39,7 +23,7 @@ def _priority(node: TreeNode) -> int:
     return (node.hits + 1) * len(node.key)
 
 
-def snapshot_tree(cache: RadixCache, max_nodes: int) -> tuple[list[NodeView], bool]:
+def snapshot_tree(cache: RadixCache, max_nodes: int) -> tuple[list[RadixNodeView], bool]:
     """Up to `max_nodes` nodes, best first; the flag says whether any node was left out.
 
     Cost: O(max_nodes * log) plus the children of the nodes taken; never the whole tree.
@@ -48,7 +32,7 @@ def snapshot_tree(cache: RadixCache, max_nodes: int) -> tuple[list[NodeView], bo
     heap: list[tuple[int, int, TreeNode, int, int]] = []
     for child in cache.root.children.values():
         heapq.heappush(heap, (-_priority(child), child.id, child, -1, 0))
-    views: list[NodeView] = []
+    views: list[RadixNodeView] = []
     shown_children: dict[int, int] = {}
     while heap and len(views) < max_nodes:
         _, _, node, parent_id, depth = heapq.heappop(heap)
@@ -57,7 +41,7 @@ def snapshot_tree(cache: RadixCache, max_nodes: int) -> tuple[list[NodeView], bo
             heapq.heappush(heap, (-_priority(child), child.id, child, node.id, prefix))
         shown_children[parent_id] = shown_children.get(parent_id, 0) + 1
         views.append(
-            NodeView(
+            RadixNodeView(
                 id=node.id,
                 parent=parent_id,
                 tokens=len(node.key),
@@ -71,8 +55,5 @@ def snapshot_tree(cache: RadixCache, max_nodes: int) -> tuple[list[NodeView], bo
                 preview_truncated=len(node.key) > PREVIEW_TOKENS,
             )
         )
-    out = [
-        NodeView(**{**v.__dict__, "hidden_children": v.children - shown_children.get(v.id, 0)})
-        for v in views
-    ]
+    out = [replace(v, hidden_children=v.children - shown_children.get(v.id, 0)) for v in views]
     return out, bool(heap)

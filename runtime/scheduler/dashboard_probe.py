@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from radixgen.io_struct import DashboardSnapshot, RadixNodeView, RequestTimeline, StepRecord
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
 from radixgen.runtime.mem_cache.tree_snapshot import snapshot_tree
 
@@ -25,26 +25,17 @@ LIVE_REQS_MAX = 32  # running / waiting requests listed per snapshot, each
 MAX_NODES_LIMIT = 2000  # the most radix nodes one snapshot may carry
 PROMPT_HEAD, PROMPT_TAIL, OUTPUT_HEAD = 24, 40, 64  # token ids sent for text previews
 
-STEP_FIELDS = (
-    "time",
-    "decode_rows",
-    "prefill_rows",
-    "prefill_tokens",
-    "grammar_rows",
-    "jump_forward_tokens",
-    "running",
-    "waiting",
-    "kv_used",
-    "generated_tokens",
-)
-
 
 class DashboardProbe:
     """Rings of recent steps and finished requests, and the snapshot the dashboard reads."""
 
     def __init__(self) -> None:
-        self.steps: deque[tuple[float | int, ...]] = deque(maxlen=STEP_RING)
-        self.finished: deque[dict[str, Any]] = deque(maxlen=FINISHED_RING)
+        # NOTE: a plain tuple per step (StepRecord's fields in order): the snapshot, built only
+        # when asked, makes the records
+        self.steps: deque[tuple[float, int, int, int, int, int, int, int, int, int]] = deque(
+            maxlen=STEP_RING
+        )
+        self.finished: deque[RequestTimeline] = deque(maxlen=FINISHED_RING)
 
     def on_step(self, plan: list[Req], sched: Scheduler) -> None:
         """One forward step ran over `plan` (after its tokens were accepted)."""
@@ -73,33 +64,32 @@ class DashboardProbe:
                 seen.add(id(r))
                 self.finished.append(timeline(r, "finished", now))
 
-    def snapshot(self, sched: Scheduler, max_nodes: int) -> dict[str, Any]:
+    def snapshot(self, sched: Scheduler, max_nodes: int) -> DashboardSnapshot:
         """Everything the dashboard shows, as plain data (token ids undecoded)."""
         t0 = time.perf_counter()
-        nodes: list[dict[str, Any]] = []
+        nodes: list[RadixNodeView] = []
         truncated = False
         cache = sched.cache
         if isinstance(cache, RadixCache):
-            views, truncated = snapshot_tree(cache, max(0, min(max_nodes, MAX_NODES_LIMIT)))
-            nodes = [asdict(v) for v in views]
+            nodes, truncated = snapshot_tree(cache, max(0, min(max_nodes, MAX_NODES_LIMIT)))
         now = time.time()
         live = [timeline(r, "running", now) for r in sched.running[:LIVE_REQS_MAX]]
         queued = [*sched.waiting, *sched.grammar_waiting][:LIVE_REQS_MAX]
         live += [timeline(r, "waiting", now) for r in queued]
-        return {
-            "time": now,
-            "build_seconds": time.perf_counter() - t0,  # scheduler time this snapshot took
-            "state": sched.internal_state(),
-            "retracted_waiting": sum(1 for r in sched.waiting if r.retractions),
-            "radix_enabled": isinstance(cache, RadixCache),
-            "tree": {"nodes": nodes, "truncated": truncated},
-            "step_fields": list(STEP_FIELDS),
-            "steps": [list(s) for s in self.steps],
-            "requests": [*live, *reversed(self.finished)],
-        }
+        return DashboardSnapshot(
+            time=now,
+            build_seconds=time.perf_counter() - t0,
+            state=sched.internal_state(),
+            retracted_waiting=sum(1 for r in sched.waiting if r.retractions),
+            radix_enabled=isinstance(cache, RadixCache),
+            tree_nodes=nodes,
+            tree_truncated=truncated,
+            steps=[StepRecord(*s) for s in self.steps],
+            requests=[*live, *reversed(self.finished)],
+        )
 
 
-def timeline(r: Req, state: str, now: float) -> dict[str, Any]:
+def timeline(r: Req, state: str, now: float) -> RequestTimeline:
     """One request's timeline (wall-clock seconds) and counters."""
     reason = r.finished_reason
     first_token = (
@@ -109,25 +99,25 @@ def timeline(r: Req, state: str, now: float) -> dict[str, Any]:
     )
     prompt = r.origin_input_ids
     tail = prompt[PROMPT_HEAD:][-PROMPT_TAIL:]
-    return {
-        "rid": r.rid,
-        "state": state,
-        "arrival": r.arrival_time or None,
-        "admitted": r.admit_time,
-        "first_token": first_token,
-        "finished": now if state == "finished" else None,
-        "prompt_tokens": len(prompt),
-        "cached_tokens": r.cached_tokens,
-        "computed_tokens": len(prompt) - r.cached_tokens if r.admitted_once else 0,
-        "completion_tokens": len(r.output_ids),
-        "retractions": r.retractions,
-        "jump_forward_tokens": r.jump_forward_tokens,
-        "constrained": r.sampling_params.constraint is not None,
-        "finish_reason": None if reason is None else reason.kind,
-        "finish_message": None if reason is None else reason.message or None,
-        "prompt_head_ids": list(prompt[:PROMPT_HEAD]),
-        "prompt_tail_ids": list(tail),
-        "prompt_gap": max(0, len(prompt) - PROMPT_HEAD - len(tail)),
-        "output_ids": list(r.output_ids[:OUTPUT_HEAD]),
-        "output_truncated": len(r.output_ids) > OUTPUT_HEAD,
-    }
+    return RequestTimeline(
+        rid=r.rid,
+        state=state,
+        arrival=r.arrival_time or None,
+        admitted=r.admit_time,
+        first_token=first_token,
+        finished=now if state == "finished" else None,
+        prompt_tokens=len(prompt),
+        cached_tokens=r.cached_tokens,
+        computed_tokens=len(prompt) - r.cached_tokens if r.admitted_once else 0,
+        completion_tokens=len(r.output_ids),
+        retractions=r.retractions,
+        jump_forward_tokens=r.jump_forward_tokens,
+        constrained=r.sampling_params.constraint is not None,
+        finish_reason=None if reason is None else reason.kind,
+        finish_message=None if reason is None else reason.message or None,
+        prompt_head_ids=list(prompt[:PROMPT_HEAD]),
+        prompt_tail_ids=list(tail),
+        prompt_gap=max(0, len(prompt) - PROMPT_HEAD - len(tail)),
+        output_ids=list(r.output_ids[:OUTPUT_HEAD]),
+        output_truncated=len(r.output_ids) > OUTPUT_HEAD,
+    )

@@ -12,6 +12,7 @@ batching at request granularity). A failure is contained to the step's requests 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import deque
 
@@ -19,6 +20,7 @@ from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     ControlOut,
+    DashboardSnapshot,
     DashboardSnapshotOut,
     DashboardSnapshotReq,
     EmbeddingFailure,
@@ -94,7 +96,19 @@ class EmbeddingScheduler:
         return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
 
     def _on_dashboard_snapshot(self, msg: DashboardSnapshotReq) -> DashboardSnapshotOut:
-        return DashboardSnapshotOut({"counters": self.internal_state()}, request_id=msg.request_id)
+        """Its counters only: no tree, no decode steps, no request timelines kept."""
+        snap = DashboardSnapshot(
+            time=time.time(),
+            build_seconds=0.0,
+            state=self.internal_state(),
+            retracted_waiting=0,
+            radix_enabled=False,
+            tree_nodes=[],
+            tree_truncated=False,
+            steps=[],
+            requests=[],
+        )
+        return DashboardSnapshotOut(snap, request_id=msg.request_id)
 
     def _refusal(self, req: TokenizedEmbeddingReq) -> str | None:
         """Why the request cannot run (the API process checks the same before sending)."""

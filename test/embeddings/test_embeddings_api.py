@@ -169,3 +169,17 @@ def test_a_batch_of_embedding_lines(oai):
         body = record["response"]["body"]
         assert [len(d["embedding"]) for d in body["data"]] == [64, 64]
         assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_dashboard_shows_an_embedding_servers_counters(http, oai):
+    """An embedding server's dashboard: its counters, and no tree, steps or timelines."""
+    oai.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[:2])
+    r = http.get("/dashboard/api/snapshot")
+    assert r.status_code == 200, r.text
+    view = r.json()
+    assert view["state"]["embedded_requests"] >= 1
+    assert view["state"]["embedding_dim"] == 384
+    assert view["radix_enabled"] is False and view["tree"] == {"nodes": [], "truncated": False}
+    assert view["steps"] == [] and view["batch"] is None and view["requests"] == []
+    assert view["dp_size"] == 1
+    assert view["history"][-1]["waiting"] == 0
