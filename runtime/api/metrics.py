@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixgen.runtime.api.req_state import ReqState
 from radixgen.runtime.api.sglang_metrics import SGLangMetrics
 
 PREFIX = "radixgen_"
@@ -130,11 +131,11 @@ class ServerMetrics:
 
     # --- hooks called by the TokenizerManager ----------------------------------------------------
 
-    def on_submit(self, st: Any) -> None:
+    def on_submit(self, st: ReqState) -> None:
         self.received.inc()
         self.prompt_tokens.inc(st.prompt_tokens)
 
-    def on_output(self, st: Any, new_tokens: int, now: float) -> None:
+    def on_output(self, st: ReqState, new_tokens: int, now: float) -> None:
         ttft = self._ttft.get(st.rid)
         if new_tokens:
             last = self._last_output.get(st.rid)
@@ -168,7 +169,7 @@ class ServerMetrics:
                     self.tier_cached_tokens.labels(tier=tier).inc(n)
         self.sglang.on_finish(st, now - st.created, ttft)
 
-    def _observe_first_output(self, st: Any, new_tokens: int, now: float) -> float | None:
+    def _observe_first_output(self, st: ReqState, new_tokens: int, now: float) -> float | None:
         """Time to first token (None if unknown); when every token came at once, also their
         inter-token latency."""
         if not (st.finished and new_tokens > 1):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixgen.finish_reason import FinishReason
+from radixgen.io_struct import LogprobList, RequestMeta, TopLogprobList
 from radixgen.runtime.dashboard.traces import PendingRequest
 from radixgen.runtime.text.tokenizer import Tokenizer
 
@@ -27,13 +28,13 @@ class ReqState:
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-    meta: Any = None
+    meta: RequestMeta | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
-    input_token_logprobs: list[Any] = field(default_factory=list)
-    input_top_logprobs: list[Any] = field(default_factory=list)
-    output_token_logprobs: list[Any] = field(default_factory=list)
-    output_top_logprobs: list[Any] = field(default_factory=list)
+    input_token_logprobs: LogprobList = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobList | None] = field(default_factory=list)
+    output_token_logprobs: LogprobList = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobList | None] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     internal: bool = False  # our own n > 1 prompt prefill: not a user request in the metrics
     stream: bool = False  # metrics label requests by it, as SGLang does
@@ -96,5 +97,8 @@ def build_output(
     return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": info}
 
 
-def _lp_entries(tok: Tokenizer, pairs: list[Any], with_text: bool) -> list[list[Any]]:
+def _lp_entries(
+    tok: Tokenizer, pairs: LogprobList | TopLogprobList, with_text: bool
+) -> list[list[float | int | str | None]]:
+    """[logprob, token id, token text or None] per pair (SGLang's meta_info entries)."""
     return [[lp, tid, tok.token_text(tid) if with_text else None] for lp, tid in pairs]

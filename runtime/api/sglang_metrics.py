@@ -24,6 +24,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from radixgen.runtime.api.req_state import ReqState
+
 P = "sglang:"
 REQUEST_LABELS = ("model_name", "engine_type")
 ENGINE_LABELS = (*REQUEST_LABELS, "tp_rank", "pp_rank", "moe_ep_rank")
@@ -168,7 +170,7 @@ class SGLangMetrics(Collector):
     def on_tokens(self, per_token_latency: float, n: int) -> None:
         self.itl.observe(self._labels(), per_token_latency, n)
 
-    def on_finish(self, st: Any, e2e: float, ttft: float | None) -> None:
+    def on_finish(self, st: ReqState, e2e: float, ttft: float | None) -> None:
         """One finished request: `st` is the TokenizerManager's ReqState."""
         labels, completion = self._labels(), len(st.output_ids)
         stream_labels = (*labels, _flag(st.stream))

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -69,6 +69,9 @@ from radixgen.runtime.text.rerank_prompt import rerank_prompt, rerank_template
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:  # NOTE: prometheus_client is imported only where metrics are on
+    from radixgen.runtime.api.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,7 +131,7 @@ class TokenizerManager:
         # the user's rid of an n > 1 request -> its samples' rids (so abort by that rid works)
         self.sample_rids: dict[str, list[str]] = {}
         self.dead_reason: str | None = None
-        self.metrics: Any = None  # set by the HTTP server when --enable-metrics
+        self.metrics: ServerMetrics | None = None  # set by the HTTP server when --enable-metrics
         self.program_traces = ProgramTraceStore()  # traced DSL runs, for the dashboard
         self.request_log = RequestLogger(args.http.log_requests, args.http.log_requests_level)
         self._early_aborts: dict[str, float] = {}  # rid -> monotonic time of its abort
