@@ -147,6 +147,9 @@ def engine_decode(engine: radixgen.Engine, plan: Plan, bs: int) -> dict[str, flo
         "scheduler_ms_per_step": d["step_seconds"] / steps * 1e3,
         "host_ms_per_step": host / steps * 1e3,
         "host_share": host / d["step_seconds"] if d["step_seconds"] else 0.0,
+        # the model runner's forward call (on a GPU its launch): near the device's step time
+        # when something in the launch path waits for the device (with overlap: the step before)
+        "launch_ms_per_step": d["forward_seconds"] / steps * 1e3,
     }
 
 
