@@ -117,7 +117,11 @@ class Sampler:
         in one host synchronisation, at the end.
         """
         b = len(reqs)
-        plain = [i for i, r in enumerate(reqs) if self._plain_greedy(r)]
+        plain = [
+            i
+            for i, r in enumerate(reqs)
+            if r.plain_greedy and not (r.min_new_tokens and len(r.output_ids) < r.min_new_tokens)
+        ]
         mask_row: dict[int, int] = {}
         if grammar_mask is not None and grammar_rows is not None:
             mask_row = {int(g): j for j, g in enumerate(grammar_rows.tolist())}
@@ -145,19 +149,6 @@ class Sampler:
             dense = logits.rows_float([rows[i] for i in rest])
             dense_out = self._sample_dense(dense, [reqs[i] for i in rest], rest_mask, sub_rows)
         return PendingSample(b, greedy_parts, rest, dense_out)
-
-    @staticmethod
-    def _plain_greedy(r: Req) -> bool:
-        sp = r.sampling_params
-        return (
-            sp.is_greedy
-            and not r.return_logprob
-            and not sp.logit_bias
-            and not sp.frequency_penalty
-            and not sp.presence_penalty
-            and sp.repetition_penalty == 1.0
-            and not (sp.min_new_tokens and len(r.output_ids) < sp.min_new_tokens)
-        )
 
     def _sample_dense(
         self,

@@ -120,8 +120,7 @@ class OverlapScheduling:
     def _needs_sync(self) -> bool:
         """Whether this step must see every sampled token on the host before it is planned."""
         if self.grammar_waiting or any(
-            r.grammar is not None or r.sampling_params.constraint is not None
-            for r in (*self.running, *self.waiting)
+            r.grammar is not None or r.constrained for r in (*self.running, *self.waiting)
         ):
             return True
         if self._preemption_candidate() is not None:

@@ -67,12 +67,16 @@ class SchedulerPlanner:
     def _plan_step(self) -> list[Req]:
         plan: list[Req] = []
         self._preempt_for_waiting()
-        decodes = [
-            r for r in self.running if r.pending_len == 1 and not self._ends_with_pending_token(r)
-        ]
-        extends = sorted(
-            (r for r in self.running if r.pending_len > 1), key=lambda r: r.arrival_time
-        )
+        decodes: list[Req] = []
+        extends: list[Req] = []
+        for r in self.running:  # NOTE: one pass (a hot loop: every running request, every step)
+            pending = r.pending_len
+            if pending == 1:
+                if not self._ends_with_pending_token(r):
+                    decodes.append(r)
+            elif pending > 1:
+                extends.append(r)
+        extends.sort(key=lambda r: r.arrival_time)
         # 1) every decoding request gets its token; retract the newest when the pool is short
         self._planning = list(decodes)
         while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
@@ -202,6 +206,8 @@ class SchedulerPlanner:
         )
 
     def _pages(self, reqs: list[Req], n: int) -> int:
+        if self.page_size == 1:
+            return n * len(reqs)
         return sum(pages_needed(r, n, self.page_size) for r in reqs)
 
     @staticmethod

@@ -46,6 +46,20 @@ class Req:
         # the waiting-queue rank, smaller first: (tier: 0 interactive, 1 background, priority
         # key); the scheduler re-derives it under --schedule-low-priority-values-first
         self.rank: tuple[int, int] = (int(msg.background), -msg.priority)
+        sp = msg.sampling_params
+        # NOTE: decided once (the sampler asks every step, for every row): greedy with no
+        # logprobs, bias or penalties takes the native argmax of the raw logits (until
+        # min_new_tokens, which the sampler checks per step, is reached)
+        self.plain_greedy = (
+            sp.is_greedy
+            and not msg.return_logprob
+            and not sp.logit_bias
+            and not sp.frequency_penalty
+            and not sp.presence_penalty
+            and sp.repetition_penalty == 1.0
+        )
+        self.min_new_tokens = sp.min_new_tokens
+        self.constrained = sp.constraint is not None  # it needs a grammar (set once compiled)
         seed = msg.sampling_params.seed
         self.seed = (
             seed

@@ -84,6 +84,20 @@ def build_step_batch(
 ) -> StepBatch:
     """`out_cache_loc` holds the freshly allocated KV slots of all requests' new tokens, in batch
     order; `branch_slots` those of the draft trees' branches (recorded in their drafts)."""
+    if branch_slots is None and all(
+        r.extend_len == 1 and not r.draft and r.kv_len + 1 == r.seq_len for r in reqs
+    ):
+        return decode_step_batch(reqs, out_cache_loc, req_to_token_pool)
+    return general_step_batch(reqs, out_cache_loc, req_to_token_pool, branch_slots)
+
+
+def general_step_batch(
+    reqs: list[Req],
+    out_cache_loc: torch.Tensor,
+    req_to_token_pool: ReqToTokenPool,
+    branch_slots: torch.Tensor | None = None,
+) -> StepBatch:
+    """`build_step_batch` for any mix of prompt chunks, decodes, drafts and prompt logprobs."""
     input_ids: list[int] = []
     positions: list[int] = []
     starts: list[int] = []
@@ -154,6 +168,42 @@ def build_step_batch(
     if any(r.lora_id is not None for r in reqs):  # NOTE: speculation is refused with LoRA
         fb.lora_ids = [r.lora_id for r in reqs]
     return StepBatch(reqs, fb, layouts)
+
+
+def decode_step_batch(
+    reqs: list[Req], out_cache_loc: torch.Tensor, req_to_token_pool: ReqToTokenPool
+) -> StepBatch:
+    """`build_step_batch` where every request decodes one token (its sequence's last) with no
+    draft: the common step, built without the general path's per-request bookkeeping. A
+    decode's position is past the prompt's last, so it never asks for prompt logprobs."""
+    n = len(reqs)
+    positions = [r.kv_len for r in reqs]
+    rows = [row for r in reqs if (row := r.req_pool_idx) is not None]
+    assert len(rows) == n, "a planned request holds a request row"
+    input_ids = [
+        PENDING_TOKEN
+        if r.pending_sample
+        else (r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1])
+        for r in reqs
+    ]
+    index = list(range(n))
+    pos = torch.tensor(positions, dtype=torch.long)
+    row_tensor = torch.tensor(rows, dtype=torch.long)
+    req_to_token_pool.write(row_tensor, pos, out_cache_loc)
+    fb = ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=pos,
+        out_cache_loc=out_cache_loc,
+        req_pool_indices_cpu=rows,
+        prefix_lens=positions,
+        extend_lens=[1] * n,
+        extend_start_loc=index,
+        logits_indices=torch.arange(n, dtype=torch.long),
+        draft_rows=None,
+    )
+    if any(r.lora_id is not None for r in reqs):
+        fb.lora_ids = [r.lora_id for r in reqs]
+    return StepBatch(reqs, fb, [RowLayout(i, [], i) for i in index])
 
 
 def _add_branches(
