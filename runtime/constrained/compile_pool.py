@@ -70,6 +70,20 @@ def timeout_error(kind: str, timeout: float) -> GrammarError:
     )
 
 
+# a pool's counters (sums over pools; *_max the largest), all 0 until its first compile
+POOL_COUNTERS = (
+    "grammar_compiles",
+    "grammar_compile_seconds_total",
+    "grammar_compile_seconds_max",
+    "grammar_compile_queue_seconds_max",
+    "grammar_compile_timeouts",
+    "grammar_compile_worker_starts",
+    "grammar_compile_worker_start_seconds_max",
+    "grammar_compile_worker_kills",
+    "grammar_compile_worker_crashes",
+)
+
+
 class CompilePool:
     """`submit(key)` returns a future of the backend's compiled grammar (or its GrammarError)."""
 
@@ -86,17 +100,7 @@ class CompilePool:
         self._processes: dict[int, CompileWorker] = {}  # slot -> its live worker
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self.counters: dict[str, float] = {
-            "grammar_compiles": 0,
-            "grammar_compile_seconds_total": 0.0,
-            "grammar_compile_seconds_max": 0.0,
-            "grammar_compile_queue_seconds_max": 0.0,
-            "grammar_compile_timeouts": 0,
-            "grammar_compile_worker_starts": 0,
-            "grammar_compile_worker_start_seconds_max": 0.0,
-            "grammar_compile_worker_kills": 0,
-            "grammar_compile_worker_crashes": 0,
-        }
+        self.counters: dict[str, float] = dict.fromkeys(POOL_COUNTERS, 0.0)
 
     def submit(self, key: GrammarKey) -> Future[Any]:
         future: Future[Any] = Future()

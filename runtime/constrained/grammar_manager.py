@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -29,7 +30,11 @@ from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
 from radixgen.runtime.constrained.backend_choice import BackendChooser
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
-from radixgen.runtime.constrained.compile_pool import CompilePool, GrammarCompileTimeout
+from radixgen.runtime.constrained.compile_pool import (
+    POOL_COUNTERS,
+    CompilePool,
+    GrammarCompileTimeout,
+)
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
 from radixgen.runtime.constrained.registry import create_grammar_backend
 from radixgen.runtime.constrained.schema_checks import CheckPlan
@@ -83,22 +88,27 @@ class GrammarManager:
         eos_token_ids: list[int],
     ) -> None:
         self.config = grammar_config
-        self.vocab = GrammarVocab.from_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        self._tokenizer, self._vocab_size, self._eos_token_ids = (
+            tokenizer,
+            vocab_size,
+            eos_token_ids,
+        )
+        self._vocab: GrammarVocab | None = None
+        # NOTE: the vocabulary tables and the configured backend (importing xgrammar imports
+        # transformers: ~1.2 s of a ~4 s start) are built on first use or by `start_warm_up`'s
+        # thread, so a scheduler reports ready without them; the lock makes whoever comes first
+        # build them and a step that needs them meanwhile wait for that build
+        self._build_lock = threading.RLock()
         self.bitmask_words = (vocab_size + 31) // 32
         self.limits = GrammarSpecLimits.from_config(grammar_config)
-        default = grammar_config.grammar_backend
         self._backends: dict[str, BaseGrammarBackend] = {}
         self._pools: dict[str, CompilePool] = {}
         self._caches: dict[str, CompileCache] = {}
-        # the configured backend (built now) and its pool and cache; fallbacks are built lazily
-        self.backend = self._backend(default)
-        self.pool, self.cache = self._pools[default], self._caches[default]
-        self.chooser = BackendChooser(default, not grammar_config.disable_grammar_backend_fallback)
+        self.chooser = BackendChooser(
+            grammar_config.grammar_backend, not grammar_config.disable_grammar_backend_fallback
+        )
         self._pending: dict[int, _PendingCompile] = {}  # id(req) -> its compile
         self.max_value_rollbacks = MAX_VALUE_ROLLBACKS  # per output position (value_checker.py)
-        # jump-forward: which tokens longer ones extend (built now, ~0.2 s, not in a decode step)
-        if not grammar_config.disable_jump_forward:
-            _ = self.vocab.extendable
         self._probe_mask = torch.empty((1, self.bitmask_words), dtype=torch.int32)
         self._probe_words = self._probe_mask[0].numpy().view(np.uint32)  # same memory
         self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -118,6 +128,57 @@ class GrammarManager:
             "jump_forward_seconds_total": 0.0,
         }
 
+    # --- lazily built parts ---------------------------------------------------------------------
+
+    @property
+    def vocab(self) -> GrammarVocab:
+        """The tokenizer's byte tables; with jump-forward on, also which tokens longer ones
+        extend (~0.2 s: built here, not in a decode step)."""
+        vocab = self._vocab
+        if vocab is None:
+            with self._build_lock:
+                if self._vocab is None:
+                    built = GrammarVocab.from_tokenizer(
+                        self._tokenizer, self._vocab_size, self._eos_token_ids
+                    )
+                    if not self.config.disable_jump_forward:
+                        _ = built.extendable
+                    self._vocab = built
+                vocab = self._vocab
+        return vocab
+
+    @property
+    def backend(self) -> BaseGrammarBackend:
+        """The configured backend (built on first use)."""
+        return self._backend(self.chooser.default)
+
+    @property
+    def pool(self) -> CompilePool:
+        self._backend(self.chooser.default)
+        return self._pools[self.chooser.default]
+
+    @property
+    def cache(self) -> CompileCache:
+        self._backend(self.chooser.default)
+        return self._caches[self.chooser.default]
+
+    def warm_up(self) -> None:
+        """Build the vocabulary tables and the configured backend now."""
+        _ = self.backend
+
+    def start_warm_up(self) -> threading.Thread:
+        """`warm_up` on a daemon thread (the scheduler's, once its start-up is reported)."""
+
+        def run() -> None:
+            try:
+                self.warm_up()
+            except Exception:  # NOTE: the first constrained request retries and reports it
+                logger.exception("building the grammar backend in the background failed")
+
+        thread = threading.Thread(target=run, name="grammar-warm-up", daemon=True)
+        thread.start()
+        return thread
+
     # --- compile ------------------------------------------------------------------------------
 
     def submit(self, req: Req) -> None:
@@ -134,6 +195,10 @@ class GrammarManager:
             rewrites, checks = self.chooser.plan(key)[1:]  # cached by choose_backends
             future = self._caches[names[0]].get(key)
         except GrammarError as e:
+            future = Future()
+            future.set_exception(e)
+        except Exception as e:  # NOTE: a backend that fails to build: this request gets a 500
+            logger.exception("the %s grammar backend could not be built", names[0])
             future = Future()
             future.set_exception(e)
         pending = _PendingCompile(req, key, future, names[0], names[1:], rewrites, checks)
@@ -189,6 +254,13 @@ class GrammarManager:
     def _backend(self, name: str) -> BaseGrammarBackend:
         """The named backend with its compile pool and cache, built on first use."""
         backend = self._backends.get(name)
+        if backend is not None:
+            return backend
+        with self._build_lock:
+            return self._build_backend(name)
+
+    def _build_backend(self, name: str) -> BaseGrammarBackend:
+        backend = self._backends.get(name)
         if backend is None:
             start = time.perf_counter()
             backend = create_grammar_backend(name, self.vocab, self.config)
@@ -207,7 +279,7 @@ class GrammarManager:
         """Split waiting requests into (ready: grammar set, failed: finished with a 400 abort)."""
         ready: list[Req] = []
         failed: list[Req] = []
-        for pool in self._pools.values():
+        for pool in list(self._pools.values()):
             pool.expire_overruns()
         for req in reqs:
             pending = self._pending.get(id(req))
@@ -425,7 +497,7 @@ class GrammarManager:
     def stats(self) -> dict[str, float]:
         """Counters for /server_info and metrics."""
         pools, caches = list(self._pools.values()), list(self._caches.values())
-        out: dict[str, float] = {}
+        out: dict[str, float] = dict.fromkeys(POOL_COUNTERS, 0.0)  # no backend built yet: 0s
         for pool in pools:  # over backends: counts summed, *_max the largest
             for name, value in pool.counters.items():
                 out[name] = (
@@ -450,9 +522,9 @@ class GrammarManager:
 
     def shutdown(self) -> None:
         """Stop the compile pool: queued compiles are cancelled, worker processes killed."""
-        for pool in self._pools.values():
+        for pool in list(self._pools.values()):
             pool.shutdown()
-        for backend in self._backends.values():
+        for backend in list(self._backends.values()):
             backend.shutdown()
 
 

@@ -125,9 +125,10 @@ def build_scheduler(
     limits = ModelLimits(
         context_length, arch.vocab_size, list(arch.eos_token_ids or tokenizer.eos_token_ids)
     )
-    # NOTE: the grammar backend starts (seconds) before the model loads: with tensor
-    # parallelism the model runner's set-up ends in a collective, after which the other ranks
-    # wait for this one's first step within --dist-timeout
+    # NOTE: the grammar backend (importing xgrammar: ~1.2 s) is built on a thread after the
+    # ready report (`_serve`), not here: a server that never sees a constrained request does
+    # not wait for it, and the first one that comes early waits only for the rest of that
+    # build. On a thread beside the model's load it cost the start ~1 s of GIL contention.
     grammar_manager = None
     if args.grammar.grammar_backend != "none":
         from radixgen.runtime.constrained.grammar_manager import GrammarManager
@@ -276,6 +277,8 @@ def _serve(
     ready_pipe.send({"status": "ready", "info": ready})
     ready_pipe.close()
     logger.info("scheduler ready in %.1f s (%d threads)", ready.startup_seconds, threads)
+    if scheduler.grammar_manager is not None:
+        scheduler.grammar_manager.start_warm_up()
 
     if tp is not None:
         tp.startup_barrier()

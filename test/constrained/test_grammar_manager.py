@@ -374,3 +374,53 @@ def test_outlines_default_falls_back_for_what_it_refuses(tokenizer):
         assert bad.finished_reason.status_code == 400
     finally:
         gm.shutdown()
+
+
+def test_the_backend_is_built_by_the_warm_up_thread_not_at_construction(tokenizer):
+    """A scheduler reports ready before its grammar backend exists (importing xgrammar is ~1.2 s
+    of a start); the warm-up thread builds it, and its counters read 0 until then."""
+    gm = new_manager(tokenizer)
+    try:
+        stats = gm.stats()
+        assert stats["grammar_backends_built"] == 0 and stats["grammar_compiles"] == 0
+        gm.start_warm_up().join(60)
+        assert gm.stats()["grammar_backends_built"] == 1
+        req = make_req("w", json_schema=SCHEMA)
+        ready, failed = settle(gm, submit_all(gm, [req]))
+        assert ready == [req] and not failed
+    finally:
+        gm.shutdown()
+
+
+def test_a_request_waits_for_a_warm_up_in_progress_and_is_served(tokenizer):
+    gm = new_manager(tokenizer)
+    try:
+        thread = gm.start_warm_up()
+        req = make_req("early", json_schema=SCHEMA)  # submitted while the thread builds
+        ready, failed = settle(gm, submit_all(gm, [req]))
+        thread.join(60)
+        assert ready == [req] and not failed
+        assert gm.stats()["grammar_backends_built"] == 1  # built once, by one of the two
+    finally:
+        gm.shutdown()
+
+
+def test_a_backend_that_cannot_be_built_fails_its_request_with_a_500(tokenizer, monkeypatch):
+    """Built after the ready report, a broken backend (a library that fails to import) no longer
+    fails the start: each constrained request gets a 500 naming it, and nothing else stops."""
+    import radixgen.runtime.constrained.grammar_manager as gm_module
+
+    def broken(name, vocab, config):
+        raise ImportError(f"no module named {name}_native")
+
+    monkeypatch.setattr(gm_module, "create_grammar_backend", broken)
+    gm = new_manager(tokenizer)
+    try:
+        gm.start_warm_up().join(60)  # logs the failure, raises nothing
+        req = make_req("b", json_schema=SCHEMA)
+        ready, failed = settle(gm, submit_all(gm, [req]))
+        assert not ready and failed == [req]
+        reason = req.finished_reason
+        assert reason.status_code == 500 and "xgrammar_native" in reason.message
+    finally:
+        gm.shutdown()
