@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmark_results import replace_section
+
 HERE = Path(__file__).resolve().parent
 NEW_TOKENS = 128
 PROMPT_TOKENS = 32
@@ -137,11 +139,8 @@ def write_results(path: Path, s: dict[str, Any], base: Path | None) -> None:
         ratio = f"{s[f'{mode}_ratio']:.2f}x" if f"{mode}_ratio" in s else "-"
         base_ms = f"{s[f'base_{mode}_host_ms']:.2f}" if f"base_{mode}_host_ms" in s else "-"
         rows.append(f"| {mode} | {base_ms} | {s[f'new_{mode}_host_ms']:.2f} | {ratio} |")
-    text = "\n".join(
+    body = "\n".join(
         [
-            "",
-            f"## Scheduler host work per decode step, batch {s['batch']} (bench_host_step.py)",
-            "",
             f"CPU: {s['cpu']}; tiny random model on CPU, {NEW_TOKENS} greedy tokens; the step's "
             f"time less the forward call, median of {s['rounds']} alternating rounds "
             f"(each the median of 3 batches). Baseline: {base or 'none'}.",
@@ -149,11 +148,11 @@ def write_results(path: Path, s: dict[str, Any], base: Path | None) -> None:
             "| scheduling | base host ms/step | new host ms/step | new / base |",
             "|---|---|---|---|",
             *rows,
-            "",
         ]
     )
-    with path.open("a") as f:
-        f.write(text)
+    replace_section(
+        path, f"Scheduler host work per decode step, batch {s['batch']} (bench_host_step.py)", body
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_host_step import cpu_kind
+from benchmark_results import replace_section
 
 BACKENDS = ("xgrammar", "none")
 
@@ -86,22 +87,17 @@ def write_results(path: Path, s: dict[str, Any], base: Path | None) -> None:
         f"{cell(f'{b}_ratio', '.2f')}x |"
         for b in BACKENDS
     ]
-    text = "\n".join(
+    body = "\n".join(
         [
-            "",
-            "## Engine start, time to ready (bench_startup.py)",
-            "",
             f"CPU: {s['cpu']}; the default model, `radixgen.Engine(...)` until it returns, median "
             f"of {s['rounds']} alternating starts. Baseline: {base or 'none'}.",
             "",
             "| grammar backend | base s | new s | new / base |",
             "|---|---|---|---|",
             *rows,
-            "",
         ]
     )
-    with path.open("a") as f:
-        f.write(text)
+    replace_section(path, "Engine start, time to ready (bench_startup.py)", body)
 
 
 if __name__ == "__main__":

@@ -165,6 +165,10 @@ def general_step_batch(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long),
         draft_rows=draft_rows if any(draft_rows) else None,
     )
+    return _step_batch(reqs, fb, layouts)
+
+
+def _step_batch(reqs: list[Req], fb: ForwardBatch, layouts: list[RowLayout]) -> StepBatch:
     if any(r.lora_id is not None for r in reqs):  # NOTE: speculation is refused with LoRA
         fb.lora_ids = [r.lora_id for r in reqs]
     return StepBatch(reqs, fb, layouts)
@@ -191,19 +195,10 @@ def decode_step_batch(
     row_tensor = torch.tensor(rows, dtype=torch.long)
     req_to_token_pool.write(row_tensor, pos, out_cache_loc)
     fb = ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long),
-        positions=pos,
-        out_cache_loc=out_cache_loc,
-        req_pool_indices_cpu=rows,
-        prefix_lens=positions,
-        extend_lens=[1] * n,
-        extend_start_loc=index,
-        logits_indices=torch.arange(n, dtype=torch.long),
-        draft_rows=None,
-    )
-    if any(r.lora_id is not None for r in reqs):
-        fb.lora_ids = [r.lora_id for r in reqs]
-    return StepBatch(reqs, fb, [RowLayout(i, [], i) for i in index])
+        torch.tensor(input_ids, dtype=torch.long), pos, out_cache_loc, rows, positions,
+        [1] * n, index, torch.arange(n, dtype=torch.long), draft_rows=None,
+    )  # fmt: skip
+    return _step_batch(reqs, fb, [RowLayout(i, [], i) for i in index])
 
 
 def _add_branches(
