@@ -88,11 +88,9 @@ class GrammarManager:
         eos_token_ids: list[int],
     ) -> None:
         self.config = grammar_config
-        self._tokenizer, self._vocab_size, self._eos_token_ids = (
-            tokenizer,
-            vocab_size,
-            eos_token_ids,
-        )
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos_token_ids = eos_token_ids
         self._vocab: GrammarVocab | None = None
         # NOTE: the vocabulary tables and the configured backend (importing xgrammar imports
         # transformers: ~1.2 s of a ~4 s start) are built on first use or by `start_warm_up`'s
