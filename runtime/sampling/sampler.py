@@ -120,7 +120,7 @@ class Sampler:
         plain = [
             i
             for i, r in enumerate(reqs)
-            if r.plain_greedy and not (r.min_new_tokens and len(r.output_ids) < r.min_new_tokens)
+            if r.plain_greedy and len(r.output_ids) >= r.sampling_params.min_new_tokens
         ]
         mask_row: dict[int, int] = {}
         if grammar_mask is not None and grammar_rows is not None:

@@ -112,7 +112,7 @@ def timeline(r: Req, state: str, now: float) -> RequestTimeline:
         completion_tokens=len(r.output_ids),
         retractions=r.retractions,
         jump_forward_tokens=r.jump_forward_tokens,
-        constrained=r.sampling_params.constraint is not None,
+        constrained=r.constrained,
         finish_reason=None if reason is None else reason.kind,
         finish_message=None if reason is None else reason.message or None,
         prompt_head_ids=list(prompt[:PROMPT_HEAD]),

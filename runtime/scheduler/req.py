@@ -58,7 +58,6 @@ class Req:
             and not sp.presence_penalty
             and sp.repetition_penalty == 1.0
         )
-        self.min_new_tokens = sp.min_new_tokens
         self.constrained = sp.constraint is not None  # it needs a grammar (set once compiled)
         seed = msg.sampling_params.seed
         self.seed = (

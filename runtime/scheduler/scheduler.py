@@ -244,7 +244,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         if req.finished:
             self.outbox.append(req)
             return
-        if req.sampling_params.constraint is not None:
+        if req.constrained:
             if self.grammar_manager is None:
                 req.finish(
                     FinishReason.abort("constrained decoding is off (grammar_backend=none)", 400)
