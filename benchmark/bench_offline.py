@@ -69,7 +69,7 @@ def measure_limits(threads: int) -> dict[str, float]:
         read_gbs = max(read_gbs, big.numel() * 4 / (time.perf_counter() - t) / 1e9)
     # the matmul rate in the dtype this CPU multiplies fast: bf16 needs AVX512-BF16 or AMX (on
     # an AVX2-only CPU torch's bf16 matmul is a scalar loop: minutes for this one product)
-    from radixgen.runtime.model_executor.model_runner import cpu_has_bf16
+    from radixgen.runtime.model_executor.resolution import cpu_has_bf16
 
     dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
     a = torch.randn(2048, 2048, dtype=dtype)
