@@ -16,7 +16,13 @@ import torch
 
 from .build import NativeBuildError
 
-CType = type[ctypes.c_void_p] | type[ctypes.c_int64] | type[ctypes.c_int] | type[ctypes.c_float]
+CType = (
+    type[ctypes.c_void_p]
+    | type[ctypes.c_int64]
+    | type[ctypes.c_int]
+    | type[ctypes.c_float]
+    | type[ctypes.c_double]
+)
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # decoder_stack_forward: layers, n_layers, dims, eps, scale, cos, sin, x, final_norm, rows, M,
@@ -71,6 +77,10 @@ SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
     "decoder_stack_words": (_I32, ()),
     "decoder_stack_workspace_bytes": (_I64, (_I64, _I64, _I32, _I32, _I32, _I64)),
     "decoder_stack_forward": (_I32, _STACK_ARGS),
+    "team_threads": (_I32, ()),
+    "team_report": (None, (_I32, ctypes.c_double, ctypes.c_double, ctypes.c_double)),
+    "team_stats": (None, (_P,)),
+    "team_reset": (None, ()),
 }
 
 QUANT_FORMATS = {"u4": 0, "i8": 1, "u4f": 2, "i8h": 3, "i8m": 4}  # gemm_quant.c's `fmt` codes
@@ -148,6 +158,18 @@ class QuantLinearWeight:
         return int(self.data.numel())
 
 
+@dataclass(frozen=True)
+class TeamStats:
+    """team.c's counters for one calling thread."""
+
+    timed: int  # parallel regions of the whole team timed
+    late: int  # of them, ended with a thread far behind (another process held its core)
+    solo_periods: int  # times the regions went to one thread
+    solo_left: int  # regions still to run on one thread
+    backoff: int  # the next solo period's length, in regions
+    adaptive: bool  # False under RADIXGEN_CPU_ADAPTIVE_TEAM=0
+
+
 class NativeKernels:
     """Typed Python entry points over the compiled library."""
 
@@ -182,6 +204,29 @@ class NativeKernels:
         self.decoder_stack_words = int(bind(lib, "decoder_stack_words")())
         self._stack_bytes = bind(lib, "decoder_stack_workspace_bytes")
         self._stack = bind(lib, "decoder_stack_forward")
+        self._team_threads = bind(lib, "team_threads")
+        self._team_report = bind(lib, "team_report")
+        self._team_stats = bind(lib, "team_stats")
+        self._team_reset = bind(lib, "team_reset")
+
+    def team_threads(self) -> int:
+        """Threads the calling thread's next kernel region gets (team.c: all of the OpenMP
+        team, or one while its recent regions found the machine oversubscribed)."""
+        return int(self._team_threads())
+
+    def team_report(self, threads: int, t0: float, spread: float, t1: float) -> None:
+        """Report one timed region to team.c (the kernels do it; tests drive it by hand)."""
+        self._team_report(threads, t0, spread, t1)
+
+    def team_stats(self) -> TeamStats:
+        """The calling thread's adaptive-team counters (team.c)."""
+        out = torch.zeros(6, dtype=torch.int64)
+        self._team_stats(out.data_ptr())
+        timed, late, periods, solo_left, backoff, adaptive = (int(v) for v in out.tolist())
+        return TeamStats(timed, late, periods, solo_left, backoff, bool(adaptive))
+
+    def team_reset(self) -> None:
+        self._team_reset()
 
     def with_act_quant(self, act_quant: str) -> NativeKernels:
         """The same library with another activation mode (a new instance)."""

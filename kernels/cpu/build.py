@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 SOURCES = (
     "ragged_attention.c", "fused_ops.c", "gemm_bf16.c", "gemm_quant.c", "decoder_stack.c",
+    "team.c",
 )  # fmt: skip
 HEADERS = (
     "cpu_common.h",
@@ -35,6 +36,7 @@ HEADERS = (
     "attention_simd.h",
     "simd.h",
     "gemm_quant_fma.h",
+    "team.h",
 )
 # NOTE: -Wall costs nothing at run time; a warning from a compiler we have not tried is logged,
 # and test/kernels/test_native_build.py keeps the sources clean under -Wall -Wextra -Werror.

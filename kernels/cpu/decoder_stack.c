@@ -85,7 +85,7 @@ int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* di
     uint16_t* act = h + N * hidden;     /* [N, inter] */
     float* o = mlp;                     /* o_proj's output shares the MLP's: each is added first */
     int rc;
-#pragma omp parallel for if (N * hidden >= 65536) schedule(static)
+#pragma omp parallel for if (N * hidden >= 65536) schedule(static) num_threads(team_threads())
     for (int64_t i = 0; i < N * hidden; ++i) residual[i] = bf16f(x[i]);
     for (int i = 0; i < n_layers; ++i) {
         const int64_t* w = layers + (int64_t)i * STACK_WORDS;

@@ -92,7 +92,7 @@ static void add_rmsnorm_row_simd(const void* x, float* r, const void* weight, vo
  * (dtype). The norm is x / sqrt(mean(x^2) + eps) in float32, as F.rms_norm on float32. */
 void add_rmsnorm(const void* x, float* residual, const void* weight, void* out, int64_t N,
                  int64_t H, float eps, int dtype, int x_dtype) {
-#pragma omp parallel for if (N * H >= PAR_MIN_ELEMS) schedule(static)
+#pragma omp parallel for if (N * H >= PAR_MIN_ELEMS) schedule(static) num_threads(team_threads())
     for (int64_t n = 0; n < N; ++n) {
         float* r = residual + n * H;
         const void* xr = x ? (const char*)x + n * H * (x_dtype ? 2 : 4) : NULL;
@@ -136,7 +136,7 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
     const int bf16_math = dtype && in_dtype; /* round as torch does in bf16 */
     const int convert = kv_dtype != dtype;   /* a KV format other than the model dtype */
     int half = D / 2;
-#pragma omp parallel for if (N * (H + 2 * Hkv) * D >= PAR_MIN_ELEMS) schedule(static)
+#pragma omp parallel for if (N * (H + 2 * Hkv) * D >= PAR_MIN_ELEMS) schedule(static) num_threads(team_threads())
     for (int64_t n = 0; n < N; ++n) {
         const float* c = cos_t + pos[n] * D;
         const float* s = sin_t + pos[n] * D;
@@ -235,7 +235,7 @@ void rope_store_kv(const void* qkv, int64_t qkv_stride, const int64_t* pos, cons
  * and out rounds after each op, as torch in bf16; float32 in rounds the product once. */
 void silu_mul(const void* gate_up, void* out, int64_t N, int64_t I, int dtype, int in_dtype) {
     const int bf16_math = dtype && in_dtype;
-#pragma omp parallel for if (N * I >= PAR_MIN_ELEMS) schedule(static)
+#pragma omp parallel for if (N * I >= PAR_MIN_ELEMS) schedule(static) num_threads(team_threads())
     for (int64_t n = 0; n < N; ++n) {
         int64_t i = 0;
 #ifdef __AVX512F__
@@ -355,7 +355,7 @@ static float row_max_bf16(const uint16_t* row, int64_t V, const int32_t* mask, i
 void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidden,
                         const uint16_t* weight, const int64_t* rows, int64_t R, int64_t V,
                         int64_t H, const int32_t* masks, int64_t W, int64_t* out_ids) {
-#pragma omp parallel for if (R >= 4) schedule(static)
+#pragma omp parallel for if (R >= 4) schedule(static) num_threads(team_threads())
     for (int64_t r = 0; r < R; ++r) {
         const uint16_t* row = logits + rows[r] * ld;
         const int32_t* mask = masks ? masks + r * W : NULL;
@@ -414,7 +414,7 @@ void greedy_refine_bf16(const uint16_t* logits, int64_t ld, const uint16_t* hidd
  * a NaN wins, the first one). rows: NULL for rows 0 .. R-1; masks as greedy_refine_bf16's. */
 void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R, int64_t V,
                 const int32_t* masks, int64_t W, int64_t* out_ids) {
-#pragma omp parallel for if (R >= 4) schedule(static)
+#pragma omp parallel for if (R >= 4) schedule(static) num_threads(team_threads())
     for (int64_t r = 0; r < R; ++r) {
         const float* row = logits + (rows ? rows[r] : r) * ld;
         const int32_t* mask = masks ? masks + r * W : NULL;
@@ -521,7 +521,7 @@ void argmax_f32(const float* logits, int64_t ld, const int64_t* rows, int64_t R,
  * candidates by their exact values (same candidates and dot products as greedy_refine_bf16). */
 void refine_near_max_f32(float* logits, int64_t ld, const uint16_t* hidden, int64_t hld,
                          const uint16_t* weight, int64_t R, int64_t V, int64_t H) {
-#pragma omp parallel for if (R >= 4) schedule(static)
+#pragma omp parallel for if (R >= 4) schedule(static) num_threads(team_threads())
     for (int64_t r = 0; r < R; ++r) {
         float* row = logits + r * ld;
         float mx = -INFINITY;

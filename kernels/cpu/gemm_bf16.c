@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include "radixgen_kernels.h"
+#include "team.h"
 
 #define PANEL 48 /* output columns per packed panel: 3 vectors of 16 float32 lanes */
 #define TILE_M 8 /* rows per register tile */
@@ -34,7 +35,7 @@ int gemm_bf16_available(void) { return 1; }
 /* w: [n, k] bf16 row-major (as nn.Linear stores it) -> out: gemm_bf16_packed_elems(n, k). */
 void gemm_bf16_pack(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
     int64_t k2 = (k + 1) / 2, panels = (n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(team_threads())
     for (int64_t p = 0; p < panels; ++p) {
         uint16_t* dst = out + p * k2 * PANEL * 2;
         for (int c = 0; c < PANEL; ++c) {
@@ -100,7 +101,11 @@ int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed,
               int64_t k, const float* bias, void* y, int64_t ldy, int out_f32) {
     int64_t k2 = (k + 1) / 2, panels = (n + PANEL - 1) / PANEL;
     int64_t blocks = (m + BLOCK_M - 1) / BLOCK_M, items = blocks * panels;
-#pragma omp parallel for schedule(static)
+    TeamClock clock;
+    team_clock_start(&clock);
+#pragma omp parallel num_threads(team_threads())
+    {
+#pragma omp for schedule(static) nowait
     for (int64_t it = 0; it < items; ++it) {
         int64_t blk = it / panels, p = it % panels;
         const uint16_t* panel = packed + p * k2 * PANEL * 2;
@@ -123,6 +128,9 @@ int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed,
             }
         }
     }
+    team_clock_done(&clock);
+    }
+    team_clock_report(&clock);
     return 0;
 }
 

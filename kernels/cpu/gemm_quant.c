@@ -35,6 +35,7 @@
 
 #include "cpu_common.h"
 #include "radixgen_kernels.h"
+#include "team.h"
 
 #define QPANEL 48 /* output columns per panel */
 #define QGROUP 32 /* k per scale group */
@@ -90,7 +91,7 @@ void qgemm_pack(const uint8_t* q, const void* d, const void* m, int64_t n, int64
                 uint8_t* out) {
     int64_t groups = k / QGROUP, panels = (n + QPANEL - 1) / QPANEL, gb = group_bytes(fmt);
     int64_t scale_bytes = scale_bytes_of(fmt);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(team_threads())
     for (int64_t p = 0; p < panels; ++p) {
         for (int64_t g = 0; g < groups; ++g) {
             uint8_t* dst = out + (p * groups + g) * gb;
@@ -130,7 +131,7 @@ void qgemm_rows_bf16(const uint8_t* packed, int64_t n, int64_t k, int fmt, const
                      int64_t r, uint16_t* out) {
     int64_t groups = k / QGROUP, gb = group_bytes(fmt);
     int64_t scale_bytes = scale_bytes_of(fmt);
-#pragma omp parallel for schedule(static) if (r > 16)
+#pragma omp parallel for schedule(static) if (r > 16) num_threads(team_threads())
     for (int64_t t = 0; t < r; ++t) {
         int64_t row = rows[t];
         uint16_t* o = out + t * k;
@@ -482,7 +483,7 @@ static uint8_t* thread_buffer(int64_t bytes) {
 
 /* Sum of x over each group of 32, per row: a fixed order, whatever M is. */
 static void group_sums(const uint16_t* x, int64_t m, int64_t ldx, int64_t groups, float* xs) {
-#pragma omp parallel for schedule(static) if (m > 4)
+#pragma omp parallel for schedule(static) if (m > 4) num_threads(team_threads())
     for (int64_t r = 0; r < m; ++r)
         for (int64_t g = 0; g < groups; ++g) {
             const uint16_t* p = x + r * ldx + g * QGROUP;
@@ -509,11 +510,13 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
     }
     const int buffered = m > 2; /* in-register unpacking pays off for 1-2 rows only */
     int failed = 0;
-#pragma omp parallel
+    TeamClock clock;
+    team_clock_start(&clock);
+#pragma omp parallel num_threads(team_threads())
     {
         uint8_t* buf = buffered ? thread_buffer(BUF_GROUP + QBLOCK_M * QPANEL * 4) : NULL;
         if (buffered && !buf) failed = 1;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int64_t it = 0; it < items; ++it) {
             if (buffered && !buf) continue;
             int64_t blk = it / panels, p = it % panels;
@@ -583,7 +586,9 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
                 }
             }
         }
+        team_clock_done(&clock);
     }
+    team_clock_report(&clock);
     free(xs);
     return failed ? -3 : 0;
 }

@@ -60,7 +60,7 @@ static void prepare_x(const uint16_t* x, int64_t m, int64_t ldx, int64_t k, int 
     int64_t groups = k / QGROUP;
     float sc[QGROUP];
     for (int kk = 0; kk < QGROUP; ++kk) sc[kk] = x_scale(fmt, kk);
-#pragma omp parallel for schedule(static) if (m > 4)
+#pragma omp parallel for schedule(static) if (m > 4) num_threads(team_threads())
     for (int64_t r = 0; r < m; ++r)
         for (int64_t g = 0; g < groups; ++g) {
             const uint16_t* p = x + r * ldx + g * QGROUP;
@@ -380,7 +380,7 @@ static const uint8_t qa_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 static void qa_prepare(const uint16_t* x, int64_t m, int64_t ldx, int64_t k, int two, int8_t* xq,
                        float* xd) {
     const int64_t groups = k / QGROUP, gq = two ? 2 * QGROUP : QGROUP;
-#pragma omp parallel for schedule(static) if (m > 4)
+#pragma omp parallel for schedule(static) if (m > 4) num_threads(team_threads())
     for (int64_t r = 0; r < m; ++r)
         for (int64_t g = 0; g < groups; ++g) {
             const uint16_t* p = x + r * ldx + g * QGROUP;
@@ -498,7 +498,11 @@ static int qgemm_act_i8(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t
     float* xd = (float*)(xq + m * groups * gq);
     qa_prepare(x, m, ldx, k, two, xq, xd);
     const int step = QA_MR(two);
-#pragma omp parallel for schedule(static)
+    TeamClock clock;
+    team_clock_start(&clock);
+#pragma omp parallel num_threads(team_threads())
+    {
+#pragma omp for schedule(static) nowait
     for (int64_t it = 0; it < items; ++it) {
         int64_t blk = it / panels, p = it % panels;
         const uint8_t* panel = packed + p * groups * gbytes;
@@ -530,6 +534,9 @@ static int qgemm_act_i8(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t
             qstore_rows(acc, rows, pb, yr, ldy, ncols, out_f32);
         }
     }
+    team_clock_done(&clock);
+    }
+    team_clock_report(&clock);
     free(xq);
     return 0;
 }
@@ -563,11 +570,13 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
     prepare_x(x, m, ldx, k, fmt, xprep, xsum);
     const int buffered = m > (IS_U4(fmt) ? QREG_ROWS_U4 : QREG_ROWS);
     int failed = 0;
-#pragma omp parallel
+    TeamClock clock;
+    team_clock_start(&clock);
+#pragma omp parallel num_threads(team_threads())
     {
         float* buf = buffered ? thread_fbuffer(QB_FLOATS + QBLOCK_M * QPANEL) : NULL;
         if (buffered && !buf) failed = 1;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int64_t it = 0; it < items; ++it) {
             if (buffered && !buf) continue;
             int64_t blk = it / panels, p = it % panels;
@@ -618,7 +627,9 @@ int qgemm(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* packed, int6
             }
             qstore_rows(acc, end - r0, pb, yr, ldy, ncols, out_f32);
         }
+        team_clock_done(&clock);
     }
+    team_clock_report(&clock);
     free(xprep);
     return failed ? -3 : 0;
 }

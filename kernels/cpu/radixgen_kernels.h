@@ -103,4 +103,19 @@ int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* di
                           const int64_t* kv_indices, const int64_t* kv_indptr,
                           const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work);
 
+/* team.c: threads for the calling thread's next parallel region: omp_get_max_threads(), or 1
+ * while its recent regions found the machine oversubscribed (results never depend on it). */
+int team_threads(void);
+
+/* team.c: a timed region of `threads` threads began at t0 and ended at t1 (omp_get_wtime), its
+ * threads' finish times `spread` seconds apart (team.h's team_clock_report calls this). */
+void team_report(int threads, double t0, double spread, double t1);
+
+/* team.c: the calling thread's counters: int64 [6] = team regions timed, of them late, solo
+ * periods, regions left to run alone, the next solo period's length, adaptive (0 / 1). */
+void team_stats(int64_t* out);
+
+/* team.c: the calling thread's counters and solo state back to their start. */
+void team_reset(void);
+
 #endif /* RADIXGEN_KERNELS_H */

@@ -249,6 +249,7 @@ def neon_harness(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("neon") / "qgemm_harness"
     cmd = [CROSS_CC, *BY_NAME["neon"].cflags, "-O3", "-fopenmp", "-std=c11", "-ffp-contract=fast",
            "-Wall", "-Wextra", "-Werror", str(HARNESS), str(build.SOURCE_DIR / "gemm_quant.c"),
+           str(build.SOURCE_DIR / "team.c"),
            "-o", str(out), "-lm"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

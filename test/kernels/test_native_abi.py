@@ -20,6 +20,7 @@ SCALARS: dict[str, type | None] = {
     "int64_t": ctypes.c_int64,
     "int": ctypes.c_int,
     "float": ctypes.c_float,
+    "double": ctypes.c_double,
     "void": None,
 }
 

@@ -21,7 +21,7 @@ from radixgen.kernels.cpu.isa import BY_NAME, why_not_runnable
 
 HARNESS = Path(__file__).parent / "native_harness" / "ops_harness.c"
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64-static", "/usr/aarch64-linux-gnu"
-SOURCES = ("ragged_attention.c", "fused_ops.c")
+SOURCES = ("ragged_attention.c", "fused_ops.c", "team.c")
 
 
 def _build(cc: str, isa: str, out: Path) -> Path:
