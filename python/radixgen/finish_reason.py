@@ -9,7 +9,9 @@ between our own processes); only `to_dict()` spells SGLang's `meta_info.finish_r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from radixgen.json_types import JSONObject
 
 FinishKind = Literal["stop", "length", "abort"]
 
@@ -63,7 +65,7 @@ class FinishReason:
         """The EOS / stop token id that ended the request, if one did."""
         return self.matched if self.kind == "stop" and isinstance(self.matched, int) else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """SGLang's `finish_reason` dict (the only place that shape is written)."""
         if self.kind == "stop":
             return {"type": "stop", "matched": self.matched}

@@ -11,7 +11,7 @@ import asyncio
 import atexit
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -82,7 +82,7 @@ class Engine:
     @staticmethod
     def _request(
         prompt: str | list[str] | None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None,
         input_ids: list[int] | list[list[int]] | None,
         return_logprob: bool | list[bool],
         logprob_start_len: int | list[int] | None,
@@ -125,7 +125,7 @@ class Engine:
     def generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None,
@@ -187,7 +187,7 @@ class Engine:
     async def async_generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None,
