@@ -40,6 +40,7 @@ from radixgen.io_struct import (
     DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
+    GenerateOutput,
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
@@ -489,7 +490,7 @@ class TokenizerManager:
 
     async def generate(
         self, obj: GenerateReqInput
-    ) -> AsyncGenerator[dict[str, Any] | list[dict[str, Any]], None]:
+    ) -> AsyncGenerator[GenerateOutput | list[GenerateOutput], None]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
         self.check_generates()
@@ -688,13 +689,13 @@ class TokenizerManager:
             self.metrics.on_submit(st)
         return st
 
-    async def _wait_final(self, st: ReqState) -> dict[str, Any]:
+    async def _wait_final(self, st: ReqState) -> GenerateOutput:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
         return build_output(st, 0, self.tokenizer, self.args.cache.enable_hierarchical_cache)
 
-    async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[GenerateOutput]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
         entries of every token since the previous chunk.
 
