@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Generic, TypeAlias, TypedDict, TypeVar, cast
+from typing import Generic, TypeAlias, TypeVar, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
-from radixgen.json_types import JSONObject
 from radixgen.program_trace import ProgramTraceTag
 from radixgen.sampling_params import SamplingParams
 
@@ -21,48 +20,6 @@ from radixgen.sampling_params import SamplingParams
 LogprobList = list[tuple[float | None, int]]
 # one position's top alternatives, best first (every logprob known)
 TopLogprobList = list[tuple[float, int]]
-
-# --- SGLang's response dict (what /generate answers and Engine.generate returns) ---------------
-
-LogprobEntry = list[float | int | str | None]
-"""One `*_token_logprobs` entry of meta_info: [logprob, token id, token text or None]."""
-
-
-class _MetaInfoRequired(TypedDict):
-    id: str
-    finish_reason: JSONObject | None  # FinishReason.to_dict(): SGLang's shape
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    jump_forward_tokens: int
-
-
-class MetaInfo(_MetaInfoRequired, total=False):
-    """A response's `meta_info` (SGLang's keys); the optional ones are there when they apply."""
-
-    cached_tokens_details: dict[str, int]  # HiCache on: {"device", "host", "storage"}
-    grammar_backend: str
-    schema_rewrites: list[str]
-    schema_checks: list[str]
-    schema_check_rollbacks: int
-    e2e_latency: float  # once finished
-    input_token_logprobs: list[LogprobEntry]  # return_logprob: these five
-    output_token_logprobs: list[LogprobEntry]
-    output_token_logprobs_length: int
-    input_top_logprobs: list[list[LogprobEntry] | None]
-    output_top_logprobs: list[list[LogprobEntry]]
-
-
-class _GenerateOutputRequired(TypedDict):
-    text: str
-    output_ids: list[int]
-    meta_info: MetaInfo
-
-
-class GenerateOutput(_GenerateOutputRequired, total=False):
-    """One prompt's answer (or streamed chunk): SGLang's `{"text", "output_ids", "meta_info"}`."""
-
-    index: int  # a streamed batch's chunk: which prompt it belongs to
 
 
 @dataclass

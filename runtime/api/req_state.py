@@ -11,14 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import (
-    GenerateOutput,
-    LogprobEntry,
-    LogprobList,
-    MetaInfo,
-    RequestMeta,
-    TopLogprobList,
-)
+from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
+from radixgen.io_struct import LogprobList, RequestMeta, TopLogprobList
 from radixgen.runtime.dashboard.traces import PendingRequest
 from radixgen.runtime.text.tokenizer import Tokenizer
 

@@ -28,6 +28,7 @@ from radixgen.errors import (
     QueueFullError,
 )
 from radixgen.finish_reason import FinishReason
+from radixgen.generate_output import GenerateOutput
 from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
@@ -40,7 +41,6 @@ from radixgen.io_struct import (
     DashboardSnapshotReq,
     FlushCacheOut,
     FlushCacheReq,
-    GenerateOutput,
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,

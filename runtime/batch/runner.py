@@ -15,17 +15,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from radixgen.json_types import JSONObject
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.store import BatchStore, PendingLine, new_id
 
 logger = logging.getLogger(__name__)
 
 # (status code, response body) of one request, as its HTTP route would answer it
-Execute = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+# (endpoint, request body) -> (status code, answer body): a batch line run as its route runs it
+Execute = Callable[[str, JSONObject], Awaitable[tuple[int, Mapping[str, object]]]]
 RETRY_UNAVAILABLE_S = 1.0
 EXPIRED = "batch_expired"
 

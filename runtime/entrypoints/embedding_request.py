@@ -66,7 +66,7 @@ def encode_outputs(
 
 
 async def embed_request(
-    tm: TokenizerManager, value: object, dimensions: int | None, param: str, truncate: bool = False
+    tm: TokenizerManager, value: object, dimensions: object, param: str, truncate: object = False
 ) -> tuple[list[EmbeddingResult], bool]:
     """The vectors of the request's inputs, in order, and whether it was a batch; truncate: an
     input over the model's limit is cut to it (text: as sentence-transformers cuts, the closing

@@ -16,7 +16,8 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TypedDict, TypeVar, cast
 
-from radixgen.io_struct import GenerateOutput, GenerateReqInput
+from radixgen.generate_output import GenerateOutput
+from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints.embedding_request import (
     EncodeOutput,

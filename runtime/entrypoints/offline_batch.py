@@ -17,17 +17,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
 from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixgen.runtime.entrypoints.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -123,11 +127,11 @@ def _drop_torn_tail(path: Path) -> None:
 class OfflineState:
     """What the routes' run functions need of a server (`manager()`, `args`), over an Engine."""
 
-    def __init__(self, args: ServerArgs, manager: Any) -> None:
+    def __init__(self, args: ServerArgs, manager: TokenizerManager) -> None:
         self.args, self._manager = args, manager
         self.responses = ResponseStore()  # /v1/responses lines' own (previous_response_id)
 
-    def manager(self, while_draining: bool = False) -> Any:
+    def manager(self, while_draining: bool = False) -> TokenizerManager:
         return self._manager
 
 
@@ -157,7 +161,7 @@ def prepare_batch(
     return PreparedBatch(todo, bad, len(skip), output_path, error_path, resume)
 
 
-def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
+def run_batch(engine: Engine, batch: PreparedBatch) -> tuple[int, int]:
     """Run the lines on `engine`; returns (lines answered 2xx, records in the error file)."""
     state = OfflineState(engine.server_args, engine.tokenizer_manager)
     counts = {"ok": 0, "failed": 0, "tokens": 0}
@@ -183,7 +187,8 @@ def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
             ok = 200 <= status < 300
             _write(out if ok else err, record)
             counts["ok" if ok else "failed"] += 1
-            counts["tokens"] += (body.get("usage") or {}).get("completion_tokens", 0)
+            usage = body.get("usage")  # an object when there is one
+            counts["tokens"] += usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0
             elapsed = bar.format_dict["elapsed"] or 1e-9
             bar.set_postfix_str(f"{counts['tokens'] / elapsed:.1f} tok/s", refresh=False)
             bar.update(1)

@@ -14,25 +14,30 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 from starlette.datastructures import UploadFile
 
 from radixgen.errors import InvalidRequestError, RadixGenError, RequestTooLargeError
-from radixgen.runtime.batch.runner import Unavailable
+from radixgen.json_types import JSONObject
+from radixgen.runtime.batch.runner import Execute, Unavailable
 from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.batch.store import DataDirBusyError
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import run_chat_completion
+from radixgen.runtime.entrypoints.openai.serving_common import Answer, ServingState
 from radixgen.runtime.entrypoints.openai.serving_completions import run_completion
 from radixgen.runtime.entrypoints.openai.serving_embedding import run_embedding
 from radixgen.runtime.entrypoints.openai.serving_responses import run_response
 
+if TYPE_CHECKING:
+    from radixgen.runtime.entrypoints.server_state import ServerState
+
 router = APIRouter()
 
-RunOne = Callable[[Any, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+RunOne = Callable[[ServingState, JSONObject], Awaitable[Answer]]
 # the endpoints a batch may target, and how one of their requests is run without HTTP
 BATCH_ENDPOINTS: dict[str, RunOne] = {
     "/v1/chat/completions": run_chat_completion,
@@ -48,18 +53,18 @@ MULTIPART_OVERHEAD = 64 * 1024  # form fields and boundaries beside the file's b
 
 
 def batch_executor(
-    state: Any,
-) -> Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]:
-    async def execute(endpoint: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    state: ServerState,
+) -> Execute:
+    async def execute(endpoint: str, body: JSONObject) -> Answer:
         status, answer = await BATCH_ENDPOINTS[endpoint](state, body)
-        if status == 503:  # loading, draining or dead: not the line's answer
-            raise Unavailable(answer["error"]["message"])
+        if status == 503:  # loading, draining or dead: not the line's answer (an error body)
+            raise Unavailable(cast(hu.ErrorBody, answer)["error"]["message"])
         return status, answer
 
     return execute
 
 
-def resume_batches(state: Any) -> None:
+def resume_batches(state: ServerState) -> None:
     """At server start: unfinished batches of a previous run go on."""
     if state.batch is None:
         state.batch = BatchService.resume_if_left(state.args.batch, batch_executor(state))
