@@ -28,6 +28,7 @@ from radixgen.lang.run_trace import TraceScope
 
 if TYPE_CHECKING:
     from radixgen.lang.function import SglFunction
+    from radixgen.runtime.entrypoints.engine import Engine
 
 
 def resolve_backend(backend: object) -> BaseBackend:
@@ -39,7 +40,7 @@ def resolve_backend(backend: object) -> BaseBackend:
     if hasattr(backend, "endpoint"):  # SGLang's Runtime wrapper shape
         backend = backend.endpoint
     if hasattr(backend, "tokenizer_manager") and not hasattr(backend, "get_chat_template"):
-        backend = EngineBackend.wrap(backend)
+        backend = EngineBackend.wrap(cast("Engine", backend))
     return cast(BaseBackend, backend)
 
 

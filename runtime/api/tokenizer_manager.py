@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -49,6 +49,7 @@ from radixgen.io_struct import (
     LoraAdapterOut,
     MessageDispatch,
     SchedulerReadyOut,
+    TokenizedEmbeddingReq,
     TokenizedGenerateReq,
     TokenizerInbound,
     UnloadLoraAdapterReq,
@@ -478,7 +479,7 @@ class TokenizerManager:
         ids = [e[0] for e in encoded]
         return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
 
-    async def _send_embedding(self, msg: Any) -> int:
+    async def _send_embedding(self, msg: TokenizedEmbeddingReq) -> int:
         assert self.link is not None
         return await self.link.send_request(msg)
 
@@ -754,7 +755,7 @@ class TokenizerManager:
 
     # --- info ---------------------------------------------------------------------------------
 
-    def model_info(self) -> dict[str, Any]:
+    def model_info(self) -> dict[str, object]:
         # NOTE: `model_path` is always loadable by Hugging Face tools (SGLang clients pass it to
         # `get_tokenizer`): the bundled default model reports its converted folder, not a name.
         return {

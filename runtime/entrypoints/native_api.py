@@ -400,9 +400,9 @@ async def detokenize(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = server_state(request)
     if state.metrics is None:
-        body = error_body(InvalidRequestError("metrics are off; start with --enable-metrics"))
-        body["error"]["code"] = 404
-        return json_response(body, 404)
+        off = error_body(InvalidRequestError("metrics are off; start with --enable-metrics"))
+        off["error"]["code"] = 404
+        return json_response(off, 404)
     engine_state = None
     live: set[str] = set()
     if state.healthy and state.tm is not None:

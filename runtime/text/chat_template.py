@@ -27,7 +27,9 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+def _tojson(
+    value: object, indent: int | None = None, ensure_ascii: bool = False, **_: object
+) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
 

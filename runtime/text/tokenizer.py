@@ -285,7 +285,7 @@ class Tokenizer:
         return self.chat_template.render_chat(messages, add_generation_prompt, tools, **extra)
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     """A special token's text in tokenizer_config.json: a string, or an AddedToken dict."""
     text = value.get("content") if isinstance(value, dict) else value
     return text if isinstance(text, str) else None
