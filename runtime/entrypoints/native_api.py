@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
@@ -154,7 +153,7 @@ async def health_generate(request: Request) -> Response:
     try:
         tm = server_state(request).manager()
         if tm.embeddings is not None:
-            work: Any = tm.warm_up()
+            work: Awaitable[object] = tm.warm_up()
         else:
             obj = GenerateReqInput(
                 text="Hi",

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.entrypoints.server_state import ServerState
 
 router = APIRouter()
+_P = ParamSpec("_P")
 
 RunOne = Callable[[ServingState, JSONObject], Awaitable[Answer]]
 # the endpoints a batch may target, and how one of their requests is run without HTTP
@@ -104,11 +105,11 @@ def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     }
 
 
-def _guard(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+def _guard(handler: Callable[_P, Awaitable[Response]]) -> Callable[_P, Awaitable[Response]]:
     """Our errors become OpenAI-shaped error answers (404, 400, 413, 503)."""
 
     @functools.wraps(handler)  # FastAPI reads the handler's parameters through __wrapped__
-    async def run(*args: Any, **kwargs: Any) -> Response:
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> Response:
         try:
             return await handler(*args, **kwargs)
         except RadixGenError as e:
