@@ -152,8 +152,7 @@ ANY_BUDGET: dict[str, tuple[int, str]] = {
     "radixgen.runtime.models.model_config": (9, HF_CONFIG),
     "radixgen.runtime.models.sentence_config": (1, HF_CONFIG),
     "radixgen.runtime.scheduler.req": (1, DRAFT_MASK),
-    "radixgen.runtime.text.chat_template": (6, JINJA),
-    "radixgen.runtime.text.tokenizer": (7, JINJA + "; tokenizer_config.json, read key by key"),
+    "radixgen.runtime.text.tokenizer": (1, "tokenizer_config.json, read key by key"),
 }
 
 _TYPING_MODULES = ("typing", "typing_extensions", "t")
