@@ -84,7 +84,7 @@ class OpenAI(BaseBackend):
         stop = params.stop_list()
         if stop:
             kwargs["stop"] = stop[:4] if _is_openai_host(self.client) else stop
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         for key, name in (("top_k", "top_k"), ("min_p", "min_p"), ("ignore_eos", "ignore_eos"),
                           ("min_new_tokens", "min_tokens")):  # fmt: skip
             value = getattr(params, key)
@@ -289,5 +289,5 @@ def _output_logprobs(choice: Any) -> list[list[Any]]:
     return [[v, None, t] for v, t in zip(lp.token_logprobs or [], tokens, strict=False)]
 
 
-def _is_openai_host(client: Any) -> bool:
+def _is_openai_host(client: object) -> bool:
     return "api.openai.com" in str(getattr(client, "base_url", ""))

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, cast
 
@@ -93,7 +93,7 @@ def _page_args(request: Request) -> tuple[int, str | None]:
     return limit, request.query_params.get("after")
 
 
-def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def _page(items: Sequence[Mapping[str, object]], limit: int) -> dict[str, object]:
     """OpenAI's cursor page: `limit + 1` items were fetched to tell whether more follow."""
     data = items[:limit]
     return {
@@ -186,7 +186,7 @@ async def list_files(request: Request) -> Response:
     )
 
 
-def _file(request: Request, file_id: str) -> dict[str, Any]:
+def _file(request: Request, file_id: str) -> JSONObject:
     found = _service(request).store.get_file(file_id)
     if found is None:
         raise hu.NotFoundError(f"no file with id {file_id!r}")
