@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, overload
 
 from radixgen.lang import constraints
 from radixgen.lang.choices import ChoicesSamplingMethod, ConstrainedChoice, token_length_normalized
@@ -24,26 +24,36 @@ from radixgen.lang.ir import (
 from radixgen.reasoning_parser import REASONING_FORMATS
 
 
-def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+@overload
+def function(
+    func: Callable[..., object], num_api_spec_tokens: int | None = None
+) -> SglFunction: ...
+@overload
+def function(
+    func: None = None, num_api_spec_tokens: int | None = None
+) -> Callable[[Callable[..., object]], SglFunction]: ...
+def function(
+    func: Callable[..., object] | None = None, num_api_spec_tokens: int | None = None
+) -> SglFunction | Callable[[Callable[..., object]], SglFunction]:
     """Decorator: `@function` or `@function(...)` turns `def prog(s, ...)` into a program."""
     if func is not None:
         return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
     return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
 
 
-def set_default_backend(backend: Any) -> None:
+def set_default_backend(backend: object) -> None:
     """The backend programs use when run() gets none (a radixgen.Engine is wrapped)."""
     global_config.default_backend = resolve_backend(backend) if backend is not None else None
 
 
-def flush_cache(backend: Any = None) -> Any:
+def flush_cache(backend: object = None) -> object:
     """Empty the server's prefix cache (returns False when there is no backend)."""
     if backend is None and global_config.default_backend is None:
         return False
     return resolve_backend(backend).flush_cache()
 
 
-def get_server_info(backend: Any = None) -> Any:
+def get_server_info(backend: object = None) -> object:
     if backend is None and global_config.default_backend is None:
         return None
     return resolve_backend(backend).get_server_info()
@@ -72,7 +82,7 @@ def gen(
     choices: list[str] | None = None,
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
-    json_schema: Any = None,
+    json_schema: str | Mapping[str, object] | type | None = None,
     lora_path: str | None = None,
 ) -> SglExpr:
     """Generate text into variable `name`; None inherits the run()-level default (`lora_path`,
@@ -142,7 +152,7 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs:
     return gen(name, max_tokens, dtype=str, **kwargs)
 
 
-def _no_constraint_kwargs(who: str, kwargs: dict[str, Any]) -> None:
+def _no_constraint_kwargs(who: str, kwargs: dict[str, object]) -> None:
     bad = sorted({"min_tokens", "dtype", "regex", "json_schema", "choices"} & set(kwargs))
     if bad:
         raise TypeError(f"{who}() does not take {', '.join(bad)}")
@@ -168,21 +178,21 @@ def select(
     return SglSelect(name, list(choices), temperature, choices_method, lora_path)
 
 
-def _role(role: str, expr: Any = None) -> SglExprList:
+def _role(role: str, expr: str | SglExpr | None = None) -> SglExprList:
     if expr is None:
         return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
     return SglExprList([SglRoleBegin(role), as_expr(expr), SglRoleEnd(role)])
 
 
-def system(expr: Any = None) -> SglExprList:
+def system(expr: str | SglExpr | None = None) -> SglExprList:
     return _role("system", expr)
 
 
-def user(expr: Any = None) -> SglExprList:
+def user(expr: str | SglExpr | None = None) -> SglExprList:
     return _role("user", expr)
 
 
-def assistant(expr: Any = None) -> SglExprList:
+def assistant(expr: str | SglExpr | None = None) -> SglExprList:
     return _role("assistant", expr)
 
 
@@ -210,7 +220,7 @@ def assistant_end() -> SglRoleEnd:
     return SglRoleEnd("assistant")
 
 
-def image(path_or_bytes: Any) -> SglExpr:
+def image(path_or_bytes: str | bytes) -> SglExpr:
     raise NotImplementedError("image(): RadixGen serves text-only models")
 
 

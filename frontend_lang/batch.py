@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from radixgen.lang.adapter_scope import using_adapter
 from radixgen.lang.global_config import global_config
@@ -16,12 +16,15 @@ from radixgen.lang.ir import SglSamplingParams
 from radixgen.lang.run_trace import TraceScope, tagged
 from radixgen.lang.tracer import extract_prefix_by_tracing
 
+if TYPE_CHECKING:
+    from radixgen.lang.function import SglFunction
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MIN_PRECACHE_CHARS = 64  # shorter constant prefixes are not worth a request (SGLang's rule)
 
 
-def cache_program(program: Any, backend: Any) -> str:
+def cache_program(program: SglFunction, backend: object) -> str:
     """Prefill the program's constant prefix (found by tracing) once; returns the prefix."""
     backend = resolve_backend(backend)
     prefix = extract_prefix_by_tracing(program, backend)
@@ -37,9 +40,9 @@ def _worker_count(num_threads: int | str, batch: int) -> int:
 
 
 def run_program_batch(
-    program: Any,
-    backend: Any,
-    batch_arguments: list[dict[str, Any]],
+    program: SglFunction,
+    backend: object,
+    batch_arguments: list[dict[str, object]],
     default_sampling_para: SglSamplingParams,
     num_threads: int | str,
     progress_bar: bool,
@@ -59,7 +62,7 @@ def run_program_batch(
             cache_program(program, backend)
     workers = _worker_count(num_threads, len(batch_arguments))
 
-    def run_one(item: tuple[int, dict[str, Any]]) -> ProgramState:
+    def run_one(item: tuple[int, dict[str, object]]) -> ProgramState:
         i, arguments = item
         state = run_program(
             program, backend, (), arguments, default_sampling_para, False, raise_errors=False,

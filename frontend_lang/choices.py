@@ -10,6 +10,7 @@ counts as 0.0: it is the same unconditioned position for every choice.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +181,7 @@ def score_choices(
     input_token_logprobs: list[list[LogprobEntry]],
     output_token_logprobs: list[list[LogprobEntry]],
     method: ChoicesSamplingMethod,
-    unconditional: Any = None,
+    unconditional: Callable[[list[list[int]]], list[list[LogprobEntry]]] | None = None,
 ) -> ChoicesDecision:
     """SGLang's select decision from the backend's per-choice logprob entries.
 

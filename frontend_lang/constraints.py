@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
 
 # the same patterns SGLang's RuntimeEndpoint sends for each dtype
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
@@ -21,7 +20,7 @@ REGEX_STR = r"\"[\w\d\s]*\""
 _DTYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool", "string": "str"}
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: object) -> str:
     """'int' | 'float' | 'str' | 'bool' for a type or its name; anything else is an error."""
     name = _DTYPE_NAMES.get(dtype, dtype)
     if not isinstance(name, str) or name not in ("int", "float", "str", "bool"):
@@ -29,7 +28,7 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def dtype_regex(dtype: Any) -> tuple[str, list[str]]:
+def dtype_regex(dtype: object) -> tuple[str, list[str]]:
     """(regex, extra stop strings) for a dtype; numbers stop at the first space or newline."""
     name = dtype_name(dtype)
     if name == "int":
@@ -49,7 +48,7 @@ def check_regex(regex: str) -> None:
         raise ValueError(f"invalid regex {regex!r}: {e}") from e
 
 
-def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
+def normalize_json_schema(schema: object) -> tuple[str, type | None]:
     """(schema as JSON text, the pydantic model class if one was given)."""
     if isinstance(schema, str):
         try:
@@ -70,8 +69,8 @@ def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
 
 
 def parser_for(
-    dtype: Any = None, model: type | None = None, is_json: bool = False
-) -> Callable[[str], Any]:
+    dtype: object = None, model: type | None = None, is_json: bool = False
+) -> Callable[[str], object]:
     """The function that turns a gen's text into its typed value (raises ValueError if it can't)."""
     if model is not None:
         return lambda text: model.model_validate_json(text)  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang import constraints
 from radixgen.lang.adapter_scope import using_adapter
@@ -46,6 +46,10 @@ from radixgen.lang.ir import (
 )
 from radixgen.lang.run_trace import TraceScope, call_label, tagged
 from radixgen.reasoning_parser import ReasoningParser
+
+if TYPE_CHECKING:
+    from radixgen.lang.backend.base import BaseBackend
+    from radixgen.lang.chat_template import ChatTemplate
 
 logger = logging.getLogger(__name__)
 # fork(n) prefills the shared text only when at least this much of it is new to the server: text
@@ -75,10 +79,10 @@ class StreamExecutor:
 
     def __init__(
         self,
-        backend: Any,
-        arguments: dict[str, Any],
+        backend: BaseBackend,
+        arguments: dict[str, object],
         default_sampling_para: SglSamplingParams,
-        chat_template: Any,
+        chat_template: ChatTemplate | None,
         stream: bool,
         use_thread: bool = True,
         trace: TraceScope | None = None,
@@ -94,7 +98,7 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.variable_event: dict[str, threading.Event] = {}
         self.meta_info: dict[str, Any] = {}
-        self.parsers: dict[str, Callable[[str], Any]] = {}
+        self.parsers: dict[str, Callable[[str], object]] = {}
         self.text_ = ""
         self.messages_: list[dict[str, Any]] = []
         self.chat_template = chat_template or backend.get_chat_template()
@@ -111,7 +115,8 @@ class StreamExecutor:
         self._dead = False
         self.use_thread = use_thread
         if use_thread:
-            self.queue: queue.Queue[Any] = queue.Queue()
+            # a statement and its program site; None stops the worker
+            self.queue: queue.Queue[tuple[SglExpr, str | None] | None] = queue.Queue()
             ctx = contextvars.copy_context()
             self.worker = threading.Thread(
                 target=ctx.run, args=(self._worker_loop,), daemon=True, name="radixgen-program"
@@ -120,7 +125,7 @@ class StreamExecutor:
 
     # --- called from the program's thread ---------------------------------------------------
 
-    def submit(self, expr: Any, site: str | None = None) -> None:
+    def submit(self, expr: object, site: str | None = None) -> None:
         """Queue `expr`; after a failure it is dropped (the failure stays in `error_`), except
         without a worker thread, where the statement runs inline and its failure raises, as in
         SGLang."""
@@ -161,7 +166,7 @@ class StreamExecutor:
             raise KeyError(f"program variable {name!r} was never set")
         return self.variables[name]
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: object) -> None:
         self.variables[name] = value
         self._notify()
 

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.batch import cache_program, run_program_batch
 from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import resolve_backend, run_program
 from radixgen.lang.ir import SglSamplingParams
 from radixgen.lang.run_trace import TraceScope
-from radixgen.lang.tracer import StopTracing, current_tracer, trace_program
+from radixgen.lang.tracer import StopTracing, TracerProgramState, current_tracer, trace_program
+
+if TYPE_CHECKING:
+    from radixgen.lang.backend.base import BaseBackend
+    from radixgen.lang.interpreter import ProgramState
 
 
 def _run_defaults(
     max_new_tokens: int,
     n: int,
-    stop: Any,
-    stop_token_ids: Any,
-    stop_regex: Any,
+    stop: str | list[str] | None,
+    stop_token_ids: list[int] | None,
+    stop_regex: str | list[str] | None,
     temperature: float,
     top_p: float,
     top_k: int,
@@ -59,9 +63,9 @@ class SglFunction:
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[..., object],
         num_api_spec_tokens: int | None = None,
-        bind_arguments: dict[str, Any] | None = None,
+        bind_arguments: dict[str, object] | None = None,
     ) -> None:
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
@@ -77,7 +81,7 @@ class SglFunction:
         self.__name__ = func.__name__
         self.__doc__ = func.__doc__
 
-    def bind(self, **kwargs: Any) -> SglFunction:
+    def bind(self, **kwargs: object) -> SglFunction:
         """A copy with some arguments fixed (they also become part of the traced prefix)."""
         unknown = sorted(set(kwargs) - set(self.arg_names))
         if unknown:
@@ -86,7 +90,7 @@ class SglFunction:
 
     def run(
         self,
-        *args: Any,
+        *args: object,
         max_new_tokens: int = 128,
         n: int = 1,
         stop: str | list[str] | None = None,
@@ -105,11 +109,11 @@ class SglFunction:
         return_text_in_logprobs: bool | None = None,
         lora_path: str | None = None,
         stream: bool = False,
-        backend: Any = None,
+        backend: object = None,
         use_thread: bool = True,
         trace: bool | None = None,
-        **kwargs: Any,
-    ) -> Any:
+        **kwargs: object,
+    ) -> ProgramState:
         """Run once; the sampling keywords are defaults each gen() may override. `lora_path`
         names the LoRA adapter every request of the run uses (a gen/select may name another).
         `trace=True` tags every request with the run's trace id (`state.trace_id`) for the
@@ -125,7 +129,7 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]] | list[list[Any]],
+        batch_kwargs: list[dict[str, object]] | list[tuple[object, ...]] | list[list[object]],
         *,
         max_new_tokens: int = 128,
         n: int = 1,
@@ -144,12 +148,12 @@ class SglFunction:
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
         lora_path: str | None = None,
-        backend: Any = None,
+        backend: object = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         generator_style: bool = False,
         trace: bool = False,
-    ) -> list[Any] | Iterator[Any]:
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run once per argument set (dicts, or positional tuples) on a thread pool; `trace=True`
         makes the batch one trace, each program a branch `item<i>` of it."""
         if not isinstance(batch_kwargs, (list, tuple)):
@@ -166,7 +170,7 @@ class SglFunction:
             self, backend, batch, defaults, num_threads, progress_bar, generator_style, trace
         )
 
-    def _take_trace(self, trace: bool | None, kwargs: dict[str, Any]) -> bool:
+    def _take_trace(self, trace: bool | None, kwargs: dict[str, object]) -> bool:
         """`trace=` of run(); NOTE: a program with its own `trace` parameter gets it, as before."""
         if "trace" in self.arg_names:
             if trace is not None:
@@ -174,7 +178,7 @@ class SglFunction:
             return False
         return bool(trace)
 
-    def _as_kwargs(self, item: Any) -> dict[str, Any]:
+    def _as_kwargs(self, item: object) -> dict[str, object]:
         if isinstance(item, dict):
             return item
         if isinstance(item, (list, tuple)):
@@ -185,15 +189,16 @@ class SglFunction:
             f"{self.__name__}: batch item {item!r} does not match parameters {self.arg_names}"
         )
 
-    def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
+    def trace(self, *, backend: object = None, **kwargs: object) -> TracerProgramState:
         """The program's IR (a TracerProgramState; `print(f.trace())` lists the nodes)."""
         return trace_program(self, kwargs, _backend_or_none(backend))
 
-    def cache(self, backend: Any = None) -> str:
+    def cache(self, backend: object = None) -> str:
         """Prefill the program's constant prefix now; returns that prefix."""
         return cache_program(self, backend)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        # Any: forwarded to run(), whose keywords mix the program's arguments with run's own
         if current_tracer() is not None:
             raise StopTracing()  # a nested program call: its text is not known while tracing
         return self.run(*args, **kwargs)
@@ -202,7 +207,7 @@ class SglFunction:
         return f"SglFunction({self.__name__})"
 
 
-def _backend_or_none(backend: Any) -> Any:
+def _backend_or_none(backend: object) -> BaseBackend | None:
     if backend is None and global_config.default_backend is None:
         return None
     return resolve_backend(backend)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixgen.lang.backend.base import BaseBackend
 
 OPTIMIZATION_FLAGS = (
     "enable_precache_with_tracing",
@@ -24,7 +27,7 @@ class GlobalConfig:
     def __init__(self) -> None:
         # 0: silent; 2: print the final text of every run
         self.verbosity = 0
-        self.default_backend: Any = None
+        self.default_backend: BaseBackend | None = None
         self.skip_special_tokens_in_output = True
         self.spaces_between_special_tokens_in_out = True
         # run_batch: trace the program's constant prefix and prefill it once before the batch

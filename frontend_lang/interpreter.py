@@ -10,8 +10,9 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from radixgen.lang.backend.base import BaseBackend
 from radixgen.lang.backend.engine import EngineBackend
 from radixgen.lang.executor import STREAMED_LOGPROB_KEYS, StreamExecutor, program_site
 from radixgen.lang.global_config import global_config
@@ -25,17 +26,22 @@ from radixgen.lang.ir import (
 )
 from radixgen.lang.run_trace import TraceScope
 
+if TYPE_CHECKING:
+    from radixgen.lang.function import SglFunction
+    from radixgen.runtime.entrypoints.engine import Engine
 
-def resolve_backend(backend: Any) -> Any:
-    """The backend to use: the given one or the default; a runtime Engine is wrapped."""
+
+def resolve_backend(backend: object) -> BaseBackend:
+    """The backend to use: the given one or the default; a runtime Engine is wrapped. Read by
+    its shape, as SGLang does (a Runtime has `endpoint`, an Engine `tokenizer_manager`)."""
     backend = backend if backend is not None else global_config.default_backend
     if backend is None:
         raise ValueError("no backend: call set_default_backend(...) or pass backend=...")
     if hasattr(backend, "endpoint"):  # SGLang's Runtime wrapper shape
         backend = backend.endpoint
     if hasattr(backend, "tokenizer_manager") and not hasattr(backend, "get_chat_template"):
-        backend = EngineBackend.wrap(backend)
-    return backend
+        backend = EngineBackend.wrap(cast("Engine", backend))
+    return cast(BaseBackend, backend)
 
 
 class ProgramState(RoleMethods):
@@ -45,13 +51,13 @@ class ProgramState(RoleMethods):
         self.stream_executor = stream_executor
         self.ret_value: Any = None
 
-    def __iadd__(self, other: Any) -> ProgramState:
+    def __iadd__(self, other: object) -> ProgramState:
         if other is None:
             raise ValueError("tried to append None to a program state")
         self.stream_executor.submit(other, program_site())
         return self
 
-    def _append_expr(self, expr: Any) -> None:
+    def _append_expr(self, expr: object) -> None:
         self.stream_executor.submit(expr, program_site())
 
     @contextmanager
@@ -61,12 +67,12 @@ class ProgramState(RoleMethods):
         yield
         self.stream_executor.submit(SglVarScopeEnd(name), program_site())
 
-    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
+    def fork(self, size: int = 1, position_ids_offset: object = None) -> ProgramStateGroup:
         children = self.stream_executor.fork(size)
         return ProgramStateGroup([ProgramState(c) for c in children], self)
 
     @contextmanager
-    def copy(self, position_ids_offset: Any = None) -> Iterator[ProgramState]:
+    def copy(self, position_ids_offset: object = None) -> Iterator[ProgramState]:
         group = self.fork(1)
         try:
             yield group[0]
@@ -97,7 +103,7 @@ class ProgramState(RoleMethods):
     def get_var(self, name: str) -> Any:
         return self.stream_executor.get_var(name)
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: object) -> None:
         self.stream_executor.set_var(name, value)
 
     def get_meta_info(self, name: str) -> Any:
@@ -116,7 +122,7 @@ class ProgramState(RoleMethods):
     def __getitem__(self, name: str) -> Any:
         return self.get_var(name)
 
-    def __setitem__(self, name: str, value: Any) -> None:
+    def __setitem__(self, name: str, value: object) -> None:
         self.set_var(name, value)
 
     def __contains__(self, name: str) -> bool:
@@ -245,7 +251,7 @@ class ProgramStateGroup:
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
-    def __iadd__(self, other: Any) -> ProgramStateGroup:
+    def __iadd__(self, other: object) -> ProgramStateGroup:
         if callable(other) and not isinstance(other, SglExpr):
             for i, state in enumerate(self.states):
                 state += other(i)
@@ -265,9 +271,9 @@ class ProgramStateGroup:
 
 def _run_body(
     state: ProgramState,
-    program: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    program: SglFunction,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     stream: bool,
 ) -> None:
     exe = state.stream_executor
@@ -285,10 +291,10 @@ def _run_body(
 
 
 def run_program(
-    program: Any,
-    backend: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    program: SglFunction,
+    backend: object,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     default_sampling_para: SglSamplingParams,
     stream: bool,
     use_thread: bool = True,

@@ -7,9 +7,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from radixgen.lang.choices import ChoicesSamplingMethod
 
 _node_ids = itertools.count()
 
@@ -71,7 +74,7 @@ class SglSamplingParams:
     lora_path: str | None = None
 
     @classmethod
-    def overrides(cls, **values: Any) -> SglSamplingParams:
+    def overrides(cls, **values: object) -> SglSamplingParams:
         """A gen()'s parameters: every field None unless given."""
         params = cls(**dict.fromkeys(SAMPLING_FIELDS))
         for key, value in values.items():
@@ -138,14 +141,14 @@ class SglExpr:
         self.node_id = next(_node_ids)
         self.prev_node: SglExpr | None = None
 
-    def __add__(self, other: Any) -> SglExprList:
+    def __add__(self, other: object) -> SglExprList:
         return _concat(self, as_expr(other))
 
-    def __radd__(self, other: Any) -> SglExprList:
+    def __radd__(self, other: object) -> SglExprList:
         return _concat(as_expr(other), self)
 
 
-def as_expr(value: Any) -> SglExpr:
+def as_expr(value: object) -> SglExpr:
     if isinstance(value, SglExpr):
         return value
     if isinstance(value, str):
@@ -180,7 +183,7 @@ class SglConstantText(SglExpr):
 class SglArgument(SglExpr):
     """A program argument while tracing: its value is unknown, so it ends a constant prefix."""
 
-    def __init__(self, name: str, value: Any = None) -> None:
+    def __init__(self, name: str, value: object = None) -> None:
         super().__init__()
         self.name = name
         self.value = value
@@ -201,7 +204,7 @@ class SglGen(SglExpr):
         self.name = name
         self.sampling_params = sampling_params
         # turns the generated text into a typed value (dtype / json_schema); see constraints.py
-        self.parser: Any = None
+        self.parser: Callable[[str], object] | None = None
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"
@@ -213,7 +216,7 @@ class SglSelect(SglExpr):
         name: str | None,
         choices: list[str],
         temperature: float,
-        choices_method: Any,
+        choices_method: ChoicesSamplingMethod,
         lora_path: str | None = None,
     ) -> None:
         super().__init__()
@@ -347,7 +350,9 @@ class RoleMethods:
     def _append_expr(self, expr: SglExpr) -> None:
         raise NotImplementedError
 
-    def _role(self, name: str, expr: Any = None) -> Any:
+    def _role(
+        self, name: str, expr: str | SglExpr | None = None
+    ) -> SglExprList | AbstractContextManager[None]:
         if expr is not None:
             role_expr = SglExprList([SglRoleBegin(name), as_expr(expr), SglRoleEnd(name)])
             self._append_expr(role_expr)
@@ -361,11 +366,28 @@ class RoleMethods:
 
         return scope()
 
-    def system(self, expr: Any = None) -> Any:
+    # s.user("text") appends the turn and returns it; `with s.user():` wraps what is appended
+    @overload
+    def system(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def system(self, expr: str | SglExpr) -> SglExprList: ...
+    def system(
+        self, expr: str | SglExpr | None = None
+    ) -> SglExprList | AbstractContextManager[None]:
         return self._role("system", expr)
 
-    def user(self, expr: Any = None) -> Any:
+    @overload
+    def user(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def user(self, expr: str | SglExpr) -> SglExprList: ...
+    def user(self, expr: str | SglExpr | None = None) -> SglExprList | AbstractContextManager[None]:
         return self._role("user", expr)
 
-    def assistant(self, expr: Any = None) -> Any:
+    @overload
+    def assistant(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def assistant(self, expr: str | SglExpr) -> SglExprList: ...
+    def assistant(
+        self, expr: str | SglExpr | None = None
+    ) -> SglExprList | AbstractContextManager[None]:
         return self._role("assistant", expr)

@@ -17,11 +17,13 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import IO, Any
 
 import requests
 
+from radixgen.json_types import JSONObject, JSONValue
 from radixgen.lang.backend.runtime_endpoint import RuntimeEndpoint
 from radixgen.server_args import add_cli_args, from_cli_namespace
 from radixgen.sglang_flags import foreign_flag_notes
@@ -31,7 +33,7 @@ LOG_TAIL_CHARS = 4000
 STOP_GRACE_S = 20.0
 
 
-def kwargs_to_argv(kwargs: dict[str, Any]) -> list[str]:
+def kwargs_to_argv(kwargs: Mapping[str, object]) -> list[str]:
     """`{"tp_size": 1, "disable_radix_cache": True}` -> launch flags, checked by the server's own
     parser; False asks for `--no-<flag>` where the flag has one and is left out otherwise."""
     import argparse
@@ -77,7 +79,7 @@ def first_free_port(start: int, host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free port from {start} up")
 
 
-def _stop_tree(pid: int, log_file: Any = None) -> None:
+def _stop_tree(pid: int, log_file: IO[bytes] | None = None) -> None:
     """SIGTERM the server (it stops its engine processes), then SIGKILL whatever of the tree is
     left after the grace period: no orphans. Safe to call twice."""
     import psutil
@@ -112,13 +114,13 @@ class Runtime:
         model_path: str | None = None,
         log_level: str = "error",
         launch_timeout: float = 300.0,
-        **server_args: Any,
+        **server_args: Any,  # Any: SGLang's launch flags, forwarded to the server's parser
     ) -> None:
         self.pid: int | None = None
         host = str(server_args.pop("host", "127.0.0.1"))
         port = first_free_port(int(server_args.pop("port", DEFAULT_PORT)), host)
         flags = {"model_path": model_path, "host": host, "port": port, "log_level": log_level}
-        self.server_args: dict[str, Any] = {**flags, **server_args}
+        self.server_args: dict[str, object] = {**flags, **server_args}
         argv = kwargs_to_argv(self.server_args)
         self.url = f"http://{host}:{port}"
         self.generate_url = self.url + "/generate"
@@ -175,7 +177,12 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
         self.shutdown()
 
     def __repr__(self) -> str:
@@ -189,7 +196,7 @@ class Runtime:
     def flush_cache(self) -> None:
         self.endpoint.flush_cache()
 
-    async def get_server_info(self) -> dict[str, Any]:
+    async def get_server_info(self) -> JSONObject:
         """/server_info (async, as SGLang's Runtime has it)."""
         import asyncio
 
@@ -205,11 +212,11 @@ class Runtime:
     def generate(
         self,
         prompt: str | list[str],
-        sampling_params: dict[str, Any] | None = None,
+        sampling_params: Mapping[str, JSONValue] | None = None,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None,
         top_logprobs_num: int | list[int] | None = None,
-        lora_path: Any = None,
+        lora_path: str | list[str | None] | None = None,
         session_id: str | None = None,
     ) -> str:
         """POST /generate; returns the response as JSON text, as SGLang's Runtime does."""
@@ -226,7 +233,7 @@ class Runtime:
         return json.dumps(requests.post(self.generate_url, json=body, timeout=600).json())
 
     async def async_generate(
-        self, prompt: str, sampling_params: dict[str, Any] | None = None
+        self, prompt: str, sampling_params: Mapping[str, JSONValue] | None = None
     ) -> AsyncIterator[str]:
         """Stream the text of one prompt as it is generated (new text per item)."""
         import aiohttp

@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.chat_template import ChatTemplate, get_chat_template
 from radixgen.lang.ir import (
@@ -31,6 +31,10 @@ from radixgen.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+
+if TYPE_CHECKING:
+    from radixgen.lang.backend.base import BaseBackend
+    from radixgen.lang.function import SglFunction
 
 
 class StopTracing(Exception):
@@ -58,7 +62,7 @@ class TracerProgramState(RoleMethods):
     """Stands in for `ProgramState` while tracing; records nodes instead of executing them."""
 
     def __init__(
-        self, chat_template: ChatTemplate, arguments: dict[str, Any], only_trace_prefix: bool
+        self, chat_template: ChatTemplate, arguments: dict[str, object], only_trace_prefix: bool
     ) -> None:
         self.pid = uuid.uuid4().hex
         self.chat_template = chat_template
@@ -74,11 +78,11 @@ class TracerProgramState(RoleMethods):
 
     # --- the ProgramState surface programs use ----------------------------------------------
 
-    def __iadd__(self, other: Any) -> TracerProgramState:
+    def __iadd__(self, other: object) -> TracerProgramState:
         self._execute(as_expr(other))
         return self
 
-    def _append_expr(self, expr: Any) -> None:
+    def _append_expr(self, expr: SglExpr) -> None:
         self._execute(expr)
 
     @contextmanager
@@ -87,7 +91,7 @@ class TracerProgramState(RoleMethods):
         yield
         self._execute(SglVarScopeEnd(name))
 
-    def fork(self, size: int = 1, position_ids_offset: Any = None) -> TracerStateGroup:
+    def fork(self, size: int = 1, position_ids_offset: object = None) -> TracerStateGroup:
         if self.only_trace_prefix:
             raise StopTracing()
         fork = SglFork(size)
@@ -200,7 +204,7 @@ class TracerStateGroup:
     def __iter__(self) -> Iterator[TracerProgramState]:
         return iter(self.states)
 
-    def __iadd__(self, other: Any) -> TracerStateGroup:
+    def __iadd__(self, other: object) -> TracerStateGroup:
         for i, state in enumerate(self.states):
             if isinstance(other, (list, tuple)):
                 state += other[i]
@@ -216,16 +220,20 @@ class TracerStateGroup:
                 self.src.variables.setdefault(name, var)
 
 
-def _template_of(backend: Any) -> ChatTemplate:
+def _template_of(backend: BaseBackend | None) -> ChatTemplate:
     if backend is not None and hasattr(backend, "get_chat_template"):
         template: ChatTemplate = backend.get_chat_template()
         return template
     return get_chat_template("default")
 
 
-def trace_program(program: Any, arguments: dict[str, Any], backend: Any) -> TracerProgramState:
+def trace_program(
+    program: SglFunction, arguments: dict[str, object], backend: BaseBackend | None
+) -> TracerProgramState:
     """The whole program's IR; arguments not given are placeholders."""
-    args = {name: SglArgument(name) for name in program.arg_names if name not in arguments}
+    args: dict[str, object] = {
+        name: SglArgument(name) for name in program.arg_names if name not in arguments
+    }
     args.update(arguments)
     args.update(program.bind_arguments)
     tracer = TracerProgramState(_template_of(backend), args, only_trace_prefix=False)
@@ -234,9 +242,9 @@ def trace_program(program: Any, arguments: dict[str, Any], backend: Any) -> Trac
     return tracer
 
 
-def extract_prefix_by_tracing(program: Any, backend: Any) -> str:
+def extract_prefix_by_tracing(program: SglFunction, backend: BaseBackend | None) -> str:
     """The constant text at the start of every run (empty when the program starts variably)."""
-    args: dict[str, Any] = {name: SglArgument(name) for name in program.arg_names}
+    args: dict[str, object] = {name: SglArgument(name) for name in program.arg_names}
     args.update(program.bind_arguments)
     tracer = TracerProgramState(_template_of(backend), args, only_trace_prefix=True)
     try:

@@ -7,11 +7,14 @@ Backends receive the program's StreamExecutor (`s`): its `text_` is the prompt s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.chat_template import ChatTemplate, get_chat_template
 from radixgen.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixgen.lang.ir import SglSamplingParams
+
+if TYPE_CHECKING:
+    from radixgen.lang.executor import StreamExecutor
 
 
 class BaseBackend:
@@ -31,36 +34,40 @@ class BaseBackend:
     def cache_prefix(self, prefix_str: str) -> None:
         """Prefill `prefix_str` so later requests reuse its KV cache (no-op if unsupported)."""
 
-    def commit_lazy_operations(self, s: Any) -> None:
+    def commit_lazy_operations(self, s: StreamExecutor) -> None:
         """fork(n): make the shared text cached before the branches start."""
         self.cache_prefix(s.text_)
 
-    def end_program(self, s: Any) -> None:
+    def end_program(self, s: StreamExecutor) -> None:
         pass
 
-    def generate(self, s: Any, sampling_params: SglSamplingParams) -> tuple[Any, dict[str, Any]]:
+    def generate(
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
+    ) -> tuple[Any, dict[str, Any]]:
         """(completion text, or a list of n texts; meta_info) for the state's text."""
         raise NotImplementedError
 
     def generate_stream(
-        self, s: Any, sampling_params: SglSamplingParams
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(text delta, meta_info of the chunk) pairs."""
         raise NotImplementedError
 
     def select(
         self,
-        s: Any,
+        s: StreamExecutor,
         choices: list[str],
         temperature: float,
         choices_method: ChoicesSamplingMethod,
     ) -> ChoicesDecision:
         raise NotImplementedError
 
-    def flush_cache(self) -> Any:
+    def flush_cache(self) -> object:
+        """The server's answer, if the backend has a cache to flush."""
         return None
 
-    def get_server_info(self) -> Any:
+    def get_server_info(self) -> object:
+        """The server's info, if the backend has a server."""
         return None
 
     def shutdown(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.adapter_scope import current_adapter
 from radixgen.lang.backend.native import NativeBackend
@@ -19,12 +19,16 @@ from radixgen.lang.chat_template import (
 )
 from radixgen.lang.errors import BackendError
 
+if TYPE_CHECKING:
+    from radixgen.runtime.entrypoints.engine import ControlResult, Engine
+
 _wrapped: dict[int, EngineBackend] = {}
 _wrap_lock = threading.Lock()
 
 
 class EngineBackend(NativeBackend):
-    def __init__(self, engine: Any = None, **engine_kwargs: Any) -> None:
+    def __init__(self, engine: Engine | None = None, **engine_kwargs: Any) -> None:
+        # Any: the Engine's flags (SGLang's names), forwarded to Engine(**engine_kwargs)
         """Wrap a running `radixgen.Engine`, or start one from `engine_kwargs`."""
         super().__init__()
         self._owns_engine = engine is None
@@ -42,17 +46,14 @@ class EngineBackend(NativeBackend):
         template = getattr(tokenizer, "chat_template", None)
         if template is not None:
             try:
-                eos = (
-                    tokenizer.eos_token
-                    if isinstance(getattr(tokenizer, "eos_token", None), str)
-                    else ""
-                )
+                eos_token = getattr(tokenizer, "eos_token", None)
+                eos = eos_token if isinstance(eos_token, str) else ""
                 self.chat_template = chat_template_for_source(template.source, eos, self.model_path)
             except TemplateShapeError:
                 pass
 
     @classmethod
-    def wrap(cls, engine: Any) -> EngineBackend:
+    def wrap(cls, engine: Engine) -> EngineBackend:
         """One backend per engine, so `set_default_backend(engine)` twice shares state."""
         with _wrap_lock:
             backend = _wrapped.get(id(engine))
@@ -93,12 +94,11 @@ class EngineBackend(NativeBackend):
     def get_model_name(self) -> str:
         return self.model_path
 
-    def flush_cache(self) -> dict[str, Any]:
-        out: dict[str, Any] = self.engine.flush_cache()
-        return out
+    def flush_cache(self) -> ControlResult:
+        return self.engine.flush_cache()
 
-    def get_server_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = self.engine.get_server_info()
+    def get_server_info(self) -> dict[str, object]:
+        info = self.engine.get_server_info()
         return info
 
     def shutdown(self) -> None:

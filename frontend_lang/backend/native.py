@@ -7,7 +7,7 @@ program needs (gen, streaming, select scoring, prefix prefill) is written once h
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.backend.base import BaseBackend, check_select_temperature
 from radixgen.lang.choices import (
@@ -19,6 +19,9 @@ from radixgen.lang.choices import (
 from radixgen.lang.errors import BackendError
 from radixgen.lang.global_config import global_config
 from radixgen.lang.ir import SglSamplingParams
+
+if TYPE_CHECKING:
+    from radixgen.lang.executor import StreamExecutor
 
 
 class NativeBackend(BaseBackend):
@@ -37,7 +40,7 @@ class NativeBackend(BaseBackend):
 
     # --- the interface --------------------------------------------------------------------
 
-    def _payload(self, s: Any, params: SglSamplingParams) -> dict[str, Any]:
+    def _payload(self, s: StreamExecutor, params: SglSamplingParams) -> dict[str, Any]:
         return {
             "text": s.text_,
             "sampling_params": {
@@ -48,7 +51,9 @@ class NativeBackend(BaseBackend):
             **params.logprob_options(),
         }
 
-    def generate(self, s: Any, sampling_params: SglSamplingParams) -> tuple[Any, dict[str, Any]]:
+    def generate(
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
+    ) -> tuple[Any, dict[str, Any]]:
         out = self._post(self._payload(s, sampling_params))
         if isinstance(out, list):  # n > 1: every sample, the first one continues the text
             for item in out:
@@ -58,7 +63,7 @@ class NativeBackend(BaseBackend):
         return out["text"], out["meta_info"]
 
     def generate_stream(
-        self, s: Any, sampling_params: SglSamplingParams
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         if (sampling_params.n or 1) > 1:
             raise ValueError("streaming supports one sample (n=1)")
@@ -84,7 +89,7 @@ class NativeBackend(BaseBackend):
 
     def select(
         self,
-        s: Any,
+        s: StreamExecutor,
         choices: list[str],
         temperature: float,
         choices_method: ChoicesSamplingMethod,

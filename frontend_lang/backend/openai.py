@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.lang.adapter_scope import current_adapter
 from radixgen.lang.backend.base import BaseBackend, check_select_temperature
@@ -21,6 +21,9 @@ from radixgen.lang.chat_template import ChatTemplate, get_chat_template_by_model
 from radixgen.lang.choices import ChoicesDecision, ChoicesSamplingMethod, score_choices
 from radixgen.lang.errors import BackendError
 from radixgen.lang.ir import SglSamplingParams
+
+if TYPE_CHECKING:
+    from radixgen.lang.executor import StreamExecutor
 
 _DEFAULTS = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "ignore_eos": False}
 
@@ -57,7 +60,7 @@ class OpenAI(BaseBackend):
 
     # --- request building ------------------------------------------------------------------
 
-    def _prompt(self, s: Any) -> dict[str, Any]:
+    def _prompt(self, s: StreamExecutor) -> dict[str, Any]:
         if not self.is_chat_model:
             return {"prompt": s.text_}
         if not s.text_.endswith(self.chat_prefix) or s.cur_role != "assistant":
@@ -81,7 +84,7 @@ class OpenAI(BaseBackend):
         stop = params.stop_list()
         if stop:
             kwargs["stop"] = stop[:4] if _is_openai_host(self.client) else stop
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         for key, name in (("top_k", "top_k"), ("min_p", "min_p"), ("ignore_eos", "ignore_eos"),
                           ("min_new_tokens", "min_tokens")):  # fmt: skip
             value = getattr(params, key)
@@ -133,7 +136,9 @@ class OpenAI(BaseBackend):
 
     # --- the interface ---------------------------------------------------------------------
 
-    def generate(self, s: Any, sampling_params: SglSamplingParams) -> tuple[Any, dict[str, Any]]:
+    def generate(
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
+    ) -> tuple[Any, dict[str, Any]]:
         ret = self._create(**self._prompt(s), **self._kwargs(sampling_params))
         texts = [_choice_text(c) for c in ret.choices]
         meta: dict[str, Any] = {
@@ -147,7 +152,7 @@ class OpenAI(BaseBackend):
         return (texts if len(texts) > 1 else texts[0]), meta
 
     def generate_stream(
-        self, s: Any, sampling_params: SglSamplingParams
+        self, s: StreamExecutor, sampling_params: SglSamplingParams
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         kwargs = self._kwargs(sampling_params)
         if (sampling_params.n or 1) > 1:
@@ -173,7 +178,7 @@ class OpenAI(BaseBackend):
 
     def select(
         self,
-        s: Any,
+        s: StreamExecutor,
         choices: list[str],
         temperature: float,
         choices_method: ChoicesSamplingMethod,
@@ -225,7 +230,7 @@ class OpenAI(BaseBackend):
             entries.append(row)
         return score_choices(prefix, choices, entries, [[] for _ in choices], method)
 
-    def _select_by_constraint(self, s: Any, choices: list[str]) -> ChoicesDecision:
+    def _select_by_constraint(self, s: StreamExecutor, choices: list[str]) -> ChoicesDecision:
         params = SglSamplingParams(max_new_tokens=256, temperature=0.0, choices=list(choices))
         params.stop = list(s.chat_template.stop_str)
         text, meta = self.generate(s, params)
@@ -237,7 +242,7 @@ class OpenAI(BaseBackend):
             raise BackendError(f"the server ignored the choice constraint and answered {text!r}")
         return ChoicesDecision(decision=picked, meta_info={**meta, "method": "constrained"})
 
-    def _select_by_first_token(self, s: Any, choices: list[str]) -> ChoicesDecision:
+    def _select_by_first_token(self, s: StreamExecutor, choices: list[str]) -> ChoicesDecision:
         """One generated token with its top logprobs: each choice scores the best logprob of a
         listed token it starts with (or that starts with it); the best choice wins."""
         params = SglSamplingParams(max_new_tokens=1, temperature=0.0, return_logprob=True,
@@ -284,5 +289,5 @@ def _output_logprobs(choice: Any) -> list[list[Any]]:
     return [[v, None, t] for v, t in zip(lp.token_logprobs or [], tokens, strict=False)]
 
 
-def _is_openai_host(client: Any) -> bool:
+def _is_openai_host(client: object) -> bool:
     return "api.openai.com" in str(getattr(client, "base_url", ""))

@@ -18,6 +18,7 @@ from typing import Any
 
 import requests
 
+from radixgen.json_types import JSONObject, JSONValue
 from radixgen.lang.adapter_scope import with_adapter
 from radixgen.lang.backend.native import NativeBackend
 from radixgen.lang.chat_template import (
@@ -39,7 +40,7 @@ class RuntimeEndpoint(NativeBackend):
         self,
         base_url: str,
         api_key: str | None = None,
-        verify: Any = None,
+        verify: bool | str | None = None,
         chat_template_name: str | None = None,
         timeout: float = 600.0,
     ) -> None:
@@ -67,7 +68,7 @@ class RuntimeEndpoint(NativeBackend):
         return session
 
     def _request(
-        self, method: str, path: str, body: Any = None, stream: bool = False
+        self, method: str, path: str, body: JSONValue = None, stream: bool = False
     ) -> requests.Response:
         url = self.base_url + path
         try:
@@ -114,8 +115,8 @@ class RuntimeEndpoint(NativeBackend):
     def flush_cache(self) -> None:
         self._request("POST", "/flush_cache")
 
-    def get_server_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = self._request("GET", "/server_info").json()
+    def get_server_info(self) -> JSONObject:
+        info: JSONObject = self._request("GET", "/server_info").json()
         return info
 
     def __repr__(self) -> str:

@@ -8,8 +8,8 @@ parsed. The file's flags go first, so a flag also given on the command line wins
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from radixgen.errors import InvalidRequestError
 
@@ -58,7 +58,7 @@ def _flags_of(path: str) -> list[str]:
         raise InvalidRequestError(f"{CONFIG_FLAG} {path}: {e}", "config") from e
 
 
-def flags_to_argv(flags: dict[Any, Any]) -> list[str]:
+def flags_to_argv(flags: Mapping[object, object]) -> list[str]:
     """`{"tp_size": 1, "trust_remote_code": True}` -> `["--tp-size", "1", "--trust-remote-code"]`
     (also what a launcher of `launch_server` with keyword arguments needs)."""
     argv: list[str] = []

@@ -9,9 +9,20 @@ between our own processes); only `to_dict()` spells SGLang's `meta_info.finish_r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 FinishKind = Literal["stop", "length", "abort"]
+
+
+class FinishReasonDict(TypedDict, total=False):
+    """SGLang's `meta_info.finish_reason`: `type`, then `matched` (stop), `length` (length), or
+    `message` and `status_code` (abort)."""
+
+    type: FinishKind
+    matched: int | str | None
+    length: int
+    message: str
+    status_code: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,7 @@ class FinishReason:
         """The EOS / stop token id that ended the request, if one did."""
         return self.matched if self.kind == "stop" and isinstance(self.matched, int) else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FinishReasonDict:
         """SGLang's `finish_reason` dict (the only place that shape is written)."""
         if self.kind == "stop":
             return {"type": "stop", "matched": self.matched}

@@ -11,9 +11,10 @@ depth: the Engine and any other client of the scheduler's socket skip the API's 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import Protocol
 
 from radixgen.errors import GrammarError
 
@@ -27,6 +28,16 @@ _EBNF_LITERAL_OR_CLASS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:\\.|[^\]\\])*\]', r
 _PARENS = re.compile(r"[()]")
 
 
+class GrammarLimitFlags(Protocol):
+    """The flags the limits come from (`GrammarConfig`, which this module does not import)."""
+
+    @property
+    def grammar_max_depth(self) -> int: ...
+
+    @property
+    def grammar_max_spec_bytes(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class GrammarSpecLimits:
     """How big and how deeply nested a constraint may be (from `GrammarConfig`)."""
@@ -35,18 +46,18 @@ class GrammarSpecLimits:
     max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES
 
     @classmethod
-    def from_config(cls, config: Any) -> GrammarSpecLimits:
+    def from_config(cls, config: GrammarLimitFlags) -> GrammarSpecLimits:
         return cls(config.grammar_max_depth, config.grammar_max_spec_bytes)
 
 
-def object_depth(value: Any, stop_after: int) -> int:
+def object_depth(value: object, stop_after: int) -> int:
     """Nesting depth of a JSON value (a scalar is 0, `{}` is 1); stops once past `stop_after`."""
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
-            children: Any = node.values()
+            children: Iterable[object] = node.values()
         elif isinstance(node, (list, tuple)):
             children = node
         else:
@@ -75,7 +86,9 @@ def text_depth(kind: str, spec: str) -> int:
     return max(accumulate(steps, initial=0))
 
 
-def check_schema_object(schema: Any, limits: GrammarSpecLimits, param: str = "json_schema") -> None:
+def check_schema_object(
+    schema: object, limits: GrammarSpecLimits, param: str = "json_schema"
+) -> None:
     """Refuse a schema given as an object that is nested too deeply (before it is serialised)."""
     depth = object_depth(schema, limits.max_depth)
     if depth > limits.max_depth:

@@ -6,10 +6,10 @@ TokenizerManager, and control replies Scheduler -> TokenizerManager.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Generic, TypeAlias, TypeVar, cast
+from typing import Generic, TypeAlias, TypeVar, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
@@ -429,6 +429,7 @@ DetokenizerInbound: TypeAlias = BatchTokenIDOut
 TokenizerInbound: TypeAlias = BatchStrOut | BatchEmbeddingOut | ControlReply
 
 _M = TypeVar("_M")
+_P = TypeVar("_P")
 _R = TypeVar("_R")
 
 
@@ -481,7 +482,8 @@ class GenerateReqInput:
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    # one object, or one per prompt of a batch: checked by SamplingParams.from_dict
+    sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None = None
     return_logprob: bool | list[bool] = False
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
@@ -535,7 +537,7 @@ class GenerateReqInput:
     def item(self, i: int) -> GenerateReqInput:
         """The i-th prompt of a batch as a single request (per-item lists are indexed)."""
 
-        def pick(value: Any, default: Any = None) -> Any:
+        def pick(value: _P | list[_P] | None, default: _P | None = None) -> _P | None:
             if isinstance(value, list):
                 return value[i] if i < len(value) else default
             return value
@@ -557,6 +559,8 @@ class GenerateReqInput:
             program_trace=self.program_trace,
             priority=self.priority,
             background=self.background,
-            lora_path=pick(self.lora_path),
+            lora_path=(self.lora_path[i] if i < len(self.lora_path) else None)
+            if isinstance(self.lora_path, list)
+            else self.lora_path,
             pin_prefix=self.pin_prefix,
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from radixgen.errors import InvalidRequestError
 
@@ -40,7 +39,7 @@ class ProgramTraceTag:
     label: str  # what the call is, for people: `gen("answer")`
     program: str | None = None  # the @function's name
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -49,7 +48,7 @@ def state_segments(path: str) -> list[str]:
     return path.split("/") if path else []
 
 
-def parse_program_trace(value: Any) -> ProgramTraceTag | None:
+def parse_program_trace(value: object) -> ProgramTraceTag | None:
     """The checked tag of a request body's `program_trace` (None when absent or null); errors
     name the sub-field, e.g. `program_trace.node`."""
     if value is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -55,7 +56,9 @@ class SamplingParams:
 
     @classmethod
     def from_dict(
-        cls, params: dict[str, Any] | None, grammar_limits: GrammarSpecLimits | None = None
+        cls,
+        params: Mapping[str, object] | SamplingParams | None,
+        grammar_limits: GrammarSpecLimits | None = None,
     ) -> SamplingParams:
         """Build from a user dict; unknown keys and bad values raise `InvalidRequestError`.
 
@@ -68,6 +71,8 @@ class SamplingParams:
         if not isinstance(params, dict):
             raise InvalidRequestError("sampling_params must be an object", "sampling_params")
         known = {f.name for f in dataclasses.fields(cls)}
+        # Any: the values are the user's, unchecked until normalize() (which the fields' own
+        # types cannot express: a float max_new_tokens is accepted there and made an int)
         kwargs: dict[str, Any] = {}
         for key, value in params.items():
             key = _ALIASES.get(key, key)
@@ -221,7 +226,7 @@ class SamplingParams:
             return ("json_object", "")
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -234,7 +239,7 @@ def _bad(param: str, why: str) -> NoReturn:
     raise InvalidRequestError(f"{param} {why}", param)
 
 
-def _as_int(value: Any, name: str) -> int:
+def _as_int(value: object, name: str) -> int:
     if isinstance(value, bool):
         _bad(name, f"must be an integer, got {value!r}")
     if isinstance(value, float) and value.is_integer():
@@ -244,7 +249,7 @@ def _as_int(value: Any, name: str) -> int:
     return value
 
 
-def _as_float(value: Any, name: str) -> float:
+def _as_float(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _bad(name, f"must be a number, got {value!r}")
     number = float(value)
@@ -253,7 +258,7 @@ def _as_float(value: Any, name: str) -> float:
     return number
 
 
-def _stop_regexes(value: Any) -> list[str]:
+def _stop_regexes(value: object) -> list[str]:
     """stop_regex as a list of patterns that compile (with the `regex` module the scheduler
     matches with) and cannot match the empty text (such a pattern would end every request at
     its first token)."""
@@ -274,13 +279,13 @@ def _stop_regexes(value: Any) -> list[str]:
     return list(patterns)
 
 
-def _as_list(value: Any, name: str) -> list[Any]:
+def _as_list(value: object, name: str) -> list[object]:
     if not isinstance(value, (list, tuple)):
         _bad(name, f"must be a list, got {value!r}")
     return list(value)
 
 
-def _parse_logit_bias(bias: Any) -> dict[int, float]:
+def _parse_logit_bias(bias: object) -> dict[int, float]:
     if not isinstance(bias, dict):
         _bad("logit_bias", "must be an object mapping token ids to biases")
     out: dict[int, float] = {}

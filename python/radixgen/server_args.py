@@ -11,9 +11,10 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from radixgen import sglang_flags as sf
 from radixgen.config_file import CONFIG_FLAG
@@ -21,13 +22,15 @@ from radixgen.errors import InvalidRequestError
 from radixgen.parallel_args import check_parallel
 from radixgen.speculative_config import SpeculativeConfig
 
+_T = TypeVar("_T")
+
 
 def _f(
-    default: Any, help: str, choices: tuple[str, ...] | None = None, nargs: str | None = None
-) -> Any:
+    default: _T, help: str, choices: tuple[str, ...] | None = None, nargs: str | None = None
+) -> _T:
     """A config field: its default, help text, fixed choices and (a list flag) how many values
     it takes on the command line, "+" unless said."""
-    meta: dict[str, Any] = {"help": help, "choices": choices}
+    meta: dict[str, object] = {"help": help, "choices": choices}
     if nargs is not None:
         meta["nargs"] = nargs
     return field(default=default, metadata=meta)
@@ -534,9 +537,9 @@ class ServerArgs:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+    def from_kwargs(cls, **kwargs: object) -> ServerArgs:
         """Build from flat flag names (`max_total_tokens=...`); unknown names raise."""
-        groups: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        groups: dict[str, dict[str, object]] = {g: {} for g in _GROUPS}
         owner = field_owners()
         for key, value in kwargs.items():
             key = key.replace("-", "_")
@@ -548,12 +551,14 @@ class ServerArgs:
         args.validate()
         return args
 
-    def replace(self, **kwargs: Any) -> ServerArgs:
+    def replace(self, **kwargs: object) -> ServerArgs:
         flat = self.to_flat_dict()
         flat.update(kwargs)
         return ServerArgs.from_kwargs(**flat)
 
     def to_flat_dict(self) -> dict[str, Any]:
+        """Every flag by its flat name. Any: the dict feeds `Engine(**flat)`, whose named
+        parameters each take one flag's type, and a dict's value type cannot differ per key."""
         out: dict[str, Any] = {}
         for g in _GROUPS:
             out.update(dataclasses.asdict(getattr(self, g)))
@@ -765,7 +770,7 @@ def field_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _base_type(annotation: Any) -> tuple[type, bool]:
+def _base_type(annotation: object) -> tuple[type, bool]:
     """(the type of one value, whether the flag takes a list of them)."""
     hint = annotation
     if isinstance(hint, str):
@@ -816,7 +821,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     sf.add_foreign_flags(parser)
 
 
-def _cli_type(typ: type, name: str) -> Any:
+def _cli_type(typ: type, name: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         return sf.value_alias(name, typ(text))
 

@@ -9,10 +9,11 @@ imports neither, so `markdown_table` is handed `server_args.field_help()`.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from radixgen.errors import InvalidRequestError
 from radixgen.sglang_flag_table import (
@@ -49,7 +50,7 @@ class ForeignFlag:
     def dest(self) -> str:
         return DEST_PREFIX + self.name.replace("-", "_")
 
-    def status_for(self, value: Any) -> FlagStatus:
+    def status_for(self, value: object) -> FlagStatus:
         """NO_EFFECT or REFUSED for this value (a refused flag given a harmless value is fine)."""
         if self.status is FlagStatus.NO_EFFECT or _is_harmless(self, value):
             return FlagStatus.NO_EFFECT
@@ -61,7 +62,7 @@ class FlagNote:
     """An SGLang flag given on the command line that is accepted without effect."""
 
     flag: ForeignFlag
-    value: Any
+    value: object
 
     def message(self) -> str:
         shown = _shown(self.flag, self.value)
@@ -95,7 +96,7 @@ def _build() -> tuple[ForeignFlag, ...]:
 FOREIGN_FLAGS: tuple[ForeignFlag, ...] = _build()
 
 
-def _is_harmless(flag: ForeignFlag, value: Any) -> bool:
+def _is_harmless(flag: ForeignFlag, value: object) -> bool:
     if flag.arity in ("switch", "negatable"):
         return value is False  # --no-<flag>: asks for it off, as it is here
     if flag.arity == "values":
@@ -114,7 +115,7 @@ def _same_value(given: str, harmless: str) -> bool:
         return False
 
 
-def _shown(flag: ForeignFlag, value: Any) -> str:
+def _shown(flag: ForeignFlag, value: object) -> str:
     if flag.arity in ("switch", "negatable"):
         return f"--{flag.name}" if value else f"--no-{flag.name}"
     if isinstance(value, list):
@@ -130,21 +131,19 @@ def add_foreign_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("SGLang flags without a counterpart here")
     for flag in FOREIGN_FLAGS:
         opts = [f"--{n}" for n in flag.names]
-        common: dict[str, Any] = {
-            "dest": flag.dest,
-            "default": argparse.SUPPRESS,
-            "help": argparse.SUPPRESS,
-        }
+        add = functools.partial(
+            group.add_argument, dest=flag.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
         if flag.arity == "switch":
-            group.add_argument(*opts, action="store_true", **common)
+            add(*opts, action="store_true")
         elif flag.arity == "negatable":
-            group.add_argument(*opts, action=argparse.BooleanOptionalAction, **common)
+            add(*opts, action=argparse.BooleanOptionalAction)
         elif flag.arity == "values":
-            group.add_argument(*opts, nargs="*", **common)
+            add(*opts, nargs="*")
         elif flag.arity == "optional":
-            group.add_argument(*opts, nargs="?", const=None, **common)
+            add(*opts, nargs="?", const=None)
         else:
-            group.add_argument(*opts, **common)
+            add(*opts)
 
 
 def flag_aliases(name: str) -> tuple[str, ...]:
@@ -168,7 +167,7 @@ def value_alias(name: str, value: str) -> str:
     return dict(compat.aliases).get(value, value) if compat else value
 
 
-def check_values(values: Mapping[str, Any], choices: Mapping[str, tuple[str, ...]]) -> None:
+def check_values(values: Mapping[str, object], choices: Mapping[str, tuple[str, ...]]) -> None:
     """Refuse an SGLang value of one of our flags that is not implemented here."""
     for field_name, value in values.items():
         name = field_name.replace("_", "-")

@@ -7,12 +7,14 @@ each request's own tokens and verify them in one extend step (runtime/speculativ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from radixgen.errors import InvalidRequestError
 
+_T = TypeVar("_T")
 
-def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+
+def _f(default: _T, help: str, choices: tuple[str, ...] | None = None) -> _T:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 

@@ -7,14 +7,14 @@ Runs in the API process; it only reshapes the replica's `internal_state()` (the 
 
 from __future__ import annotations
 
-from typing import Any
+from radixgen.io_struct import InternalState
 
 
-def hicache_tiers(state: dict[str, Any]) -> dict[str, Any]:
+def hicache_tiers(state: InternalState) -> dict[str, object]:
     """{device, host?, storage?} of one replica's internal state."""
     host_hits = int(state.get("host_cached_tokens", 0))
     storage_hits = int(state.get("storage_cached_tokens", 0))
-    tiers: dict[str, Any] = {
+    tiers: dict[str, object] = {
         "device": {
             "capacity_tokens": state.get("max_total_num_tokens"),
             "used_tokens": state.get("kv_used_tokens"),

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixgen.io_struct import InternalState
 from radixgen.runtime.api.req_state import ReqState
 from radixgen.runtime.api.sglang_metrics import SGLangMetrics
 
@@ -52,7 +52,7 @@ class _EngineStateCollector(Collector):
     """Turns the latest scheduler snapshot into gauges at scrape time."""
 
     def __init__(self) -> None:
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: InternalState = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for key, value in self.snapshot.items():
@@ -188,7 +188,7 @@ class ServerMetrics:
 
     # --- scrape ---------------------------------------------------------------------------------
 
-    def render(self, engine_state: dict[str, Any] | None, live_rids: set[str]) -> bytes:
+    def render(self, engine_state: InternalState | None, live_rids: set[str]) -> bytes:
         """Prometheus text format; `engine_state` is a fresh `internal_state()` (or None)."""
         self.in_flight.set(len(live_rids))
         # requests aborted by their client never report a finish: forget their timestamps

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from radixgen.finish_reason import FinishReason
+from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
 from radixgen.io_struct import LogprobList, RequestMeta, TopLogprobList
 from radixgen.runtime.dashboard.traces import PendingRequest
 from radixgen.runtime.text.tokenizer import Tokenizer
@@ -48,11 +48,11 @@ class ReqState:
 
 def build_output(
     st: ReqState, output_lp_from: int, tokenizer: Tokenizer, tier_details: bool = False
-) -> dict[str, Any]:
+) -> GenerateOutput:
     """SGLang's response dict; output logprobs from `output_lp_from` on (deltas when streaming);
     `tier_details` (HiCache on): which cache tier served the cached tokens."""
     meta = st.meta
-    info: dict[str, Any] = {
+    info: MetaInfo = {
         "id": st.rid,
         "finish_reason": st.finish_reason.to_dict() if st.finish_reason else None,
         "prompt_tokens": st.prompt_tokens,
@@ -99,6 +99,6 @@ def build_output(
 
 def _lp_entries(
     tok: Tokenizer, pairs: LogprobList | TopLogprobList, with_text: bool
-) -> list[list[float | int | str | None]]:
+) -> list[LogprobEntry]:
     """[logprob, token id, token text or None] per pair (SGLang's meta_info entries)."""
     return [[lp, tid, tok.token_text(tid) if with_text else None] for lp, tid in pairs]

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any
 
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.req_state import ReqState
@@ -36,11 +35,11 @@ class RequestLogger:
 
     def record(
         self, item: GenerateReqInput, params: SamplingParams, st: ReqState
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The logged fields of one request (a JSON object: one greppable line)."""
         meta = st.meta
         end = st.finished_time or time.time()
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "rid": st.rid,
             "prompt_tokens": st.prompt_tokens,
             "completion_tokens": meta.completion_tokens if meta else 0,
@@ -62,7 +61,7 @@ class RequestLogger:
             out["output"] = self._cut(st.text)
         return out
 
-    def _cut(self, value: Any) -> Any:
+    def _cut(self, value: str | list[str] | list[int] | list[list[int]] | None) -> object:
         """Whole at level 3; else a long text's head and tail (a long id list's too)."""
         if self.level >= 3 or value is None or len(value) <= PARTIAL_CHARS:
             return value

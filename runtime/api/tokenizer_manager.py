@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -28,6 +28,7 @@ from radixgen.errors import (
     QueueFullError,
 )
 from radixgen.finish_reason import FinishReason
+from radixgen.generate_output import GenerateOutput
 from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import (
     AbortReq,
@@ -48,6 +49,7 @@ from radixgen.io_struct import (
     LoraAdapterOut,
     MessageDispatch,
     SchedulerReadyOut,
+    TokenizedEmbeddingReq,
     TokenizedGenerateReq,
     TokenizerInbound,
     UnloadLoraAdapterReq,
@@ -477,7 +479,7 @@ class TokenizerManager:
         ids = [e[0] for e in encoded]
         return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
 
-    async def _send_embedding(self, msg: Any) -> int:
+    async def _send_embedding(self, msg: TokenizedEmbeddingReq) -> int:
         assert self.link is not None
         return await self.link.send_request(msg)
 
@@ -489,7 +491,7 @@ class TokenizerManager:
 
     async def generate(
         self, obj: GenerateReqInput
-    ) -> AsyncGenerator[dict[str, Any] | list[dict[str, Any]], None]:
+    ) -> AsyncGenerator[GenerateOutput | list[GenerateOutput], None]:
         """Yield SGLang-shaped dicts: one final dict (or list for batches), or chunks when streaming."""
         self._check_alive()
         self.check_generates()
@@ -688,13 +690,13 @@ class TokenizerManager:
             self.metrics.on_submit(st)
         return st
 
-    async def _wait_final(self, st: ReqState) -> dict[str, Any]:
+    async def _wait_final(self, st: ReqState) -> GenerateOutput:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
         return build_output(st, 0, self.tokenizer, self.args.cache.enable_hierarchical_cache)
 
-    async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, states: list[ReqState], plural: bool) -> AsyncIterator[GenerateOutput]:
         """One chunk per wake-up that added text (or finished the request), carrying the logprob
         entries of every token since the previous chunk.
 
@@ -753,7 +755,7 @@ class TokenizerManager:
 
     # --- info ---------------------------------------------------------------------------------
 
-    def model_info(self) -> dict[str, Any]:
+    def model_info(self) -> dict[str, object]:
         # NOTE: `model_path` is always loadable by Hugging Face tools (SGLang clients pass it to
         # `get_tokenizer`): the bundled default model reports its converted folder, not a name.
         return {

@@ -15,17 +15,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from radixgen.json_types import JSONObject
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.store import BatchStore, PendingLine, new_id
 
 logger = logging.getLogger(__name__)
 
 # (status code, response body) of one request, as its HTTP route would answer it
-Execute = Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+# (endpoint, request body) -> (status code, answer body): a batch line run as its route runs it
+Execute = Callable[[str, JSONObject], Awaitable[tuple[int, Mapping[str, object]]]]
 RETRY_UNAVAILABLE_S = 1.0
 EXPIRED = "batch_expired"
 
@@ -89,10 +91,10 @@ class BatchRunner:
         batch = self.store.get_batch(batch_id)
         assert batch is not None
         path = self.store.file_path(batch["input_file_id"])
-        lines: list[tuple[int, str, dict[str, Any]]] = []
-        bad: list[tuple[int, str, dict[str, Any]]] = []
+        lines: list[tuple[int, str, JSONObject]] = []
+        bad: list[tuple[int, str, JSONObject]] = []
         seen: dict[str, int] = {}
-        errors: list[dict[str, Any]] = []
+        errors: list[JSONObject] = []
         with path.open("rb") as f:
             raw_lines = [ln for ln in f.read().split(b"\n") if ln.strip()]
         if not raw_lines:
@@ -120,7 +122,7 @@ class BatchRunner:
         self.store.add_lines(batch_id, sorted(lines + bad))
         for n, custom_id, info in bad:
             self.store.finish_line(batch_id, n, _line_error(custom_id, "invalid_request",
-                                                            info["problem"]), ok=False)  # fmt: skip
+                                                            str(info["problem"])), ok=False)  # fmt: skip
         self.store.set_status(batch_id, "in_progress")
 
     async def _run_lines(self, batch_id: str) -> None:
@@ -204,7 +206,7 @@ class BatchRunner:
                     sum(ok for _, ok in done), sum(not ok for _, ok in done))  # fmt: skip
 
 
-def parse_line(raw: bytes, endpoint: str) -> tuple[str | None, dict[str, Any], str | None]:
+def parse_line(raw: bytes, endpoint: str) -> tuple[str | None, JSONObject, str | None]:
     """(custom_id, request body, what is wrong with the line or None)."""
     try:
         obj = json.loads(raw)
@@ -227,7 +229,7 @@ def parse_line(raw: bytes, endpoint: str) -> tuple[str | None, dict[str, Any], s
     return custom_id, body, None
 
 
-def _line_error(custom_id: str, code: str, message: str) -> dict[str, Any]:
+def _line_error(custom_id: str, code: str, message: str) -> JSONObject:
     return {
         "id": new_id("batch_req_"),
         "custom_id": custom_id or None,

@@ -16,9 +16,12 @@ import os
 import sqlite3
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from radixgen.json_types import JSONObject
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -53,6 +56,10 @@ STATUS_TIME = {
 }
 
 
+# a value stored in one of the store's SQLite columns
+SQLValue = str | int | float | None
+
+
 class DataDirBusyError(RuntimeError):
     """Another live server holds this data folder."""
 
@@ -61,7 +68,7 @@ class DataDirBusyError(RuntimeError):
 class PendingLine:
     line_no: int
     custom_id: str
-    request: dict[str, Any]
+    request: JSONObject
 
 
 def new_id(prefix: str) -> str:
@@ -97,7 +104,7 @@ class BatchStore:
     def file_path(self, file_id: str) -> Path:
         return self.files_dir / file_id
 
-    def add_file(self, filename: str, purpose: str, data: bytes | Path) -> dict[str, Any]:
+    def add_file(self, filename: str, purpose: str, data: bytes | Path) -> JSONObject:
         """Store the bytes (or move a spooled upload into place), then the record."""
         file_id = new_id("file-")
         target = self.file_path(file_id)
@@ -114,13 +121,11 @@ class BatchStore:
         )
         return self.get_file(file_id) or {}
 
-    def get_file(self, file_id: str) -> dict[str, Any] | None:
+    def get_file(self, file_id: str) -> JSONObject | None:
         row = self.db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
         return None if row is None else _file_object(row)
 
-    def list_files(
-        self, purpose: str | None, limit: int, after: str | None
-    ) -> list[dict[str, Any]]:
+    def list_files(self, purpose: str | None, limit: int, after: str | None) -> list[JSONObject]:
         """Newest first, as OpenAI lists them; `after` is the last id of the previous page."""
         return [_file_object(r) for r in self._page("files", limit, after, purpose=purpose)]
 
@@ -133,7 +138,12 @@ class BatchStore:
     # --- batches --------------------------------------------------------------------------------
 
     def add_batch(
-        self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any
+        self,
+        endpoint: str,
+        input_file_id: str,
+        window_s: int,
+        window: str,
+        metadata: JSONObject | None,
     ) -> dict[str, Any]:
         batch_id = new_id("batch_")
         now = int(time.time())
@@ -164,7 +174,7 @@ class BatchStore:
         row = self.db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
         return str(row["status"])
 
-    def set_status(self, batch_id: str, status: str, **fields: Any) -> None:
+    def set_status(self, batch_id: str, status: str, **fields: SQLValue) -> None:
         """Move to `status`, stamping its time (once) and setting other columns."""
         row = self.db.execute("SELECT times FROM batches WHERE id = ?", (batch_id,)).fetchone()
         times = json.loads(row["times"])
@@ -174,7 +184,7 @@ class BatchStore:
         assign = ", ".join(f"{k} = ?" for k in cols)
         self.db.execute(f"UPDATE batches SET {assign} WHERE id = ?", (*cols.values(), batch_id))
 
-    def add_lines(self, batch_id: str, lines: list[tuple[int, str, dict[str, Any]]]) -> None:
+    def add_lines(self, batch_id: str, lines: list[tuple[int, str, JSONObject]]) -> None:
         """The validated input, once (a resumed validation replaces a partial insert)."""
         with self.db:
             self.db.execute("BEGIN")
@@ -193,7 +203,9 @@ class BatchStore:
         )
         return [PendingLine(r[0], r[1], json.loads(r[2])) for r in rows]
 
-    def finish_line(self, batch_id: str, line_no: int, result: dict[str, Any], ok: bool) -> None:
+    def finish_line(
+        self, batch_id: str, line_no: int, result: Mapping[str, object], ok: bool
+    ) -> None:
         """One line's output record and its batch's count, in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
@@ -216,8 +228,9 @@ class BatchStore:
         )
         return [(json.loads(r[0]), bool(r[1])) for r in rows]
 
-    def _page(self, table: str, limit: int, after: str | None, **eq: Any) -> list[sqlite3.Row]:
-        where, params = [], []
+    def _page(self, table: str, limit: int, after: str | None, **eq: SQLValue) -> list[sqlite3.Row]:
+        where: list[str] = []
+        params: list[SQLValue] = []
         for key, value in eq.items():
             if value is not None:
                 where.append(f"{key} = ?")
@@ -230,7 +243,7 @@ class BatchStore:
         return list(self.db.execute(sql, (*params, limit)))
 
 
-def _file_object(row: sqlite3.Row) -> dict[str, Any]:
+def _file_object(row: sqlite3.Row) -> JSONObject:
     return {
         "id": row["id"],
         "object": "file",

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from radixgen.errors import GrammarError
+from radixgen.json_types import JSONObject, JSONValue
 
 GRAMMAR_KINDS: tuple[str, ...] = ("json_schema", "regex", "ebnf", "choices", "json_object")
 
@@ -37,7 +38,7 @@ def clean_library_message(error: BaseException | str) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def load_json_schema(spec: str) -> dict[str, Any] | bool:
+def load_json_schema(spec: str) -> JSONObject | bool:
     """The schema as an object; its text must be JSON and its top level an object or a boolean."""
     try:
         schema = json.loads(spec)
@@ -103,7 +104,7 @@ def find_unenforceable(
     return None
 
 
-def refuse_unenforceable(backend: str, schema: Any, keywords: tuple[str, ...]) -> None:
+def refuse_unenforceable(backend: str, schema: JSONValue, keywords: tuple[str, ...]) -> None:
     """Raise a 400 naming the first schema keyword `backend` would serve unenforced."""
     found = find_unenforceable(schema, keywords)
     if found is not None:

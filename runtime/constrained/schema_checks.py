@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixgen.errors import GrammarError
+from radixgen.json_types import JSONValue
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 from radixgen.runtime.constrained.schema_support import (
     _one_of_disjoint,
@@ -128,7 +129,7 @@ def _checked_keywords(root: dict[str, Any]) -> set[str]:
     return {k for s in _walk(root) for k in checked_here(root, s)}
 
 
-def plan_checks(schema: Any) -> CheckPlan | None:
+def plan_checks(schema: JSONValue) -> CheckPlan | None:
     """The checked layer's plan for a (rewritten) schema; None when it needs no check."""
     if not isinstance(schema, dict):
         return None
@@ -149,7 +150,7 @@ def plan_checks(schema: Any) -> CheckPlan | None:
     return CheckPlan(relaxed, tuple(finder.checks), keywords, schema)
 
 
-def relax_for_checks(schema: Any) -> Any:
+def relax_for_checks(schema: JSONValue) -> JSONValue:
     """The schema a backend compiles: relaxed where the checked layer validates instead."""
     plan = plan_checks(schema)
     return schema if plan is None else plan.schema

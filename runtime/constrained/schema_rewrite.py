@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixgen.errors import GrammarError
+from radixgen.json_types import JSONValue
 from radixgen.runtime.constrained.schema_merge import (
     UNSATISFIABLE,
     canonical,
@@ -81,7 +82,7 @@ class RewrittenSchema:
     rewrites: tuple[str, ...]
 
 
-def rewrite_schema(schema: Any) -> RewrittenSchema:
+def rewrite_schema(schema: JSONValue) -> RewrittenSchema:
     """The schema with every rewritable keyword rewritten; a 400 past MAX_BRANCHES."""
     if not _uses(schema, REWRITTEN_KEYWORDS) and not _has_sibling_keywords(schema):
         return RewrittenSchema(schema, ())

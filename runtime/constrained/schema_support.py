@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixgen.errors import GrammarError
+from radixgen.json_types import JSONValue
 from radixgen.runtime.constrained.grammar_spec import subschemas
 from radixgen.runtime.constrained.schema_merge import dict_field, is_json_type, list_field
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
@@ -125,7 +126,7 @@ class SchemaGap:
         return f"'{self.feature}' (at {self.path or '/'})"
 
 
-def schema_features(root: Any) -> list[SchemaGap]:
+def schema_features(root: JSONValue) -> list[SchemaGap]:
     """Every gap-table feature used by the parts of `root` that validation can reach.
 
     Local $refs are followed (once each); definitions nothing refers to are not looked at.
@@ -147,14 +148,14 @@ def schema_features(root: Any) -> list[SchemaGap]:
 
 
 def backend_gaps(
-    schema: Any, features: list[SchemaGap] | None = None
+    schema: JSONValue, features: list[SchemaGap] | None = None
 ) -> dict[str, list[SchemaGap]]:
     """For each backend with a gap table: the gaps this schema hits (empty: it serves exactly)."""
     features = schema_features(schema) if features is None else features
     return {name: [g for g in features if g.feature in gaps] for name, gaps in SCHEMA_GAPS.items()}
 
 
-def refuse_gaps(backend: str, schema: Any) -> None:
+def refuse_gaps(backend: str, schema: JSONValue) -> None:
     """Raise a 400 naming the features of `schema` that `backend` would not enforce."""
     gaps = backend_gaps(schema)[backend]
     if gaps:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
 from http.cookies import CookieError, SimpleCookie
-from typing import Any
 from urllib.parse import parse_qs
+
+from starlette.types import Scope
 
 DASHBOARD_PATH = "/dashboard"
 DASHBOARD_COOKIE = "radixgen_dashboard"
@@ -30,14 +30,14 @@ def dashboard_token(api_key: str) -> str:
     return hmac.new(api_key.encode(), b"radixgen-dashboard", hashlib.sha256).hexdigest()
 
 
-def query_key(scope: Mapping[str, Any]) -> str | None:
+def query_key(scope: Scope) -> str | None:
     """The `api_key` query parameter of a request (None when absent)."""
     raw = scope.get("query_string", b"").decode("latin-1")
     values = parse_qs(raw).get(KEY_QUERY)
     return values[0] if values else None
 
 
-def cookie_token(scope: Mapping[str, Any]) -> str | None:
+def cookie_token(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"cookie":
             try:
@@ -49,7 +49,7 @@ def cookie_token(scope: Mapping[str, Any]) -> str | None:
     return None
 
 
-def dashboard_admits(scope: Mapping[str, Any], api_key: str) -> bool:
+def dashboard_admits(scope: Scope, api_key: str) -> bool:
     """The dashboard's own credentials: the key in the page's query, or the derived cookie."""
     path = scope["path"]
     if not is_dashboard_path(path):

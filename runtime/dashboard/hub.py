@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from radixgen.io_struct import DashboardSnapshot
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
@@ -54,12 +54,12 @@ class DashboardHub:
     def __init__(self) -> None:
         self.history: deque[HistoryPoint] = deque(maxlen=HISTORY_POINTS)
         self._last: tuple[float, int] | None = None  # (time, generated_tokens) of the last one
-        self._cached: tuple[float, int, dict[str, Any]] | None = None
+        self._cached: tuple[float, int, dict[str, object]] | None = None
         self._lock = asyncio.Lock()
 
     async def snapshot(
         self, tm: SnapshotSource, tokenizer: Decoder, max_nodes: int
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The page's view; a snapshot taken moments ago with the same cap is reused."""
         async with self._lock:
             now = time.monotonic()
@@ -95,7 +95,7 @@ class DashboardHub:
         )
 
 
-def build_view(raw: DashboardSnapshot, tokenizer: Decoder) -> dict[str, Any]:
+def build_view(raw: DashboardSnapshot, tokenizer: Decoder) -> dict[str, object]:
     """The scheduler's snapshot as the page's JSON: token ids replaced by text, the hot nodes
     marked."""
     batch = [n.preview_ids for n in raw.tree_nodes]
@@ -105,7 +105,7 @@ def build_view(raw: DashboardSnapshot, tokenizer: Decoder) -> dict[str, Any]:
     it = iter(texts)
     shared = sorted((n for n in raw.tree_nodes if n.hits > 0), key=lambda n: (-n.hits, -n.tokens))
     hot = {n.id for n in shared[:HOT_NODES]}
-    tree: list[dict[str, Any]] = []
+    tree: list[dict[str, object]] = []
     for n in raw.tree_nodes:
         node = {k: v for k, v in asdict(n).items() if k != "preview_ids"}
         node["preview"] = next(it) + ("…" if n.preview_truncated else "")

@@ -72,7 +72,7 @@ class ProgramTrace:
     dropped_calls: int = 0  # calls past MAX_CALLS: not kept
     listed: int = 0  # requests kept in their call's `requests`
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         return {
             "id": self.trace_id,
             "program": self.program,
@@ -191,16 +191,16 @@ class ProgramTraceStore:
             call.unlisted += 1
             _add(call.extra, rec)
 
-    def summaries(self, limit: int = MAX_TRACES) -> list[dict[str, Any]]:
+    def summaries(self, limit: int = MAX_TRACES) -> list[dict[str, object]]:
         """The most recently active traces first."""
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         for trace in reversed(self.traces.values()):
             if len(out) >= limit:
                 break
             out.append(trace.summary())
         return out
 
-    def tree(self, trace_id: str) -> dict[str, Any] | None:
+    def tree(self, trace_id: str) -> dict[str, object] | None:
         trace = self.traces.get(trace_id)
         if trace is None:
             return None

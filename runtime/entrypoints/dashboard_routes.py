@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
@@ -55,7 +55,7 @@ def _hub(request: Request) -> DashboardHub:
     return hub
 
 
-async def _view(request: Request, max_nodes: int) -> dict[str, Any]:
+async def _view(request: Request, max_nodes: int) -> dict[str, object]:
     state: ServerState = request.app.state.server
     tm = state.manager(while_draining=True)
     try:

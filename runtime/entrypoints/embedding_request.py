@@ -5,20 +5,22 @@ TokenizerManager."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TypedDict
 
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.api.embedding_requests import EmbeddingResult
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 
 
-def _is_ids(value: Any) -> bool:
+def _is_ids(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value
     )
 
 
-def split_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[int]] | None, bool]:
+def split_inputs(
+    value: object, param: str
+) -> tuple[list[str] | None, list[list[int]] | None, bool]:
     """(texts, token lists, whether a batch) of a string, a list of strings, a token list or a
     list of token lists; anything else is a 400 naming `param`."""
     if isinstance(value, str):
@@ -37,9 +39,23 @@ def split_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[in
     )
 
 
-def encode_outputs(results: list[EmbeddingResult], batch: bool) -> Any:
+class EncodeMetaInfo(TypedDict):
+    id: str
+    prompt_tokens: int
+
+
+class EncodeOutput(TypedDict):
+    """One input's answer to SGLang's encode (`Engine.encode`, POST /encode)."""
+
+    embedding: list[float]
+    meta_info: EncodeMetaInfo
+
+
+def encode_outputs(
+    results: list[EmbeddingResult], batch: bool
+) -> EncodeOutput | list[EncodeOutput]:
     """SGLang's encode answer: `{"embedding", "meta_info"}` per input, a list for a batch."""
-    outs = [
+    outs: list[EncodeOutput] = [
         {
             "embedding": r.embedding,
             "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": r.prompt_tokens},
@@ -50,7 +66,7 @@ def encode_outputs(results: list[EmbeddingResult], batch: bool) -> Any:
 
 
 async def embed_request(
-    tm: TokenizerManager, value: Any, dimensions: int | None, param: str, truncate: bool = False
+    tm: TokenizerManager, value: object, dimensions: object, param: str, truncate: object = False
 ) -> tuple[list[EmbeddingResult], bool]:
     """The vectors of the request's inputs, in order, and whether it was a batch; truncate: an
     input over the model's limit is cut to it (text: as sentence-transformers cuts, the closing

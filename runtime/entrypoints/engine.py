@@ -11,19 +11,28 @@ import asyncio
 import atexit
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from types import TracebackType
+from typing import TypedDict, TypeVar, cast
 
+from radixgen.generate_output import GenerateOutput
 from radixgen.io_struct import GenerateReqInput
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
-from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
+from radixgen.runtime.entrypoints.embedding_request import (
+    EncodeOutput,
+    embed_request,
+    encode_outputs,
+)
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
+from radixgen.runtime.text.tokenizer import Tokenizer
 from radixgen.server_args import ServerArgs
 from radixgen.version import __version__
 
 _WATCH_INTERVAL_S = 0.5
-_END = object()
+_T = TypeVar("_T")
+# what a streaming pump hands its consumer: a chunk, the error that ended it, or None at the end
+_Streamed = GenerateOutput | list[GenerateOutput] | BaseException | None
 
 
 class Engine:
@@ -32,7 +41,7 @@ class Engine:
     Args mirror the server's flags, e.g. `Engine(dtype="float32", max_total_tokens=8192)`.
     """
 
-    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, model_path: str | None = None, **kwargs: object) -> None:
         # NOTE: an offline job submits all its work at once: no queue or per-request sequence
         # limit unless asked for (the prompt and stop-string limits still apply)
         kwargs.setdefault("max_queued_requests", None)
@@ -65,16 +74,16 @@ class Engine:
                 return
             await asyncio.sleep(_WATCH_INTERVAL_S)
 
-    def _call(self, coro: Any) -> Any:
+    def _call(self, coro: Coroutine[object, None, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def run(self, coro: Any) -> Any:
+    def run(self, coro: Coroutine[object, None, _T]) -> _T:
         """Run a coroutine on the engine's event loop (where its TokenizerManager lives) and
         wait for its result: for work that drives the manager directly (`radixgen batch`)."""
         return self._call(coro)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.tokenizer_manager.tokenizer
 
     # --- generation ---------------------------------------------------------------------------
@@ -82,7 +91,7 @@ class Engine:
     @staticmethod
     def _request(
         prompt: str | list[str] | None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None,
         input_ids: list[int] | list[list[int]] | None,
         return_logprob: bool | list[bool],
         logprob_start_len: int | list[int] | None,
@@ -114,18 +123,17 @@ class Engine:
         prompt: str | list[str] | list[int] | list[list[int]],
         dimensions: int | None = None,
         truncate: bool = False,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
+    ) -> EncodeOutput | list[EncodeOutput]:
         """SGLang's `Engine.encode` on an embedding engine (`Engine(is_embedding=True)`): text or
         token ids, one or a batch -> `{"embedding", "meta_info"}` each (a list for a batch)."""
         work = embed_request(self.tokenizer_manager, prompt, dimensions, "prompt", truncate)
         results, batch = self._call(work)
-        out: dict[str, Any] | list[dict[str, Any]] = encode_outputs(results, batch)
-        return out
+        return encode_outputs(results, batch)
 
     def generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None,
@@ -136,7 +144,7 @@ class Engine:
         lora_path: str | list[str | None] | None = None,
         priority: int | None = None,
         pin_prefix: bool = False,
-    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    ) -> GenerateOutput | list[GenerateOutput] | Iterator[GenerateOutput]:
         """One dict for one prompt, a list in order for a list; an iterator of chunks if streaming.
 
         lora_path: the LoRA adapter by name (--lora-paths), one or one per prompt.
@@ -151,23 +159,23 @@ class Engine:
         )  # fmt: skip
         if stream:
             return self._stream_sync(obj)
-        out: dict[str, Any] | list[dict[str, Any]] = self._call(self._collect(obj))
-        return out
+        return self._call(self._collect(obj))
 
-    async def _collect(self, obj: GenerateReqInput) -> Any:
+    async def _collect(self, obj: GenerateReqInput) -> GenerateOutput | list[GenerateOutput]:
         result = None
         async for item in self.tokenizer_manager.generate(obj):
             result = item
-        return result
+        # NOTE: a call that is not streamed yields exactly once (TokenizerManager.generate)
+        return cast("GenerateOutput | list[GenerateOutput]", result)
 
-    def _stream_sync(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
-        q: queue.Queue[Any] = queue.Queue()
+    def _stream_sync(self, obj: GenerateReqInput) -> Iterator[GenerateOutput]:
+        q: queue.Queue[_Streamed] = queue.Queue()
 
         async def pump() -> None:
             try:
                 async for chunk in self.tokenizer_manager.generate(obj):
                     q.put(chunk)
-                q.put(_END)
+                q.put(None)
             except BaseException as e:  # surfaced to the consumer thread
                 q.put(e)
 
@@ -175,11 +183,11 @@ class Engine:
         try:
             while True:
                 item = q.get()
-                if item is _END:
+                if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield _chunk(item)
         finally:
             if not fut.done():
                 fut.cancel()
@@ -187,7 +195,7 @@ class Engine:
     async def async_generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, object] | list[Mapping[str, object]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None,
@@ -198,7 +206,7 @@ class Engine:
         lora_path: str | list[str | None] | None = None,
         priority: int | None = None,
         pin_prefix: bool = False,
-    ) -> Any:
+    ) -> GenerateOutput | list[GenerateOutput] | AsyncIterator[GenerateOutput]:
         """Awaitable from any event loop; with stream=True returns an async iterator of chunks."""
         obj = self._request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
@@ -210,15 +218,15 @@ class Engine:
         fut = asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop)
         return await asyncio.wrap_future(fut)
 
-    async def _stream_async(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
-        q: asyncio.Queue[Any] = asyncio.Queue()
+    async def _stream_async(self, obj: GenerateReqInput) -> AsyncIterator[GenerateOutput]:
+        q: asyncio.Queue[_Streamed] = asyncio.Queue()
         caller_loop = asyncio.get_running_loop()
 
         async def pump() -> None:
             try:
                 async for chunk in self.tokenizer_manager.generate(obj):
                     caller_loop.call_soon_threadsafe(q.put_nowait, chunk)
-                caller_loop.call_soon_threadsafe(q.put_nowait, _END)
+                caller_loop.call_soon_threadsafe(q.put_nowait, None)
             except BaseException as e:
                 caller_loop.call_soon_threadsafe(q.put_nowait, e)
 
@@ -226,35 +234,35 @@ class Engine:
         try:
             while True:
                 item = await q.get()
-                if item is _END:
+                if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield _chunk(item)
         finally:
             if not fut.done():
                 fut.cancel()
 
     # --- control ------------------------------------------------------------------------------
 
-    def flush_cache(self, keep_lower_tiers: bool = False) -> dict[str, Any]:
+    def flush_cache(self, keep_lower_tiers: bool = False) -> ControlResult:
         """Empty the prefix cache (with HiCache every tier, or only the KV pool with
         `keep_lower_tiers`); refused (success False, with a message) while requests run."""
         out = self._call(self.tokenizer_manager.flush_cache(keep_lower_tiers))
         return {"success": out.success, "message": out.message}
 
-    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> ControlResult:
         """SGLang's `Engine.load_lora_adapter`: a PEFT folder under a name, while serving; a
         refused adapter raises `InvalidRequestError` naming why."""
         out = self._call(self.tokenizer_manager.load_lora_adapter(lora_name, lora_path))
         return {"success": out.success, "message": out.message}
 
-    def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+    def unload_lora_adapter(self, lora_name: str) -> ControlResult:
         """Unload an adapter: new requests naming it are refused, those in flight finish."""
         out = self._call(self.tokenizer_manager.unload_lora_adapter(lora_name))
         return {"success": out.success, "message": out.message}
 
-    def get_server_info(self) -> dict[str, Any]:
+    def get_server_info(self) -> dict[str, object]:
         states = self._call(self.tokenizer_manager.get_internal_states())
         return {
             **self.server_args.to_flat_dict(),
@@ -283,5 +291,23 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
         self.shutdown()
+
+
+class ControlResult(TypedDict):
+    """What a control call answers (SGLang's shape): whether it was done, and why not."""
+
+    success: bool
+    message: str
+
+
+def _chunk(item: GenerateOutput | list[GenerateOutput]) -> GenerateOutput:
+    """A streamed item: TokenizerManager.generate streams one chunk at a time (a batch's chunks
+    carry their `index`), never a list."""
+    return cast(GenerateOutput, item)

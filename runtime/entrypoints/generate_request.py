@@ -8,7 +8,7 @@ unknown keys are refused, naming the key.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import GenerateReqInput
@@ -79,15 +79,15 @@ _MODEL_KEY = "model"
 _DP_RANK_KEYS = ("routed_dp_rank", "data_parallel_rank")
 
 
-def _is_unset(value: Any) -> bool:
+def _is_unset(value: object) -> bool:
     return value is None or value is False or value == [] or value == {} or value == ""
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_per_item(name: str, value: Any, ok: Any, what: str) -> None:
+def _check_per_item(name: str, value: object, ok: Callable[[object], object], what: str) -> None:
     """The value's type, or each entry's when it is a per-item list (whose length
     `GenerateReqInput.check_per_item_lengths` checks)."""
     for item in value if isinstance(value, list) else [value]:
@@ -95,7 +95,7 @@ def _check_per_item(name: str, value: Any, ok: Any, what: str) -> None:
             raise InvalidRequestError(f"{name} must be {what}, got {item!r}", name)
 
 
-def parse_generate_request(body: Any) -> GenerateReqInput:
+def parse_generate_request(body: object) -> GenerateReqInput:
     """Validate a /generate body; errors are `InvalidRequestError`s that name the field."""
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", None)

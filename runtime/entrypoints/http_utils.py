@@ -14,7 +14,7 @@ import asyncio
 import hmac
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar, cast
 
 import orjson
 from fastapi import Request
@@ -30,6 +30,8 @@ from radixgen.errors import (
     RequestTimeoutError,
     RequestTooLargeError,
 )
+from radixgen.generate_output import GenerateOutput
+from radixgen.json_types import JSONValue
 from radixgen.runtime.dashboard.auth import dashboard_admits
 from radixgen.server_args import LimitsConfig
 
@@ -80,12 +82,35 @@ class ClientDisconnected(Exception):
     """The client went away before the answer was ready (its request has been aborted)."""
 
 
-def json_response(obj: Any, status_code: int = 200) -> Response:
+def json_response(obj: object, status_code: int = 200) -> Response:
     """orjson-encoded response: several times faster than the stdlib encoder on large bodies."""
     return Response(orjson.dumps(obj), status_code=status_code, media_type="application/json")
 
 
-def error_body(exc: BaseException) -> dict[str, Any]:
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(TypedDict):
+    """The one shape errors leave the server in."""
+
+    error: ErrorDetail
+
+
+class _StreamErrorDetail(ErrorDetail):
+    retryable: bool
+
+
+class StreamErrorBody(TypedDict):
+    """SGLang's error event inside a stream (`retryable`: a 503)."""
+
+    error: _StreamErrorDetail
+
+
+def error_body(exc: BaseException) -> ErrorBody:
     if isinstance(exc, RadixGenError):
         status = exc.status_code
         err_type = exc.err_type
@@ -104,18 +129,18 @@ def error_response(exc: BaseException) -> Response:
     return response
 
 
-def stream_failure(exc: Exception) -> dict[str, Any]:
+def stream_failure(exc: Exception) -> ErrorBody:
     """The error event's body for a stream an exception broke; a bug's traceback is logged."""
     if not isinstance(exc, RadixGenError):
         logger.error("a stream failed: %r", exc, exc_info=(type(exc), exc, exc.__traceback__))
     return error_body(exc)
 
 
-def sse_event(obj: Any) -> bytes:
+def sse_event(obj: object) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def raise_if_failed(result: dict[str, Any] | list[dict[str, Any]]) -> None:
+def raise_if_failed(result: GenerateOutput | list[GenerateOutput]) -> None:
     """A request the engine refused (bad grammar, dead engine) fails the whole call."""
     for item in result if isinstance(result, list) else [result]:
         fr = item["meta_info"].get("finish_reason") or {}
@@ -137,7 +162,7 @@ _STREAM_ERROR_TYPES = {
 }
 
 
-def stream_error(chunk: dict[str, Any]) -> dict[str, Any] | None:
+def stream_error(chunk: GenerateOutput | list[GenerateOutput]) -> StreamErrorBody | None:
     """An in-stream refusal as SGLang's error event, or None for a normal chunk."""
     if isinstance(chunk, dict) and "meta_info" in chunk:
         fr = chunk["meta_info"].get("finish_reason") or {}
@@ -155,12 +180,19 @@ def stream_error(chunk: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def collect(agen: AsyncIterator[Any]) -> Any:
+def single(result: GenerateOutput | list[GenerateOutput]) -> GenerateOutput:
+    """The answer of a request of one prompt and one sample: one dict (TokenizerManager.generate
+    answers a list only for a batch or n > 1)."""
+    return cast(GenerateOutput, result)
+
+
+async def collect(agen: AsyncIterator[T]) -> T:
     """The last item of a TokenizerManager generator (the final result when not streaming)."""
     result = None
     async for item in agen:
         result = item
-    return result
+    # NOTE: a generator that yielded nothing answers None, as before (none of ours does that)
+    return cast(T, result)
 
 
 async def read_body(request: Request, limits: LimitsConfig) -> bytes:
@@ -196,21 +228,22 @@ async def read_body(request: Request, limits: LimitsConfig) -> bytes:
         ) from None
 
 
-def _loads(raw: bytes) -> Any:
+def _loads(raw: bytes) -> JSONValue:
     if not raw:
         raise InvalidRequestError("the request body is empty; send a JSON object", None)
     try:
-        return orjson.loads(raw)
+        value: JSONValue = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}", None) from e
+    return value
 
 
-async def read_json(request: Request) -> Any:
+async def read_json(request: Request) -> JSONValue:
     """The request body as JSON; a malformed body is a 400 that says so."""
     return await read_parsed(request, lambda body: body)
 
 
-async def read_parsed(request: Request, parse: Callable[[Any], T]) -> T:
+async def read_parsed(request: Request, parse: Callable[[JSONValue], T]) -> T:
     """Read the body, decode its JSON and run `parse` (validation) on it; a large body is decoded
     and validated in a worker thread so that other requests (and /ping) keep being served."""
     raw = await read_body(request, request.app.state.server.args.limits)
@@ -261,17 +294,20 @@ async def first_and_rest(
 
 
 async def first_chunk_or_refusal(
-    agen: AsyncGenerator[Any, None], request: Request
-) -> tuple[Any, AsyncGenerator[Any, None]]:
+    agen: AsyncGenerator[GenerateOutput | list[GenerateOutput], None], request: Request
+) -> tuple[GenerateOutput, AsyncGenerator[GenerateOutput, None]]:
     """Like `first_and_rest`, but a request the engine refused at once (e.g. a grammar that does
-    not compile) raises, so it gets a 4xx status instead of a 200 stream holding an error."""
+    not compile) raises, so it gets a 4xx status instead of a 200 stream holding an error.
+
+    For a streamed request: TokenizerManager.generate streams one chunk at a time (a batch's
+    chunks carry their `index`), never a list, which the returned types say."""
     first, rest = await first_and_rest(agen, request)
     try:
         raise_if_failed(first)
     except RadixGenError:
         await rest.aclose()
         raise
-    return first, rest
+    return cast(GenerateOutput, first), cast("AsyncGenerator[GenerateOutput, None]", rest)
 
 
 class ApiKeyMiddleware:

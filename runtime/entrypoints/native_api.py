@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
+from radixgen.generate_output import GenerateOutput
 from radixgen.io_struct import GenerateReqInput
+from radixgen.json_types import is_str_list, is_token_ids
 from radixgen.runtime.api.hicache_status import hicache_tiers
 from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
@@ -106,7 +107,10 @@ async def generate(request: Request) -> Response:
     return StreamingResponse(_sse(first, rest), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _sse(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
+async def _sse(
+    first: GenerateOutput | list[GenerateOutput],
+    rest: AsyncGenerator[GenerateOutput | list[GenerateOutput], None],
+) -> AsyncIterator[bytes]:
     """SSE framing; closing `rest` on a disconnect cancels and aborts the request in the engine."""
     try:
         chunk = first
@@ -121,9 +125,8 @@ async def _sse(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncIterator[byt
             except StopAsyncIteration:
                 break
     except Exception as e:  # NOTE: a bug too ends the stream with an error event
-        body = stream_failure(e)
-        body["error"]["retryable"] = False
-        yield sse_event(body)
+        failure = stream_failure(e)
+        yield sse_event({"error": {**failure["error"], "retryable": False}})
     finally:
         await rest.aclose()
     yield SSE_DONE
@@ -150,7 +153,7 @@ async def health_generate(request: Request) -> Response:
     try:
         tm = server_state(request).manager()
         if tm.embeddings is not None:
-            work: Any = tm.warm_up()
+            work: Awaitable[object] = tm.warm_up()
         else:
             obj = GenerateReqInput(
                 text="Hi",
@@ -354,10 +357,12 @@ async def tokenize(request: Request) -> Response:
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise InvalidRequestError("add_special_tokens must be a boolean", "add_special_tokens")
+        tokens: list[int] | list[list[int]]
+        count: int | list[int]
         if isinstance(prompt, str):
-            tokens: Any = (await tm.encode_texts([prompt], add_special, "prompt"))[0]
-            count: Any = len(tokens)
-        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            tokens = (await tm.encode_texts([prompt], add_special, "prompt"))[0]
+            count = len(tokens)
+        elif is_str_list(prompt):
             tokens = await tm.encode_texts(prompt, add_special, "prompt")
             count = [len(t) for t in tokens]
         else:
@@ -374,13 +379,12 @@ async def detokenize(request: Request) -> Response:
         body = await read_json(request)
         tm = server_state(request).manager()
         tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tokens
-        ):
+        if not is_token_ids(tokens):
             raise InvalidRequestError("tokens must be a list of token ids", "tokens")
         bad = [t for t in tokens if not 0 <= t < tm.vocab_size]
         if bad:
             raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary", "tokens")
+        assert isinstance(body, dict)  # a body that is not one has no token list
         skip = body.get("skip_special_tokens", False)
         text = tm.tokenizer.decode(tokens, skip_special_tokens=bool(skip))
     except RadixGenError as e:
@@ -395,9 +399,9 @@ async def detokenize(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = server_state(request)
     if state.metrics is None:
-        body = error_body(InvalidRequestError("metrics are off; start with --enable-metrics"))
-        body["error"]["code"] = 404
-        return json_response(body, 404)
+        off = error_body(InvalidRequestError("metrics are off; start with --enable-metrics"))
+        off["error"]["code"] = 404
+        return json_response(off, 404)
     engine_state = None
     live: set[str] = set()
     if state.healthy and state.tm is not None:

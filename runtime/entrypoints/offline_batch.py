@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from tqdm import tqdm
 
 from radixgen.errors import InvalidRequestError
+from radixgen.json_types import JSONObject, JSONValue
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
@@ -29,13 +31,16 @@ from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.server_args import ServerArgs
 
+if TYPE_CHECKING:
+    from radixgen.runtime.entrypoints.engine import Engine
+
 
 @dataclass(frozen=True)
 class OfflineLine:
     line_no: int
     custom_id: str
     url: str
-    body: dict[str, Any]
+    body: JSONObject
 
 
 def error_path_for(output: str) -> str:
@@ -46,15 +51,16 @@ def error_path_for(output: str) -> str:
 
 def read_lines(
     source: IO[bytes], endpoints: set[str]
-) -> tuple[list[OfflineLine], list[dict[str, Any]]]:
+) -> tuple[list[OfflineLine], list[JSONObject]]:
     """The runnable lines, and the error records of the bad ones (a duplicate custom_id is an
     InvalidRequestError: the whole input is refused, as the Batch API's validation does)."""
     good: list[OfflineLine] = []
-    bad: list[dict[str, Any]] = []
+    bad: list[JSONObject] = []
     seen: dict[str, int] = {}
     for n, raw in enumerate((ln for ln in source if ln.strip()), start=1):
         url = _url_of(raw)
-        target = url if url in endpoints else "/v1/chat/completions"
+        # NOTE: a url in `endpoints` is one of its strings (str() leaves it as it is)
+        target = str(url) if url in endpoints else "/v1/chat/completions"
         custom_id, body, problem = parse_line(raw, target)
         if custom_id is not None:
             if custom_id in seen:
@@ -71,7 +77,7 @@ def read_lines(
     return good, bad
 
 
-def _url_of(raw: bytes) -> Any:
+def _url_of(raw: bytes) -> JSONValue:
     try:
         obj = json.loads(raw)
     except ValueError:
@@ -79,7 +85,7 @@ def _url_of(raw: bytes) -> Any:
     return obj.get("url") if isinstance(obj, dict) else None
 
 
-def _error_record(custom_id: str | None, message: str) -> dict[str, Any]:
+def _error_record(custom_id: str | None, message: str) -> JSONObject:
     return {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
             "error": {"code": "invalid_request", "message": message}}  # fmt: skip
 
@@ -123,11 +129,11 @@ def _drop_torn_tail(path: Path) -> None:
 class OfflineState:
     """What the routes' run functions need of a server (`manager()`, `args`), over an Engine."""
 
-    def __init__(self, args: ServerArgs, manager: Any) -> None:
+    def __init__(self, args: ServerArgs, manager: TokenizerManager) -> None:
         self.args, self._manager = args, manager
         self.responses = ResponseStore()  # /v1/responses lines' own (previous_response_id)
 
-    def manager(self, while_draining: bool = False) -> Any:
+    def manager(self, while_draining: bool = False) -> TokenizerManager:
         return self._manager
 
 
@@ -136,7 +142,7 @@ class PreparedBatch:
     """The input read and checked before any engine starts (a refused file costs no start)."""
 
     todo: list[OfflineLine]
-    bad: list[dict[str, Any]]
+    bad: list[JSONObject]
     skipped: int
     output_path: str
     error_path: str
@@ -157,7 +163,7 @@ def prepare_batch(
     return PreparedBatch(todo, bad, len(skip), output_path, error_path, resume)
 
 
-def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
+def run_batch(engine: Engine, batch: PreparedBatch) -> tuple[int, int]:
     """Run the lines on `engine`; returns (lines answered 2xx, records in the error file)."""
     state = OfflineState(engine.server_args, engine.tokenizer_manager)
     counts = {"ok": 0, "failed": 0, "tokens": 0}
@@ -183,7 +189,8 @@ def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
             ok = 200 <= status < 300
             _write(out if ok else err, record)
             counts["ok" if ok else "failed"] += 1
-            counts["tokens"] += (body.get("usage") or {}).get("completion_tokens", 0)
+            usage = body.get("usage")  # an object when there is one
+            counts["tokens"] += usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0
             elapsed = bar.format_dict["elapsed"] or 1e-9
             bar.set_postfix_str(f"{counts['tokens'] / elapsed:.1f} tok/s", refresh=False)
             bar.update(1)
@@ -201,6 +208,6 @@ def run_batch(engine: Any, batch: PreparedBatch) -> tuple[int, int]:
     return counts["ok"], counts["failed"]
 
 
-def _write(sink: IO[str], record: dict[str, Any]) -> None:
+def _write(sink: IO[str], record: Mapping[str, object]) -> None:
     sink.write(json.dumps(record, ensure_ascii=False) + "\n")
     sink.flush()

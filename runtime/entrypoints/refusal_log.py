@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import orjson
+from starlette.types import Message, Receive, Scope, Send
 
 logger = logging.getLogger("radixgen.refusals")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 REASON_BYTES = 4096  # the error body read for the reason; longer bodies are cut
 QUIET_PATHS = frozenset({"/health", "/health_generate", "/ping"})

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixgen.errors import EngineDeadError
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
@@ -24,6 +24,9 @@ from radixgen.runtime.entrypoints.openai.files_batches import resume_batches
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
 from radixgen.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixgen.runtime.api.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class ServerState:
         self.ready_at: float | None = None
         self.tm: TokenizerManager | None = None
         self.procs: EngineProcesses | None = None
-        self.metrics: Any = None
+        self.metrics: ServerMetrics | None = None  # set by the HTTP server (--enable-metrics)
         self.dead_reason: str | None = None
         self._request_exit = request_exit
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 import sys
 import tempfile
-from typing import Any
 
 
 def scheduler_role(dp_rank: int, tp_rank: int = 0) -> str:
@@ -32,7 +31,7 @@ class ReadyChannel:
         self._sock.connect(endpoint)
         self._role = role
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: dict[str, object]) -> None:
         self._sock.send_pyobj({"role": self._role, **msg})
 
     def close(self) -> None:

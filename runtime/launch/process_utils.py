@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 PARENT_POLL_S = 0.5
 
@@ -23,7 +23,7 @@ class ReadyPipe(Protocol):
     """A child process's one-way channel for its start-up report (child_main's ReadyChannel; a
     multiprocessing Connection fits too)."""
 
-    def send(self, msg: dict[str, Any]) -> None: ...
+    def send(self, msg: dict[str, object]) -> None: ...
 
     def close(self) -> None: ...
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def _read_config(name: str, folder: Path) -> dict[str, Any]:
     return raw
 
 
-def _named_targets(targets: Any) -> list[str]:
+def _named_targets(targets: str | Iterable[object] | None) -> list[str]:
     """The module names a config's `target_modules` names (a list, or a regex string)."""
     if isinstance(targets, str):
         return [t for t in _UNSUPPORTED_TARGETS if re.search(targets, t)]

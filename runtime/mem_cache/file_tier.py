@@ -22,8 +22,8 @@ import struct
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,18 +41,18 @@ _DTYPES = {
 _FIELDS = ("k", "v", "k_scale", "v_scale")
 
 
-def kv_validity_digest(parts: dict[str, Any]) -> bytes:
+def kv_validity_digest(parts: Mapping[str, object]) -> bytes:
     """A digest of everything that makes stored KV valid for this server (its JSON, sorted)."""
     return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=16).digest()
 
 
-def model_identity(folder: str | None) -> dict[str, Any]:
+def model_identity(folder: str | None) -> dict[str, object]:
     """The model folder's identity: config and tokenizer contents' digests, and each weight
     file's name, size and modification time (hashing the weights would cost seconds a start)."""
     if folder is None:
         return {}
     root = Path(folder)
-    out: dict[str, Any] = {"path": str(root.resolve())}
+    out: dict[str, object] = {"path": str(root.resolve())}
     for p in sorted(root.iterdir()) if root.is_dir() else [root]:
         if not p.is_file():
             continue

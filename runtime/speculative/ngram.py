@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeVar
 
 
 class Candidate(NamedTuple):
@@ -229,7 +229,10 @@ def _has_next(buf: list[int], at: int) -> bool:
     return at < len(buf) and buf[at] != SEPARATOR
 
 
-def _pop_front(index: dict[Any, deque[int]], key: Any) -> None:
+_K = TypeVar("_K")
+
+
+def _pop_front(index: dict[_K, deque[int]], key: _K) -> None:
     ends = index[key]
     ends.popleft()
     if not ends:

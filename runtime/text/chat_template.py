@@ -12,8 +12,8 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -27,7 +27,9 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+def _tojson(
+    value: object, indent: int | None = None, ensure_ascii: bool = False, **_: object
+) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
 
@@ -82,10 +84,10 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-        **extra: Any,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
     ) -> str:
         try:
             return self._template.render(
@@ -105,10 +107,10 @@ class ChatTemplate:
 
     def render_chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-        **extra: Any,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
     ) -> RenderedChat:
         """Render, marking which text came from message contents.
 

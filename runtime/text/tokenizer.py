@@ -8,6 +8,7 @@ a fallback for folders without a tokenizer.json.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -261,10 +262,10 @@ class Tokenizer:
 
     def apply_chat_template(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-        **extra: Any,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
     ) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; pass --chat-template")
@@ -274,10 +275,10 @@ class Tokenizer:
 
     def render_chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-        **extra: Any,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
     ) -> RenderedChat:
         """Like `apply_chat_template`, with the message contents marked (see `encode_chat`)."""
         if self.chat_template is None:
@@ -285,7 +286,7 @@ class Tokenizer:
         return self.chat_template.render_chat(messages, add_generation_prompt, tools, **extra)
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     """A special token's text in tokenizer_config.json: a string, or an AddedToken dict."""
     text = value.get("content") if isinstance(value, dict) else value
     return text if isinstance(text, str) else None

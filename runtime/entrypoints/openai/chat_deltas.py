@@ -13,10 +13,23 @@ SDK's `chat.completions.stream`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from radixgen.reasoning_parser import ReasoningParser
-from radixgen.runtime.entrypoints.openai.tool_parsers import ToolCallParser, new_call
+from radixgen.runtime.entrypoints.openai.tool_parsers import CallView, ToolCallParser, new_call
+
+# a streamed tool-call entry: `index` with the call's id, type and name, or with an arguments
+# fragment (`{"index", "function": {"arguments"}}`)
+ToolCallEntry = dict[str, object]
+
+
+class ChatDelta(TypedDict, total=False):
+    """One streamed chat delta (OpenAI's keys)."""
+
+    role: str
+    content: str
+    reasoning_content: str
+    tool_calls: list[ToolCallEntry]
 
 
 class ToolCallStreamer:
@@ -34,13 +47,13 @@ class ToolCallStreamer:
     def has_calls(self) -> bool:
         return bool(self.sent_args)
 
-    def update(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def update(self, text: str) -> tuple[str, list[ToolCallEntry]]:
         """(content delta, tool-call delta entries) for the reply text so far."""
         scan = self.parser.scan(self.prefix + text, self.names, final=False)
         content = self._content(scan.content)
         return content, [] if scan.invalid else self._call_entries(scan.calls)
 
-    def finish(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def finish(self, text: str) -> tuple[str, list[ToolCallEntry]]:
         """The rest at the end: the remaining calls, or, when the reply holds none that parse,
         the held-back text as content."""
         full = self.prefix + text
@@ -68,8 +81,8 @@ class ToolCallStreamer:
         self.sent_content = target
         return out
 
-    def _call_entries(self, views: list[Any]) -> list[dict[str, Any]]:
-        entries = []
+    def _call_entries(self, views: list[CallView]) -> list[ToolCallEntry]:
+        entries: list[ToolCallEntry] = []
         for index, view in enumerate(views[: self.max_calls]):
             if view.name is None:
                 break  # calls are announced in order
@@ -84,13 +97,14 @@ class ToolCallStreamer:
         return entries
 
 
-def openai_deltas(delta: dict[str, Any]) -> list[dict[str, Any]]:
+def openai_deltas(delta: ChatDelta) -> list[ChatDelta]:
     """`delta` as OpenAI streams it: reasoning and content in the first delta, then each
     tool-call entry in a delta of its own (in order, so a call's name precedes its fragments)."""
     calls = delta.get("tool_calls")
     if not calls:
         return [delta] if delta else []
-    text = {k: v for k, v in delta.items() if k != "tool_calls"}
+    text: ChatDelta = {**delta}
+    del text["tool_calls"]
     return ([text] if text else []) + [{"tool_calls": [entry]} for entry in calls]
 
 
@@ -108,16 +122,16 @@ class ChatDeltaBuilder:
         self.sent_reasoning = ""
         self.sent_content = ""
 
-    def update(self, text: str) -> dict[str, Any]:
+    def update(self, text: str) -> ChatDelta:
         return self._delta(text, final=False)
 
-    def finish(self, text: str) -> tuple[dict[str, Any], bool]:
+    def finish(self, text: str) -> tuple[ChatDelta, bool]:
         """The last delta, and whether the reply holds tool calls."""
         delta = self._delta(text, final=True)
         return delta, self.tools is not None and self.tools.has_calls
 
-    def _delta(self, text: str, final: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {}
+    def _delta(self, text: str, final: bool) -> ChatDelta:
+        delta: ChatDelta = {}
         content_text = text
         if self.reasoning is not None:
             split = self.reasoning.split(text, final)

@@ -12,27 +12,33 @@ import asyncio
 import functools
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 from starlette.datastructures import UploadFile
 
 from radixgen.errors import InvalidRequestError, RadixGenError, RequestTooLargeError
-from radixgen.runtime.batch.runner import Unavailable
+from radixgen.json_types import JSONObject
+from radixgen.runtime.batch.runner import Execute, Unavailable
 from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.batch.store import DataDirBusyError
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.serving_chat import run_chat_completion
+from radixgen.runtime.entrypoints.openai.serving_common import Answer, ServingState
 from radixgen.runtime.entrypoints.openai.serving_completions import run_completion
 from radixgen.runtime.entrypoints.openai.serving_embedding import run_embedding
 from radixgen.runtime.entrypoints.openai.serving_responses import run_response
 
-router = APIRouter()
+if TYPE_CHECKING:
+    from radixgen.runtime.entrypoints.server_state import ServerState
 
-RunOne = Callable[[Any, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+router = APIRouter()
+_P = ParamSpec("_P")
+
+RunOne = Callable[[ServingState, JSONObject], Awaitable[Answer]]
 # the endpoints a batch may target, and how one of their requests is run without HTTP
 BATCH_ENDPOINTS: dict[str, RunOne] = {
     "/v1/chat/completions": run_chat_completion,
@@ -48,18 +54,18 @@ MULTIPART_OVERHEAD = 64 * 1024  # form fields and boundaries beside the file's b
 
 
 def batch_executor(
-    state: Any,
-) -> Callable[[str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]:
-    async def execute(endpoint: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    state: ServerState,
+) -> Execute:
+    async def execute(endpoint: str, body: JSONObject) -> Answer:
         status, answer = await BATCH_ENDPOINTS[endpoint](state, body)
-        if status == 503:  # loading, draining or dead: not the line's answer
-            raise Unavailable(answer["error"]["message"])
+        if status == 503:  # loading, draining or dead: not the line's answer (an error body)
+            raise Unavailable(cast(hu.ErrorBody, answer)["error"]["message"])
         return status, answer
 
     return execute
 
 
-def resume_batches(state: Any) -> None:
+def resume_batches(state: ServerState) -> None:
     """At server start: unfinished batches of a previous run go on."""
     if state.batch is None:
         state.batch = BatchService.resume_if_left(state.args.batch, batch_executor(state))
@@ -87,7 +93,7 @@ def _page_args(request: Request) -> tuple[int, str | None]:
     return limit, request.query_params.get("after")
 
 
-def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def _page(items: Sequence[Mapping[str, object]], limit: int) -> dict[str, object]:
     """OpenAI's cursor page: `limit + 1` items were fetched to tell whether more follow."""
     data = items[:limit]
     return {
@@ -99,11 +105,11 @@ def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     }
 
 
-def _guard(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+def _guard(handler: Callable[_P, Awaitable[Response]]) -> Callable[_P, Awaitable[Response]]:
     """Our errors become OpenAI-shaped error answers (404, 400, 413, 503)."""
 
     @functools.wraps(handler)  # FastAPI reads the handler's parameters through __wrapped__
-    async def run(*args: Any, **kwargs: Any) -> Response:
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> Response:
         try:
             return await handler(*args, **kwargs)
         except RadixGenError as e:
@@ -180,7 +186,7 @@ async def list_files(request: Request) -> Response:
     )
 
 
-def _file(request: Request, file_id: str) -> dict[str, Any]:
+def _file(request: Request, file_id: str) -> JSONObject:
     found = _service(request).store.get_file(file_id)
     if found is None:
         raise hu.NotFoundError(f"no file with id {file_id!r}")

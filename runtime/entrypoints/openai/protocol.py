@@ -8,11 +8,14 @@ Responses are built as plain dicts and encoded with orjson (no per-response mode
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from radixgen.errors import InvalidRequestError
+from radixgen.runtime.entrypoints.openai.json_fields import JSONField, JSONObjectField
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_TOP_LOGPROBS = 20
@@ -36,7 +39,7 @@ class SGLangSamplingExtras(_Strict):
     repetition_penalty: float | None = None
     regex: str | None = None
     ebnf: str | None = None
-    json_schema: str | dict[str, Any] | None = None
+    json_schema: str | JSONObjectField | None = None
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None  # SGLang extra: stop when the text matches
     no_stop_trim: bool = False
@@ -50,7 +53,7 @@ class SGLangSamplingExtras(_Strict):
     data_parallel_rank: int | None = None
     # accepted for client compatibility; change nothing on this server
     user: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: JSONObjectField | None = None
     store: bool | None = None
     service_tier: str | None = None
     priority: int | None = None
@@ -81,7 +84,7 @@ class CompletionRequest(SGLangSamplingExtras):
 class FunctionDefinition(_Strict):
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JSONObjectField | None = None
     strict: bool | None = None
 
     @field_validator("name")
@@ -120,22 +123,22 @@ class ToolCall(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[JSONObjectField] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     # fields of a response message that clients echo back into the history
     refusal: str | None = None
-    audio: Any = None
-    function_call: Any = None
-    annotations: Any = None
+    audio: JSONField = None
+    function_call: JSONField = None
+    annotations: JSONField = None
     reasoning_content: str | None = None
 
 
 class JsonSchemaSpec(_Strict):
     name: str = "response"
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JSONObjectField | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -165,7 +168,7 @@ class ChatCompletionRequest(SGLangSamplingExtras):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JSONObjectField | None = None
     continue_final_message: bool = False
     separate_reasoning: bool = True
     stream_reasoning: bool = True
@@ -204,7 +207,7 @@ class RerankRequest(_Strict):
     user: str | None = None  # accepted for client compatibility; changes nothing
 
 
-def parse_request(model: type[BaseModel], body: Any) -> Any:
+def parse_request(model: type[_Model], body: object) -> _Model:
     """Validate a body; the first problem becomes a 400 naming the field (dotted path)."""
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", None)
@@ -223,7 +226,7 @@ def parse_request(model: type[BaseModel], body: Any) -> Any:
         raise InvalidRequestError(msg, field) from None
 
 
-def _is_union_tag(part: Any) -> bool:
+def _is_union_tag(part: object) -> bool:
     """pydantic puts the union member it tried ('str', 'list[int]', "literal['a']", a class name)
     into error locations; field names are snake_case identifiers and list indexes are ints."""
     if not isinstance(part, str):

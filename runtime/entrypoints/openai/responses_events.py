@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from radixgen.runtime.entrypoints.openai import responses_items as items
+from radixgen.runtime.entrypoints.openai.chat_deltas import ChatDelta
 
 Event = dict[str, Any]
 
@@ -60,7 +61,7 @@ class ResponseEvents:
             self._event("response.in_progress", response=snapshot),
         ]
 
-    def update(self, delta: dict[str, Any]) -> list[Event]:
+    def update(self, delta: ChatDelta) -> list[Event]:
         """Events for one chat delta (`reasoning_content`, `content`, `tool_calls` entries)."""
         events: list[Event] = []
         if delta.get("reasoning_content"):

@@ -19,6 +19,8 @@ import uuid
 from typing import Any
 
 from radixgen.errors import InvalidRequestError
+from radixgen.generate_output import MetaInfo
+from radixgen.json_types import JSONObject
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
 from radixgen.runtime.entrypoints.openai.responses_protocol import ResponsesRequest
 
@@ -275,7 +277,7 @@ def output_items(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return items
 
 
-def usage(meta: dict[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
+def usage(meta: MetaInfo, reasoning_tokens: int = 0) -> JSONObject:
     """The Responses usage object from a finished request's meta_info; `cached_tokens` is the
     prompt prefix the radix cache served (always reported here, unlike chat's opt-in)."""
     prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]

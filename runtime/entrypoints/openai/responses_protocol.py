@@ -8,11 +8,13 @@ plain dicts: `responses_items.py` reads them and names the offending item in its
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixgen.errors import InvalidRequestError
+from radixgen.json_types import JSONValue
+from radixgen.runtime.entrypoints.openai.json_fields import JSONField, JSONObjectField
 
 
 class _Strict(BaseModel):
@@ -25,7 +27,7 @@ class TextFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JSONObjectField | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -40,14 +42,14 @@ class StreamOptions(_Strict):
 
 class ResponsesRequest(_Strict):
     model: str | None = None
-    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    input: str | list[JSONObjectField] = Field(default_factory=list)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     text: TextConfig | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[JSONObjectField] | None = None
+    tool_choice: str | JSONObjectField | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
     store: bool | None = True
@@ -65,14 +67,14 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     truncation: str | None = None
     include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
-    conversation: Any = None
-    prompt: Any = None
-    context_management: Any = None
-    moderation: Any = None
+    reasoning: JSONObjectField | None = None
+    conversation: JSONField = None
+    prompt: JSONField = None
+    context_management: JSONField = None
+    moderation: JSONField = None
     max_tool_calls: int | None = None
     top_logprobs: int | None = None
-    prompt_cache_options: Any = None
+    prompt_cache_options: JSONField = None
     prompt_cache_retention: str | None = None
 
 
@@ -92,7 +94,7 @@ _WHY = {
     "prompt_cache_options": "prompt caching is automatic (radix cache) and takes no options",
     "prompt_cache_retention": "prompt caching is automatic (radix cache) and takes no options",
 }
-_HARMLESS: dict[str, tuple[Any, ...]] = {
+_HARMLESS: dict[str, tuple[JSONValue, ...]] = {
     "background": (False,),
     "truncation": ("disabled",),
     "include": ([],),

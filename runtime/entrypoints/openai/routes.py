@@ -3,8 +3,6 @@ detokenize live with the native API)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -36,7 +34,7 @@ router.add_api_route("/v1/rerank", create_rerank, methods=["POST"])
 router.add_api_route("/invocations", create_chat_completion, methods=["POST"])
 
 
-def _model_card(request: Request) -> dict[str, Any]:
+def _model_card(request: Request) -> dict[str, object]:
     state = request.app.state.server
     tm = state.manager()
     return {
@@ -49,7 +47,7 @@ def _model_card(request: Request) -> dict[str, Any]:
     }
 
 
-def _adapter_cards(request: Request, base: dict[str, Any]) -> list[dict[str, Any]]:
+def _adapter_cards(request: Request, base: dict[str, object]) -> list[dict[str, object]]:
     """A card per loaded LoRA adapter (vLLM's shape: its `root` is the adapter's path, its
     `parent` the base model); a request's `model` may name one."""
     tm = request.app.state.server.manager()

@@ -7,28 +7,31 @@ the context window, as OpenAI does).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError
+from radixgen.generate_output import GenerateOutput
 from radixgen.grammar_limits import check_schema_object
 from radixgen.io_struct import GenerateReqInput
+from radixgen.json_types import JSONObject
 from radixgen.reasoning_parser import ReasoningParser
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
 from radixgen.runtime.entrypoints.openai.chat_deltas import (
+    ChatDelta,
     ChatDeltaBuilder,
     ToolCallStreamer,
     openai_deltas,
 )
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
 from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
-from radixgen.runtime.entrypoints.openai.tool_parsers import create_tool_call_parser
+from radixgen.runtime.entrypoints.openai.tool_parsers import ToolCallDict, create_tool_call_parser
 
 
 class ChatPlan:
@@ -126,9 +129,9 @@ class ChatPlan:
             lora_path=self.lora_path,
         )
 
-    def message(self, text: str) -> tuple[dict[str, Any], bool]:
+    def message(self, text: str) -> tuple[dict[str, object], bool]:
         """The assistant message for a finished reply, and whether it holds tool calls."""
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCallDict] = []
         reasoning, answer = None, text
         if self.reasoning is not None:
             reasoning, answer = self.reasoning.parse(text)
@@ -139,7 +142,7 @@ class ChatPlan:
             content = None if calls else text
         elif self.mode == "auto":
             content, calls = self.parser.parse(answer, self.tool_names, self.max_calls)
-        msg: dict[str, Any] = {
+        msg: dict[str, object] = {
             "role": "assistant",
             "content": content,
             "reasoning_content": reasoning,
@@ -170,7 +173,7 @@ def _reasoning_parser(
     return ReasoningParser(name, enabled=not (name == "qwen3" and thinking is False))
 
 
-def _template_message(m: dict[str, Any]) -> dict[str, Any]:
+def _template_message(m: Mapping[str, Any]) -> dict[str, Any]:
     """Text parts joined into one string; "developer" is a system message to the template."""
     role = "system" if m["role"] == "developer" else m["role"]
     content = m.get("content")
@@ -205,7 +208,7 @@ async def create_chat_completion(request: Request) -> Response:
     )
 
 
-async def run_chat_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def run_chat_completion(state: common.ServingState, body: JSONObject) -> common.Answer:
     """One request without HTTP (a batch line): (status code, the route's answer body)."""
     return await common.generate_json(
         state, ChatCompletionRequest, ChatPlan, _response, "messages", body
@@ -213,9 +216,9 @@ async def run_chat_completion(state: Any, body: dict[str, Any]) -> tuple[int, di
 
 
 def _response(
-    plan: ChatPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
-) -> dict[str, Any]:
-    choices = []
+    plan: ChatPlan, results: list[GenerateOutput], tm: TokenizerManager, cache_report: bool
+) -> dict[str, object]:
+    choices: list[dict[str, object]] = []
     for i, r in enumerate(results):
         meta = r["meta_info"]
         reason, matched = common.finish_reason(meta)
@@ -252,7 +255,7 @@ def _response(
 
 
 async def _stream(
-    plan: ChatPlan, first: Any, rest: AsyncGenerator[Any, None], model: str, cache_report: bool
+    plan: ChatPlan, first: GenerateOutput, rest: common.Chunks, model: str, cache_report: bool
 ) -> AsyncIterator[bytes]:
     req = plan.req
     rid, created = common.new_id("chatcmpl"), common.now()
@@ -263,15 +266,15 @@ async def _stream(
     cached: dict[int, int] = {}
     continuous = common.continuous_usage(req.stream_options)
 
-    def event(index: int, delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
-        choice = {
+    def event(index: int, delta: ChatDelta, reason: str | None = None, **extra: object) -> bytes:
+        choice: dict[str, object] = {
             "index": index,
             "delta": delta,
             "logprobs": None,
             "finish_reason": reason,
             **extra,
         }
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
@@ -299,7 +302,7 @@ async def _stream(
                 yield event(i, {"role": "assistant", "content": ""})
             sent[i] = len(text)
             delta = builders[i].update(text)
-            extra: dict[str, Any] = {}
+            extra: dict[str, object] = {}
             if req.logprobs and meta.get("output_token_logprobs"):
                 extra["logprobs"] = {
                     "content": common.chat_logprobs(
@@ -312,7 +315,7 @@ async def _stream(
             if extra and not deltas:
                 deltas = [{"content": ""}]
             for n, d in enumerate(deltas):
-                yield event(i, d, **(extra if n == 0 else {}))
+                yield event(i, d, None, **(extra if n == 0 else {}))
             reason, matched = common.finish_reason(meta)
             if reason is not None:
                 last, has_calls = builders[i].finish(text)

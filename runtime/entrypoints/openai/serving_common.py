@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol, TypedDict, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
+from radixgen.io_struct import GenerateReqInput
+from radixgen.json_types import JSONObject, JSONValue
+from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -23,6 +27,33 @@ from radixgen.runtime.entrypoints.openai.protocol import (
     StreamOptions,
     parse_request,
 )
+from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixgen.server_args import ServerArgs
+
+# (status code, the JSON body the route answers): what a request run without HTTP returns
+Answer = tuple[int, Mapping[str, object]]
+# a response body built for orjson (its values typed where they are built)
+ResponseBody = dict[str, object]
+
+
+class ServingState(Protocol):
+    """What a request run without HTTP needs of its server (ServerState, or the offline batch
+    runner's OfflineState over an Engine)."""
+
+    args: ServerArgs
+    responses: ResponseStore
+
+    def manager(self, while_draining: bool = False) -> TokenizerManager: ...
+
+
+class GenerationPlan(Protocol):
+    """A validated request turned into the engine's input (ChatPlan, CompletionPlan)."""
+
+    def generate_input(self) -> GenerateReqInput: ...
+
+
+_Req = TypeVar("_Req", CompletionRequest, ChatCompletionRequest)
+_Plan = TypeVar("_Plan", bound=GenerationPlan)
 
 # SGLang sampling-param names -> the OpenAI field a user wrote, for error messages
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "seed": "seed"}
@@ -38,9 +69,9 @@ def now() -> int:
 
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest, max_new_tokens: int | None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """OpenAI fields + SGLang extras -> SGLang `sampling_params` (None means "the default")."""
-    sp: dict[str, Any] = {
+    sp: dict[str, object] = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": req.min_tokens,
         "temperature": req.temperature,
@@ -97,7 +128,7 @@ def openai_error(e: InvalidRequestError, prompt_field: str) -> InvalidRequestErr
     return e
 
 
-def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
+def finish_reason(meta: MetaInfo) -> tuple[str | None, int | str | None]:
     """SGLang's finish dict -> OpenAI's finish_reason string and SGLang's `matched_stop`."""
     fr = meta.get("finish_reason")
     if not fr:
@@ -110,12 +141,12 @@ def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
     return "abort", None
 
 
-def usage(results: list[dict[str, Any]], n: int, cache_report: bool) -> dict[str, Any]:
+def usage(results: list[GenerateOutput], n: int, cache_report: bool) -> JSONObject:
     """Prompt tokens count once per prompt (not per sample); completions add up."""
     prompt = sum(r["meta_info"]["prompt_tokens"] for r in results[::n])
     cached = sum(r["meta_info"].get("cached_tokens", 0) for r in results[::n])
     completion = sum(r["meta_info"]["completion_tokens"] for r in results)
-    out: dict[str, Any] = {
+    out: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
@@ -143,11 +174,11 @@ def choice_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def chunk_usage(
     prompt_tokens: dict[int, int], completion: dict[int, int], cached: dict[int, int], n: int,
     cache_report: bool,
-) -> dict[str, Any]:  # fmt: skip
+) -> JSONObject:  # fmt: skip
     """Usage for the final streamed chunk from per-index counters."""
     prompt = sum(v for i, v in prompt_tokens.items() if i % n == 0)
     comp = sum(completion.values())
-    out: dict[str, Any] = {
+    out: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": comp,
         "total_tokens": prompt + comp,
@@ -159,13 +190,13 @@ def chunk_usage(
     return out
 
 
-def token_logprob(entry: list[Any], token_bytes: list[bytes]) -> dict[str, Any]:
+def token_logprob(entry: LogprobEntry, token_bytes: list[bytes]) -> JSONObject:
     """One `[logprob, id, text]` entry -> OpenAI chat's {token, logprob, bytes}.
 
     `bytes` are the token's raw bytes, so a character split over several tokens (an emoji)
     can be put back together by the client even though each token's text alone is not valid.
     """
-    lp, tid, text = entry
+    lp, tid, text = _entry(entry)
     text = text or ""
     raw = token_bytes[tid] if 0 <= tid < len(token_bytes) else b""
     return {
@@ -175,35 +206,54 @@ def token_logprob(entry: list[Any], token_bytes: list[bytes]) -> dict[str, Any]:
     }
 
 
+def _entry(entry: LogprobEntry) -> tuple[float | None, int, str | None]:
+    """A `[logprob, token id, text]` entry's parts by their types (req_state._lp_entries)."""
+    lp, tid, text = entry
+    return cast(float | None, lp), cast(int, tid), cast(str | None, text)
+
+
 def chat_logprobs(
-    tokens: list[list[Any]],
-    tops: list[list[list[Any]]] | None,
+    tokens: list[LogprobEntry],
+    tops: Sequence[list[LogprobEntry] | None] | None,
     top_n: int,
     token_bytes: list[bytes],
-) -> list[dict[str, Any]]:
-    out = []
+) -> list[JSONValue]:
+    out: list[JSONValue] = []
     for i, entry in enumerate(tokens):
         item = token_logprob(entry, token_bytes)
-        row = tops[i] if tops is not None and i < len(tops) and tops[i] else []
+        row = (tops[i] if tops is not None and i < len(tops) else None) or []
         item["top_logprobs"] = [token_logprob(t, token_bytes) for t in row[:top_n]]
         out.append(item)
     return out
 
 
+class CompletionLogprobs(TypedDict):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float | None] | None] | None
+    text_offset: list[int]
+
+
 def completion_logprobs(
-    tokens: list[list[Any]], tops: list[Any] | None, offset0: int
-) -> dict[str, Any]:
+    tokens: list[LogprobEntry],
+    tops: Sequence[list[LogprobEntry] | None] | None,
+    offset0: int,
+) -> CompletionLogprobs:
     """The legacy completions logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
-    text_tokens, lps, top_rows, offsets = [], [], [], []
+    text_tokens: list[str] = []
+    lps: list[float | None] = []
+    top_rows: list[dict[str, float | None] | None] = []
+    offsets: list[int] = []
     pos = offset0
-    for i, (lp, _tid, text) in enumerate(tokens):
+    for i, entry in enumerate(tokens):
+        lp, _tid, text = _entry(entry)
         text = text or ""
         text_tokens.append(text)
         lps.append(lp)
         offsets.append(pos)
         pos += len(text)
         row = tops[i] if tops is not None and i < len(tops) else None
-        top_rows.append(None if row is None else {t[2] or "": t[0] for t in row})
+        top_rows.append(None if row is None else {(_entry(t)[2] or ""): _entry(t)[0] for t in row})
     return {
         "tokens": text_tokens,
         "token_logprobs": lps,
@@ -212,18 +262,22 @@ def completion_logprobs(
     }
 
 
+# a streamed request's chunks after the first (http_utils.first_chunk_or_refusal)
+Chunks = AsyncGenerator[GenerateOutput, None]
+
+
 async def serve_generation(
     request: Request,
-    request_model: type,
-    make_plan: Callable[[Any, Any], Any],
-    build_response: Callable[[Any, list[dict[str, Any]], Any, bool], dict[str, Any]],
-    build_stream: Callable[[Any, Any, AsyncGenerator[Any, None], str, bool], AsyncIterator[bytes]],
+    request_model: type[_Req],
+    make_plan: Callable[[_Req, TokenizerManager], _Plan],
+    build_response: Callable[[_Plan, list[GenerateOutput], TokenizerManager, bool], ResponseBody],
+    build_stream: Callable[[_Plan, GenerateOutput, Chunks, str, bool], AsyncIterator[bytes]],
     input_field: str,
 ) -> Response:
     """The request flow both OpenAI generation endpoints share: validate, plan, generate, then
     one JSON response or an SSE stream. Refusals before the first chunk are HTTP errors (an
     invalid input names `input_field`, OpenAI's `param`); a client that left gets 499."""
-    state = request.app.state.server
+    state: ServingState = request.app.state.server
     try:
         tm = state.manager()
         tm.check_generates()  # before a chat template is looked for
@@ -249,13 +303,13 @@ async def serve_generation(
 
 
 async def generate_json(
-    state: Any,
-    request_model: type,
-    make_plan: Callable[[Any, Any], Any],
-    build_response: Callable[[Any, list[dict[str, Any]], Any, bool], dict[str, Any]],
+    state: ServingState,
+    request_model: type[_Req],
+    make_plan: Callable[[_Req, TokenizerManager], _Plan],
+    build_response: Callable[[_Plan, list[GenerateOutput], TokenizerManager, bool], ResponseBody],
     input_field: str,
-    body: dict[str, Any],
-) -> tuple[int, dict[str, Any]]:
+    body: JSONObject,
+) -> Answer:
     """One non-streaming request from a parsed body, answered as its route would answer it:
     (status code, body). For work that has no HTTP request of its own (a batch line), so it is
     sent as background work: the scheduler queues it below every interactive request."""

@@ -5,14 +5,15 @@ Choices are ordered prompt-major: choice `i * n + k` is sample k of prompt i, as
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError
+from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
 from radixgen.io_struct import GenerateReqInput
+from radixgen.json_types import JSONObject
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
@@ -48,8 +49,12 @@ class CompletionPlan:
     def generate_input(self) -> GenerateReqInput:
         req = self.req
         want_lp = req.logprobs is not None
-        text: Any = self.texts if self.batch else (self.texts[0] if self.texts else None)
-        ids: Any = self.ids if self.batch else (self.ids[0] if self.ids else None)
+        text: list[str] | str | None = (
+            self.texts if self.batch else (self.texts[0] if self.texts else None)
+        )
+        ids: list[list[int]] | list[int] | None = (
+            self.ids if self.batch else (self.ids[0] if self.ids else None)
+        )
         return GenerateReqInput(
             text=text,
             input_ids=ids,
@@ -72,11 +77,15 @@ class CompletionPlan:
         assert self.ids is not None
         return self.tm.tokenizer.decode(self.ids[i], skip_special_tokens=False)
 
-    def logprobs(self, meta: dict[str, Any], first_chunk: bool, offset0: int) -> dict[str, Any]:
+    def logprobs(
+        self, meta: MetaInfo, first_chunk: bool, offset0: int
+    ) -> common.CompletionLogprobs:
         """The chunk's logprobs object; `offset0`: the text offset of its first token (where the
         previous chunk's tokens ended), so streamed offsets continue as in one response."""
         tokens = list(meta.get("output_token_logprobs", []))
-        tops = meta.get("output_top_logprobs") if self.req.logprobs else None
+        tops: Sequence[list[LogprobEntry] | None] | None = (
+            meta.get("output_top_logprobs") if self.req.logprobs else None
+        )
         if self.req.echo and first_chunk:
             tokens = list(meta.get("input_token_logprobs", [])) + tokens
             if tops is not None:
@@ -90,7 +99,7 @@ async def create_completion(request: Request) -> Response:
     )
 
 
-async def run_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def run_completion(state: common.ServingState, body: JSONObject) -> common.Answer:
     """One request without HTTP (a batch line): (status code, the route's answer body)."""
     return await common.generate_json(
         state, CompletionRequest, CompletionPlan, _response, "prompt", body
@@ -98,9 +107,9 @@ async def run_completion(state: Any, body: dict[str, Any]) -> tuple[int, dict[st
 
 
 def _response(
-    plan: CompletionPlan, results: list[dict[str, Any]], tm: TokenizerManager, cache_report: bool
-) -> dict[str, Any]:
-    choices = []
+    plan: CompletionPlan, results: list[GenerateOutput], tm: TokenizerManager, cache_report: bool
+) -> dict[str, object]:
+    choices: list[dict[str, object]] = []
     for i, r in enumerate(results):
         meta = r["meta_info"]
         reason, matched = common.finish_reason(meta)
@@ -127,8 +136,8 @@ def _response(
 
 async def _stream(
     plan: CompletionPlan,
-    first: Any,
-    rest: AsyncGenerator[Any, None],
+    first: GenerateOutput,
+    rest: common.Chunks,
     model: str,
     cache_report: bool,
 ) -> AsyncIterator[bytes]:
@@ -141,8 +150,8 @@ async def _stream(
     cached: dict[int, int] = {}
     continuous = common.continuous_usage(req.stream_options)
 
-    def event(choice: dict[str, Any]) -> bytes:
-        body: dict[str, Any] = {
+    def event(i: int, choice: dict[str, object]) -> bytes:
+        body: dict[str, object] = {
             "id": rid,
             "object": "text_completion",
             "created": created,
@@ -150,7 +159,6 @@ async def _stream(
             "choices": [choice],
         }
         if continuous:
-            i = choice["index"]
             body["usage"] = common.choice_usage(prompt[i], completion[i])
         return hu.sse_event(body)
 
@@ -178,7 +186,7 @@ async def _stream(
                     lp_end[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             if delta or reason is not None or (lp and lp["tokens"]):
                 yield event(
-                    {"index": i, "text": delta, "logprobs": lp, "finish_reason": reason,
+                    i, {"index": i, "text": delta, "logprobs": lp, "finish_reason": reason,
                      "matched_stop": matched}
                 )  # fmt: skip
             try:

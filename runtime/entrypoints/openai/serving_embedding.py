@@ -9,16 +9,17 @@ from __future__ import annotations
 import array
 import base64
 import sys
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.json_types import JSONObject
+from radixgen.runtime.api.embedding_requests import EmbeddingResult
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.embedding_request import embed_request
 from radixgen.runtime.entrypoints.openai.protocol import EmbeddingRequest, parse_request
-from radixgen.runtime.entrypoints.openai.serving_common import openai_error
+from radixgen.runtime.entrypoints.openai.serving_common import Answer, ServingState, openai_error
 
 
 def encode_base64(vector: list[float]) -> str:
@@ -46,7 +47,7 @@ async def create_embedding(request: Request) -> Response:
     return hu.json_response(_response(req, results, tm.served_model_name))
 
 
-async def run_embedding(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def run_embedding(state: ServingState, body: JSONObject) -> Answer:
     """One request without HTTP (a batch line): (status code, the route's answer body)."""
     try:
         tm = state.manager()
@@ -60,9 +61,11 @@ async def run_embedding(state: Any, body: dict[str, Any]) -> tuple[int, dict[str
     return failure["error"]["code"], failure
 
 
-def _response(req: EmbeddingRequest, results: list[Any], model: str) -> dict[str, Any]:
+def _response(
+    req: EmbeddingRequest, results: list[EmbeddingResult], model: str
+) -> dict[str, object]:
     as_base64 = req.encoding_format == "base64"
-    data = [
+    data: list[dict[str, object]] = [
         {
             "object": "embedding",
             "index": i,

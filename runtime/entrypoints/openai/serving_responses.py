@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.generate_output import GenerateOutput
+from radixgen.json_types import JSONObject
 from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import responses_items as items
@@ -96,7 +98,7 @@ async def _start_turn(req: ResponsesRequest, tm: TokenizerManager, store: Respon
     return _Turn(req, plan, history, tm.served_model_name)
 
 
-async def run_response(state: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def run_response(state: common.ServingState, body: JSONObject) -> common.Answer:
     """One non-streaming request without HTTP (a batch line): (status code, answer body)."""
     try:
         tm = state.manager()
@@ -106,7 +108,7 @@ async def run_response(state: Any, body: dict[str, Any]) -> tuple[int, dict[str,
         obj.background = True  # a batch line: below interactive requests in the scheduler
         result = await hu.collect(tm.generate(obj))
         hu.raise_if_failed(result)
-        return 200, _finished(turn, result, tm, state.responses)
+        return 200, _finished(turn, hu.single(result), tm, state.responses)
     except InvalidRequestError as e:
         failure = hu.error_body(_renamed(e))
     except RadixGenError as e:
@@ -125,7 +127,7 @@ async def create_response(request: Request) -> Response:
         if not req.stream:
             result = await hu.until_disconnect(request, hu.collect(tm.generate(obj)))
             hu.raise_if_failed(result)
-            return hu.json_response(_finished(turn, result, tm, store))
+            return hu.json_response(_finished(turn, hu.single(result), tm, store))
         first, rest = await hu.first_chunk_or_refusal(tm.generate(obj), request)
     except hu.ClientDisconnected:
         return Response(status_code=499)
@@ -138,7 +140,7 @@ async def create_response(request: Request) -> Response:
 
 
 def _finished(
-    turn: _Turn, result: dict[str, Any], tm: TokenizerManager, store: ResponseStore
+    turn: _Turn, result: GenerateOutput, tm: TokenizerManager, store: ResponseStore
 ) -> dict[str, Any]:
     meta = result["meta_info"]
     reason, _ = common.finish_reason(meta)
@@ -155,8 +157,8 @@ def _finished(
 
 async def _stream(
     turn: _Turn,
-    first: Any,
-    rest: AsyncGenerator[Any, None],
+    first: GenerateOutput,
+    rest: common.Chunks,
     tm: TokenizerManager,
     store: ResponseStore,
 ) -> AsyncIterator[bytes]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixgen.json_types import JSONObject, JSONValue
 from radixgen.runtime.entrypoints.openai.protocol import Tool
 from radixgen.runtime.entrypoints.openai.tool_parsers import (
     MistralParser,
@@ -25,7 +26,7 @@ def allowed_tools(tools: list[Tool], mode: str) -> list[Tool]:
     return tools if mode == "required" else [t for t in tools if t.function.name == mode]
 
 
-def call_schema(tools: list[Tool], mode: str, arguments_key: str = "arguments") -> dict[str, Any]:
+def call_schema(tools: list[Tool], mode: str, arguments_key: str = "arguments") -> JSONObject:
     """JSON schema of one call: a named function, or any of the tools for "required"."""
     schema, defs = call_schema_at(tools, mode, arguments_key, "")
     return {**schema, "$defs": defs} if defs else schema
@@ -33,7 +34,7 @@ def call_schema(tools: list[Tool], mode: str, arguments_key: str = "arguments") 
 
 def call_schema_at(
     tools: list[Tool], mode: str, arguments_key: str, at: str
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[JSONObject, JSONObject]:
     """The call's schema to sit at JSON pointer `at` of the grammar's schema, and the
     definitions its root must hold.
 
@@ -42,10 +43,10 @@ def call_schema_at(
     `$defs` / `definitions` are lifted to the root's `$defs` (prefixed with the tool's name when
     several tools' definitions could clash)."""
     allowed = allowed_tools(tools, mode)
-    defs: dict[str, Any] = {}
+    defs: JSONObject = {}
 
-    def one(t: Tool, pointer: str) -> dict[str, Any]:
-        params = t.function.parameters or {"type": "object"}
+    def one(t: Tool, pointer: str) -> JSONObject:
+        params: JSONObject = t.function.parameters or {"type": "object"}
         tag = f"{t.function.name}." if len(allowed) > 1 else ""
         arguments = _relocate(params, f"{pointer}/properties/{arguments_key}", tag, defs)
         return {
@@ -55,6 +56,7 @@ def call_schema_at(
             "additionalProperties": False,
         }  # fmt: skip
 
+    schema: JSONObject
     if len(allowed) == 1:
         schema = one(allowed[0], at)
     else:
@@ -67,7 +69,7 @@ _DEFINITION_KEYS = ("$defs", "definitions")
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 
 
-def _relocate(params: Any, at: str, tag: str, defs: dict[str, Any]) -> Any:
+def _relocate(params: JSONObject, at: str, tag: str, defs: JSONObject) -> JSONValue:
     """`params` to sit at pointer `at`: its definitions moved into `defs` (names prefixed with
     `tag`), every local `$ref` rewritten to match."""
 
@@ -83,12 +85,12 @@ def _relocate(params: Any, at: str, tag: str, defs: dict[str, Any]) -> Any:
                 return f"#/$defs/{moved}" + (f"/{rest}" if rest else "")
         return f"#{at}{path}"
 
-    def walk(node: Any) -> Any:
+    def walk(node: JSONValue) -> JSONValue:
         if isinstance(node, list):
             return [walk(v) for v in node]
         if not isinstance(node, dict):
             return node
-        out: dict[str, Any] = {}
+        out: JSONObject = {}
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str):
                 out[key] = pointer(value)
@@ -98,11 +100,13 @@ def _relocate(params: Any, at: str, tag: str, defs: dict[str, Any]) -> Any:
                 out[key] = walk(value)
         return out
 
-    body = dict(params) if isinstance(params, dict) else params
-    if isinstance(body, dict):
-        for key in _DEFINITION_KEYS:
-            for name, schema in (body.pop(key, None) or {}).items():
-                defs[tag + name] = walk(schema)
+    body = dict(params)
+    for key in _DEFINITION_KEYS:
+        # Any: a definitions keyword's value is read as the object it must be (as before, one
+        # that is not fails here)
+        found: Any = body.pop(key, None) or {}
+        for name, schema in found.items():
+            defs[tag + name] = walk(schema)
     return walk(body)
 
 
@@ -114,14 +118,14 @@ def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def forced_call_constraint(parser: ToolCallParser, tools: list[Tool], mode: str) -> dict[str, Any]:
+def forced_call_constraint(parser: ToolCallParser, tools: list[Tool], mode: str) -> JSONObject:
     """Sampling params (json_schema or ebnf) that make the reply one call in `parser`'s format;
     the prompt ends with `parser.forced_prefix`."""
     if isinstance(parser, PythonicParser):
         return {"ebnf": pythonic_ebnf(allowed_tools(tools, mode))}
     if isinstance(parser, MistralParser):
         item, defs = call_schema_at(tools, mode, parser.arguments_key, "/items")
-        schema = {"type": "array", "items": item, "minItems": 1, "maxItems": 1}
+        schema: JSONObject = {"type": "array", "items": item, "minItems": 1, "maxItems": 1}
         if defs:
             schema["$defs"] = defs
     else:
@@ -139,12 +143,15 @@ pyany ::= pystr | pynum | pybool | "None" | "[" (pyany (", " pyany)*)? "]" | "{"
 """
 
 
-def _value_rule(schema: Any, root: dict[str, Any]) -> str:
+def _value_rule(schema: JSONValue, root: JSONObject) -> str:
     schema = _resolve_local_ref(schema, root)
     if not isinstance(schema, dict):
         return "pyany"
-    if schema.get("enum"):
-        literals = [_py_literal(v) for v in schema["enum"]]
+    enum = schema.get("enum")
+    if enum:
+        # Any: the keyword's value is read as the list it must be (as before)
+        values: Any = enum
+        literals = [_py_literal(v) for v in values]
         if all(lit is not None for lit in literals):
             return "(" + " | ".join(json.dumps(lit) for lit in literals) + ")"
     kind = schema.get("type")
@@ -157,14 +164,15 @@ def _value_rule(schema: Any, root: dict[str, Any]) -> str:
     }.get(kind if isinstance(kind, str) else "", "pyany")
 
 
-def _resolve_local_ref(schema: Any, root: dict[str, Any], hops: int = 8) -> Any:
+def _resolve_local_ref(schema: JSONValue, root: JSONObject, hops: int = 8) -> JSONValue:
     """A `{"$ref": "#/..."}` property (pydantic's nested enums) as the schema it points to
     inside the tool's parameters, so its values are typed too; anything else as it is."""
     while hops and isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
         ref = schema["$ref"]
+        assert isinstance(ref, str)  # checked by the loop's condition
         if not ref.startswith("#"):
             return schema
-        node: Any = root
+        node: JSONValue = root
         for token in filter(None, ref[1:].split("/")):
             node = node.get(_unescape(token)) if isinstance(node, dict) else None
         if node is None:
@@ -173,7 +181,7 @@ def _resolve_local_ref(schema: Any, root: dict[str, Any], hops: int = 8) -> Any:
     return schema
 
 
-def _py_literal(value: Any) -> str | None:
+def _py_literal(value: JSONValue) -> str | None:
     if isinstance(value, bool) or value is None:
         return repr(value)
     if isinstance(value, (int, float)):
@@ -188,8 +196,10 @@ def pythonic_ebnf(tools: list[Tool]) -> str:
     rules = []
     for n, tool in enumerate(tools):
         params = tool.function.parameters or {}
-        props = params.get("properties") or {}
-        required = [k for k in params.get("required") or [] if k in props]
+        # Any: the parameters' keywords are read as the shapes JSON Schema gives them (as before)
+        props: Any = params.get("properties") or {}
+        listed: Any = params.get("required") or []
+        required = [k for k in listed if k in props]
         optional = [k for k in props if k not in required]
         items = [
             f"{json.dumps(k + '=')} {_value_rule(props[k], params)}" for k in required + optional

@@ -14,12 +14,17 @@ and a reply holding several keeps only the first (the rest is dropped, streamed 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from radixgen.errors import InvalidRequestError
+from radixgen.json_types import JSONObject, JSONValue
 from radixgen.runtime.entrypoints.openai import tool_call_grammar
 from radixgen.runtime.entrypoints.openai.protocol import NamedToolChoice, Tool
-from radixgen.runtime.entrypoints.openai.tool_parsers import HermesParser, ToolCallParser
+from radixgen.runtime.entrypoints.openai.tool_parsers import (
+    HermesParser,
+    ToolCallDict,
+    ToolCallParser,
+)
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -27,7 +32,10 @@ RESPONSE_OPEN = "<tool_response>"
 RESPONSE_CLOSE = "</tool_response>"
 
 
-def tool_mode(tools: list[Tool] | None, choice: Any) -> str | None:
+def tool_mode(
+    tools: list[Tool] | None,
+    choice: Literal["none", "auto", "required"] | NamedToolChoice | None,
+) -> str | None:
     """None (no tools in play), "auto", "required" or the forced function's name."""
     if not tools:
         if isinstance(choice, NamedToolChoice) or choice == "required":
@@ -80,7 +88,7 @@ def tools_system_prompt(
     )
 
 
-def call_schema(tools: list[Tool], mode: str) -> dict[str, Any]:
+def call_schema(tools: list[Tool], mode: str) -> JSONObject:
     """JSON schema of one `<tool_call>` call (see tool_call_grammar for the other formats)."""
     return tool_call_grammar.call_schema(tools, mode)
 
@@ -113,20 +121,21 @@ def history_messages(
     return out
 
 
-def _loads(arguments: str) -> Any:
+def _loads(arguments: str) -> JSONValue:
     try:
-        return json.loads(arguments)
+        value: JSONValue = json.loads(arguments)
+        return value
     except (TypeError, ValueError):
         return arguments
 
 
-def parse_tool_calls(text: str, tools: list[Tool]) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCallDict]]:
     """Split a `<tool_call>` reply into (content before the calls, calls); unparsable calls
     stay text."""
     return HermesParser().parse(text, {t.function.name for t in tools})
 
 
-def parse_forced_call(text: str, tools: list[Tool]) -> list[dict[str, Any]]:
+def parse_forced_call(text: str, tools: list[Tool]) -> list[ToolCallDict]:
     """The constrained reply is the JSON of one call (the opening tag was in the prompt)."""
     _, calls = HermesParser().parse(CALL_OPEN + text, {t.function.name for t in tools}, 1)
     return calls

@@ -18,8 +18,9 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar, TypedDict
 
+from radixgen.json_types import JSONValue
 from radixgen.reasoning_parser import partial_tag_len
 from radixgen.runtime.entrypoints.openai.text_scan import skip_ws, string_end, value_end
 
@@ -55,7 +56,20 @@ def _next_list_item(text: str, end: int, out: Scan) -> int | None:
     return nxt + 1
 
 
-def new_call(name: str, arguments: str) -> dict[str, Any]:
+class ToolCallFunctionDict(TypedDict):
+    name: str
+    arguments: str  # the arguments object's JSON text
+
+
+class ToolCallDict(TypedDict):
+    """One call of an assistant message's `tool_calls` (OpenAI's shape)."""
+
+    id: str
+    type: str
+    function: ToolCallFunctionDict
+
+
+def new_call(name: str, arguments: str) -> ToolCallDict:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
@@ -63,9 +77,10 @@ def new_call(name: str, arguments: str) -> dict[str, Any]:
     }
 
 
-def _loads(text: str) -> Any:
+def _loads(text: str) -> JSONValue:
     try:
-        return json.loads(text)
+        value: JSONValue = json.loads(text)
+        return value
     except ValueError:
         return text
 
@@ -86,12 +101,12 @@ class ToolCallParser(ABC):
         """Content and calls in `text`; final=False holds back what may begin a call."""
 
     @abstractmethod
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+    def render_calls(self, calls: list[tuple[str, JSONValue]]) -> str:
         """Earlier calls (name, arguments object) as the model would have written them."""
 
     def parse(
         self, text: str, names: set[str], max_calls: int | None = None
-    ) -> tuple[str | None, list[dict[str, Any]]]:
+    ) -> tuple[str | None, list[ToolCallDict]]:
         """(content, calls) of a finished reply; (text, []) when its calls do not parse."""
         s = self.scan(text, names, final=True)
         if not s.started or s.invalid or not s.calls:
@@ -165,7 +180,7 @@ def scan_json_call(
     return CallView(name, args, False), None
 
 
-def _json_call(name: str, args: Any, key: str) -> str:
+def _json_call(name: str, args: JSONValue, key: str) -> str:
     return json.dumps({"name": name, key: args}, ensure_ascii=False)
 
 
@@ -199,7 +214,7 @@ class HermesParser(ToolCallParser):
             if pos == -1:
                 return out
 
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+    def render_calls(self, calls: list[tuple[str, JSONValue]]) -> str:
         return "\n".join(
             f"{self.open_tag}\n{_json_call(n, a, 'arguments')}\n{self.close_tag}" for n, a in calls
         )
@@ -239,7 +254,7 @@ class Llama3Parser(ToolCallParser):
                 return out
             body = nxt + 1
 
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+    def render_calls(self, calls: list[tuple[str, JSONValue]]) -> str:
         return ";".join(_json_call(n, a, "parameters") for n, a in calls)
 
 
@@ -276,7 +291,7 @@ class MistralParser(ToolCallParser):
                 return out
             i = nxt
 
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+    def render_calls(self, calls: list[tuple[str, JSONValue]]) -> str:
         body = ", ".join(_json_call(n, a, "arguments") for n, a in calls)
         return f"{self.tag} [{body}]"
 
@@ -371,8 +386,8 @@ class PythonicParser(ToolCallParser):
         # NOTE: named once an argument parses, so `f(1)` is not announced as a call of f
         return CallView(name if pieces else None, "{" + ", ".join(pieces), False), None
 
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        def one(name: str, args: Any) -> str:
+    def render_calls(self, calls: list[tuple[str, JSONValue]]) -> str:
+        def one(name: str, args: JSONValue) -> str:
             items = args.items() if isinstance(args, dict) else []
             return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in items) + ")"
 
