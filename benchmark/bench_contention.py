@@ -31,8 +31,9 @@ PROMPT = "Write a long story about a dragon and a knight."
 MODES = {"adaptive": "1", "fixed": "0"}
 
 
-def measure(tokens: int, repeats: int) -> float:
-    """Best streamed decode rate (tok/s) of one Engine; the env is set by the parent."""
+def measure(tokens: int, repeats: int, batch: int) -> float:
+    """Best decode rate (tok/s) of one Engine: one streamed request (batch 1), or `batch`
+    requests at once (output tokens / wall time); the env is set by the parent."""
     import radixgen
 
     params = {"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True}
@@ -41,6 +42,14 @@ def measure(tokens: int, repeats: int) -> float:
         engine.generate(PROMPT, {**params, "max_new_tokens": 4})
         for _ in range(repeats):
             engine.flush_cache()
+            if batch > 1:
+                prompts = [f"{PROMPT} Chapter {i}." for i in range(batch)]
+                t = time.perf_counter()
+                outs = engine.generate(prompts, params)
+                best = max(
+                    best, sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - t)
+                )
+                continue
             stamps = []
             for chunk in engine.generate(PROMPT, params, stream=True):
                 stamps.append((time.perf_counter(), chunk["meta_info"]["completion_tokens"]))
@@ -54,9 +63,10 @@ def spin() -> None:
         pass
 
 
-def run_worker(mode: str, tokens: int, repeats: int) -> float:
+def run_worker(mode: str, tokens: int, repeats: int, batch: int) -> float:
     env = {**os.environ, "RADIXGEN_CPU_ADAPTIVE_TEAM": MODES[mode]}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tokens), str(repeats)]
+    worker = [str(tokens), str(repeats), str(batch)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *worker]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise SystemExit(f"the {mode} run failed\n{proc.stderr[-3000:]}")
@@ -68,9 +78,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--busy", type=int, default=1, help="busy-looping processes beside")
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2, help="streams per Engine (best kept)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per Engine (best kept)")
+    ap.add_argument("--batch", type=int, default=1, help="requests at once (1: one stream)")
     ap.add_argument("--results", type=Path, help="write a section into this RESULTS.md")
-    ap.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(measure(*args.worker), flush=True)
@@ -87,13 +98,14 @@ def main() -> int:
                     p.start()
             try:
                 for mode in MODES:
-                    rate = run_worker(mode, args.tokens, args.repeats)
+                    rate = run_worker(mode, args.tokens, args.repeats, args.batch)
                     runs.setdefault(f"{load}_{mode}", []).append(rate)
                     print(json.dumps({"round": rnd, "load": load, "mode": mode, "tok_s": rate}))
             finally:
                 for p in spinners:
                     p.kill()
     summary: dict[str, Any] = {"cpu": cpu_kind(), "cores": os.cpu_count(), "busy": args.busy}
+    summary["batch"] = args.batch
     summary |= {key: statistics.median(values) for key, values in runs.items()}
     summary |= {f"{key}_runs": values for key, values in runs.items()}
     for load in ("quiet", "busy"):
@@ -113,13 +125,19 @@ def write_results(path: Path, s: dict[str, Any], args: argparse.Namespace) -> No
         f"**{s[f'{load}_ratio']:.2f}x** |"
         for load in ("quiet", "busy")
     ]
+    what = (
+        f"streamed greedy decode of {args.tokens} tokens"
+        if args.batch == 1
+        else f"{args.batch} requests of {args.tokens} greedy tokens at once (output tok/s)"
+    )
     body = "\n".join(
         [
             f"CPU: {s['cpu']}, {s['cores']} cores; the default model (Q4_1 kept quantized), an "
-            f"in-process Engine, streamed greedy decode of {args.tokens} tokens, best of "
-            f"{args.repeats} streams per Engine, {args.rounds} alternating rounds; busy = "
-            f"{s['busy']} busy-looping process(es) beside. Command: `python "
-            f"benchmark/bench_contention.py --rounds {args.rounds} --busy {s['busy']}`.",
+            f"in-process Engine, {what}, best of {args.repeats} runs per Engine, "
+            f"{args.rounds} alternating rounds; busy = {s['busy']} busy-looping process(es) "
+            f"beside. Command: `python benchmark/bench_contention.py --rounds {args.rounds} "
+            f"--busy {s['busy']} --batch {args.batch} --tokens {args.tokens} --repeats "
+            f"{args.repeats}`.",
             "",
             "| machine | adaptive team tok/s (rounds) | fixed team tok/s (rounds) | "
             "adaptive / fixed (medians) |",
@@ -127,9 +145,8 @@ def write_results(path: Path, s: dict[str, Any], args: argparse.Namespace) -> No
             *rows,
         ]
     )
-    replace_section(
-        path, "Decode on a shared machine: the adaptive kernel team (bench_contention.py)", body
-    )
+    title = "Decode on a shared machine: the adaptive kernel team (bench_contention.py)"
+    replace_section(path, title if args.batch == 1 else f"{title}, batch {args.batch}", body)
 
 
 if __name__ == "__main__":
