@@ -106,29 +106,29 @@ int gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* packed,
 #pragma omp parallel num_threads(team_threads())
     {
 #pragma omp for schedule(static) nowait
-    for (int64_t it = 0; it < items; ++it) {
-        int64_t blk = it / panels, p = it % panels;
-        const uint16_t* panel = packed + p * k2 * PANEL * 2;
-        int ncols = n - p * PANEL < PANEL ? (int)(n - p * PANEL) : PANEL;
-        const float* pb = bias ? bias + p * PANEL : NULL;
-        int64_t end = (blk + 1) * BLOCK_M < m ? (blk + 1) * BLOCK_M : m;
-        for (int64_t r = blk * BLOCK_M; r < end; r += TILE_M) {
-            const uint16_t* xr = x + r * ldx;
-            int64_t yoff = r * ldy + p * PANEL;
-            void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
-            switch (end - r < TILE_M ? (int)(end - r) : TILE_M) {
-                case 8: tile(8, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 7: tile(7, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 6: tile(6, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 5: tile(5, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 4: tile(4, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 3: tile(3, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                case 2: tile(2, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
-                default: tile(1, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+        for (int64_t it = 0; it < items; ++it) {
+            int64_t blk = it / panels, p = it % panels;
+            const uint16_t* panel = packed + p * k2 * PANEL * 2;
+            int ncols = n - p * PANEL < PANEL ? (int)(n - p * PANEL) : PANEL;
+            const float* pb = bias ? bias + p * PANEL : NULL;
+            int64_t end = (blk + 1) * BLOCK_M < m ? (blk + 1) * BLOCK_M : m;
+            for (int64_t r = blk * BLOCK_M; r < end; r += TILE_M) {
+                const uint16_t* xr = x + r * ldx;
+                int64_t yoff = r * ldy + p * PANEL;
+                void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+                switch (end - r < TILE_M ? (int)(end - r) : TILE_M) {
+                    case 8: tile(8, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 7: tile(7, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 6: tile(6, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 5: tile(5, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 4: tile(4, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 3: tile(3, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    case 2: tile(2, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                    default: tile(1, xr, ldx, panel, k2, pb, yr, ldy, ncols, out_f32); break;
+                }
             }
         }
-    }
-    team_clock_done(&clock);
+        team_clock_done(&clock);
     }
     team_clock_report(&clock);
     return 0;

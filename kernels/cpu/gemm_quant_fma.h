@@ -503,38 +503,38 @@ static int qgemm_act_i8(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t
 #pragma omp parallel num_threads(team_threads())
     {
 #pragma omp for schedule(static) nowait
-    for (int64_t it = 0; it < items; ++it) {
-        int64_t blk = it / panels, p = it % panels;
-        const uint8_t* panel = packed + p * groups * gbytes;
-        int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
-        const float* pb = bias ? bias + p * QPANEL : NULL;
-        int64_t end = (blk + 1) * QBLOCK_M < m ? (blk + 1) * QBLOCK_M : m;
-        for (int64_t r = blk * QBLOCK_M; r < end; r += step) {
-            float acc[4 * QPANEL];
-            memset(acc, 0, sizeof(acc));
-            const int8_t* xqr = xq + r * groups * gq;
-            const float* xdr = xd + r * groups * 2;
-            const int rows = end - r < step ? (int)(end - r) : step;
-            if (two) {
-                if (rows == 2) {
-                    QA_PASSES(1, 2)
+        for (int64_t it = 0; it < items; ++it) {
+            int64_t blk = it / panels, p = it % panels;
+            const uint8_t* panel = packed + p * groups * gbytes;
+            int ncols = n - p * QPANEL < QPANEL ? (int)(n - p * QPANEL) : QPANEL;
+            const float* pb = bias ? bias + p * QPANEL : NULL;
+            int64_t end = (blk + 1) * QBLOCK_M < m ? (blk + 1) * QBLOCK_M : m;
+            for (int64_t r = blk * QBLOCK_M; r < end; r += step) {
+                float acc[4 * QPANEL];
+                memset(acc, 0, sizeof(acc));
+                const int8_t* xqr = xq + r * groups * gq;
+                const float* xdr = xd + r * groups * 2;
+                const int rows = end - r < step ? (int)(end - r) : step;
+                if (two) {
+                    if (rows == 2) {
+                        QA_PASSES(1, 2)
+                    } else {
+                        QA_PASSES(1, 1)
+                    }
                 } else {
-                    QA_PASSES(1, 1)
+                    switch (rows) {
+                        case 4: QA_PASSES(0, 4) break;
+                        case 3: QA_PASSES(0, 3) break;
+                        case 2: QA_PASSES(0, 2) break;
+                        default: QA_PASSES(0, 1) break;
+                    }
                 }
-            } else {
-                switch (rows) {
-                    case 4: QA_PASSES(0, 4) break;
-                    case 3: QA_PASSES(0, 3) break;
-                    case 2: QA_PASSES(0, 2) break;
-                    default: QA_PASSES(0, 1) break;
-                }
+                int64_t yoff = r * ldy + p * QPANEL;
+                void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
+                qstore_rows(acc, rows, pb, yr, ldy, ncols, out_f32);
             }
-            int64_t yoff = r * ldy + p * QPANEL;
-            void* yr = out_f32 ? (void*)((float*)y + yoff) : (void*)((uint16_t*)y + yoff);
-            qstore_rows(acc, rows, pb, yr, ldy, ncols, out_f32);
         }
-    }
-    team_clock_done(&clock);
+        team_clock_done(&clock);
     }
     team_clock_report(&clock);
     free(xq);

@@ -246,9 +246,10 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
     int64_t jobs = ntasks * Hkv;
     /* a thread takes every head of a task in turn (the first prefetches whole token rows for the
      * rest) unless there are too few tasks to keep the threads busy */
-    int chunk = ntasks >= 2 * (int64_t)omp_get_max_threads() ? Hkv : 1;
+    const int threads = team_threads();
+    int chunk = ntasks >= 2 * (int64_t)threads ? Hkv : 1;
     int failed = 0;
-#pragma omp parallel num_threads(team_threads())
+#pragma omp parallel num_threads(threads)
     {
         /* scratch: scores, q * scale, output, value scales */
         float* buf = (float*)malloc(sizeof(float) * (maxq * (KEY_BLOCK + 2 * D) + KEY_BLOCK));
