@@ -75,7 +75,6 @@ FLASHINFER = "flashinfer: an optional GPU library without type information"
 CTYPES = "ctypes foreign functions of the CPU kernels' C library"
 ZMQ = "pyzmq's send result (a future or an awaitable, depending on the socket)"
 PSUTIL = "a psutil.Process (psutil ships no type information)"
-DRAFT_MASK = "the draft tree's grammar mask, a torch tensor the scheduler's Req holds untyped"
 SAMPLING = (
     "a user's sampling values stored unchecked until normalize() checks them (a float "
     "max_new_tokens is accepted there and made an int), which the fields' types cannot express"
@@ -149,7 +148,6 @@ ANY_BUDGET: dict[str, tuple[int, str]] = {
     "radixgen.runtime.models.encoder_config": (1, HF_CONFIG),
     "radixgen.runtime.models.model_config": (9, HF_CONFIG),
     "radixgen.runtime.models.sentence_config": (1, HF_CONFIG),
-    "radixgen.runtime.scheduler.req": (1, DRAFT_MASK),
     "radixgen.runtime.text.tokenizer": (1, "tokenizer_config.json, read key by key"),
 }
 

@@ -484,13 +484,7 @@ def package_graph(graph: Mapping[str, set[str]], own: Mapping[str, Path]) -> dic
 
 
 # package cycles not broken yet (the packages in it) -> why
-KNOWN_PACKAGE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"radixgen.runtime.scheduler", "radixgen.runtime.speculative"}): (
-        "Scheduler's base class SpeculativeScheduling is in speculative/scheduling.py and uses "
-        "the scheduler's batch and containment modules; issue 30 part 1 makes speculation a "
-        "draft planner and a verifier inside the scheduler package"
-    ),
-}
+KNOWN_PACKAGE_CYCLES: dict[frozenset[str], str] = {}
 
 
 def test_no_package_cycles() -> None:

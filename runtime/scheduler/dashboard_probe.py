@@ -18,6 +18,7 @@ from radixgen.runtime.mem_cache.tree_snapshot import snapshot_tree
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.scheduler import Scheduler
+    from radixgen.runtime.scheduler.step_plan import StepPlan
 
 STEP_RING = 240  # recent forward steps kept (batch composition)
 FINISHED_RING = 64  # recent finished requests kept (timelines)
@@ -37,15 +38,15 @@ class DashboardProbe:
         )
         self.finished: deque[RequestTimeline] = deque(maxlen=FINISHED_RING)
 
-    def on_step(self, plan: list[Req], sched: Scheduler) -> None:
+    def on_step(self, plan: StepPlan, sched: Scheduler) -> None:
         """One forward step ran over `plan` (after its tokens were accepted)."""
         decodes = prefill_tokens = grammar_rows = 0
-        for r in plan:
-            if r.extend_len == 1:
+        for row in plan.rows:
+            if row.is_decode:
                 decodes += 1
             else:
-                prefill_tokens += r.extend_len
-            if r.grammar is not None:
+                prefill_tokens += row.extend_len - row.draft_len
+            if row.req.grammar is not None:
                 grammar_rows += 1
         kv_used = sched.kv_pool.size - sched.kv_pool.available_size()
         st = sched.stats

@@ -17,10 +17,13 @@ from radixgen.runtime.scheduler.background_budget import BackgroundBudget
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, order_waiting_queue
+from radixgen.runtime.scheduler.step_plan import StepPlan, StepRow
 
 if TYPE_CHECKING:
+    from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.scheduler.draft_planner import DraftPlanner
     from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.server_args import ServerArgs
 
@@ -48,13 +51,9 @@ class SchedulerPlanner:
     running: list[Req]
     _planning: list[Req]
     stats: SchedulerStats
-    spec_enabled: bool
+    drafts: DraftPlanner | None
+    grammar_manager: GrammarManager | None
     background_budget: BackgroundBudget
-    _plan_tokens: int
-
-    if TYPE_CHECKING:  # SpeculativeScheduling
-
-        def _plan_drafts(self, plan: list[Req]) -> None: ...
 
     def _free_tokens(self, needed: int) -> bool:
         """Make `needed` slots free, evicting unlocked cache if necessary."""
@@ -64,8 +63,8 @@ class SchedulerPlanner:
         self.stats.evicted_tokens += self.cache.evict(needed - free)
         return self.kv_pool.available_size() >= needed
 
-    def _plan_step(self) -> list[Req]:
-        plan: list[Req] = []
+    def _plan_step(self) -> StepPlan:
+        plan: list[tuple[Req, int]] = []  # (request, tokens it runs), in batch order
         self._preempt_for_waiting()
         decodes: list[Req] = []
         extends: list[Req] = []
@@ -87,9 +86,7 @@ class SchedulerPlanner:
                 decodes.remove(victim)
             else:
                 extends.remove(victim)
-        for r in decodes:
-            r.extend_len = 1
-            plan.append(r)
+        plan.extend((r, 1) for r in decodes)
         budget = self.chunk_size or self.max_prefill_tokens
         # batch lines' prompt tokens this step: with interactive traffic about, what
         # --background-step-ms holds at the measured rate
@@ -119,25 +116,30 @@ class SchedulerPlanner:
                 if not plan and r is extends[-1]:
                     self._retract(r)  # nothing can run: free the newest to break the deadlock
                 continue
-            r.extend_len = n
             reserved += need
             budget -= n
             if r.background:
                 background -= n
-            plan.append(r)
+            plan.append((r, n))
         # 3) admit waiting requests
         self._planning = list(self.waiting)  # until one is picked: the queue's order failed
         if budget > 0 and self.waiting:
             plan.extend(self._admit(budget, reserved, plan, background))
         # 4) a step that prefills an interactive request decodes no batch line either: it is
         # that request's time to first token, and it stays as short as the request alone
-        if any(r.extend_len > 1 and not r.background for r in plan):
-            plan = [r for r in plan if not (r.background and r.extend_len == 1)]
-        self._plan_tokens = sum(r.extend_len for r in plan)
-        if self.spec_enabled:
-            self._planning = list(plan)
-            self._plan_drafts(plan)  # speculative drafts where the pool has room (no eviction)
-        return plan
+        if any(n > 1 and not r.background for r, n in plan):
+            plan = [(r, n) for r, n in plan if not (r.background and n == 1)]
+        if self.drafts is None:
+            return StepPlan(tuple(StepRow(r, r.kv_len, n) for r, n in plan))
+        self._planning = [r for r, _ in plan]
+        # speculative drafts where the pool has room (no eviction)
+        drafts = self.drafts.plan(plan, self.grammar_manager)
+        return StepPlan(
+            tuple(
+                StepRow(r, r.kv_len, n + (len(d.main) if d is not None else 0), d)
+                for (r, n), d in zip(plan, drafts, strict=True)
+            )
+        )
 
     def _preemption_candidate(self) -> Req | None:
         """The best waiting request when it outranks some running one, else None."""
@@ -216,22 +218,30 @@ class SchedulerPlanner:
         left = r.sampling_params.max_new_tokens - len(r.output_ids)
         return min(max(left, 0), RESERVE_CLIP)
 
-    def _admit(self, budget: int, reserved: int, plan: list[Req], background: int) -> list[Req]:
-        admitted: list[Req] = []
+    def _admit(
+        self, budget: int, reserved: int, plan: list[tuple[Req, int]], background: int
+    ) -> list[tuple[Req, int]]:
+        admitted: list[tuple[Req, int]] = []
         try:
             self._admit_into(admitted, budget, reserved, plan, background)
         finally:  # NOTE: also when planning fails part-way: an admitted request never waits twice
             if admitted:
-                ids = {id(r) for r in admitted}
+                ids = {id(r) for r, _ in admitted}
                 self.waiting = [r for r in self.waiting if id(r) not in ids]
         return admitted
 
     def _admit_into(
-        self, admitted: list[Req], budget: int, reserved: int, plan: list[Req], background: int
+        self,
+        admitted: list[tuple[Req, int]],
+        budget: int,
+        reserved: int,
+        plan: list[tuple[Req, int]],
+        background: int,
     ) -> None:
-        """Admit waiting requests by the policy's order into `admitted` (and the running set);
-        batch lines (background) take at most `background` prompt tokens in all."""
-        prefilling = [r for r in plan if r.extend_len > 1]
+        """Admit waiting requests by the policy's order into `admitted` (and the running set),
+        each with the tokens it runs; batch lines (background) take at most `background` prompt
+        tokens in all."""
+        prefilling = [r for r, n in plan if n > 1]
         interactive = any(not r.background for r in prefilling)
         future_tokens = sum(self._future_tokens(r) for r in self.running)
         loaded = False  # a match copied host-tier KV into the pool (HiCache)
@@ -260,7 +270,9 @@ class SchedulerPlanner:
             match = self.cache.match_and_load(req.all_ids[:key_len], req.cache_namespace)
             prefix_len = match.indices.numel()
             loaded = loaded or match.host_tokens + match.storage_tokens > 0
-            if self._shares_with_prefilling(req, prefix_len, prefilling + admitted):
+            if self._shares_with_prefilling(
+                req, prefix_len, [*prefilling, *(a for a, _ in admitted)]
+            ):
                 continue  # its prefix will be in the cache after this step
             extend = req.seq_len - prefix_len
             if self.chunk_size:
@@ -303,7 +315,6 @@ class SchedulerPlanner:
                 self.stats.cached_tokens += prefix_len
                 self.stats.host_cached_tokens += match.host_tokens
                 self.stats.storage_cached_tokens += match.storage_tokens
-            req.extend_len = n
             budget -= n
             if req.background:
                 background -= n
@@ -311,7 +322,7 @@ class SchedulerPlanner:
             interactive = interactive or not req.background
             if req.lora_id is not None:
                 adapters.add(req.lora_id)
-            admitted.append(req)
+            admitted.append((req, n))
             self.running.append(req)
         if loaded:
             # NOTE: the pages a load filled for a request that was not admitted after all are

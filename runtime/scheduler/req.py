@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import LogprobList, RequestMeta, TokenizedGenerateReq, TopLogprobList
@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
     from radixgen.runtime.constrained.value_checker import ValueChecker
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
-    from radixgen.runtime.speculative.draft_tree import StepDraft
     from radixgen.runtime.speculative.policy import DraftState
 
 
@@ -76,17 +75,11 @@ class Req:
         self.storage_cached_tokens = 0  # of those, read back from the file tier (HiCache)
         self.admitted_once = False
 
-        # step plan, set by the scheduler each step
-        self.extend_len = 0
         # overlap scheduling: a token sampled for this request is still on its way to the host
         # (counted in seq_len, absent from output_ids; the next step reads it on the device)
         self.pending_sample = False
-        # speculative decoding: this step's draft tree (verified after the step's last real
-        # token), its main chain's tokens (run as this request's extend), the grammar's bitmask
-        # row per tree node, and the drafting state
-        self.draft_tree: StepDraft | None = None
-        self.draft: list[int] = []
-        self.draft_mask: Any = None  # int32 tensor [tree nodes + 1, words] or None
+        # speculative decoding: the n-gram index of its own tokens and its acceptance record
+        # (a step's draft travels in the step's plan)
         self.draft_state: DraftState | None = None
 
         # grammar
@@ -166,7 +159,6 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to the waiting queue: all KV is released; output so far is kept and re-prefilled."""
         self.retractions += 1
-        self.extend_len = 0
 
     def finish(self, reason: FinishReason) -> None:
         if self.finished_reason is None:

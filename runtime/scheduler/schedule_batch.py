@@ -1,7 +1,7 @@
 """Build one step's `ForwardBatch` from the planned requests, and map logits rows back to them.
 
-Runs in the scheduler process. Each planned request runs `extend_len` tokens starting at its
-`kv_len`; it samples when that reaches the end of its sequence, and asks for extra logits rows
+Runs in the scheduler process. Each row of the plan runs `extend_len` tokens of its request
+starting at `start` (the request's `kv_len`); it samples when that reaches the end of its sequence, and asks for extra logits rows
 when it wants prompt logprobs. A request with a speculative draft runs its draft tree's main
 chain after its sequence's last token (counted in `extend_len`) and every other chain of the
 tree as a pseudo-request after all requests: a spare request row whose first positions are its
@@ -17,6 +17,7 @@ import torch
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.scheduler.req import Req
+from radixgen.runtime.scheduler.step_plan import StepPlan, StepRow
 
 
 @dataclass
@@ -33,19 +34,24 @@ class RowLayout:
 
 @dataclass
 class StepBatch:
-    reqs: list[Req]
+    plan: StepPlan
     forward: ForwardBatch
     layouts: list[RowLayout]
+
+    @property
+    def reqs(self) -> list[Req]:
+        return self.plan.reqs
 
     @property
     def sample_rows(self) -> list[int]:
         return [lay.sample_row for lay in self.layouts if lay.sample_row is not None]
 
     @property
-    def verify_reqs(self) -> list[tuple[Req, list[int]]]:
+    def verify_rows(self) -> list[tuple[StepRow, list[int]]]:
+        """The drafted rows, each with its logits rows (the root's, then one per draft node)."""
         return [
-            (r, lay.verify_rows)
-            for r, lay in zip(self.reqs, self.layouts, strict=True)
+            (row, lay.verify_rows)
+            for row, lay in zip(self.plan.rows, self.layouts, strict=True)
             if lay.verify_rows is not None
         ]
 
@@ -57,7 +63,7 @@ class StepBatch:
 
 
 # stands for a token sampled on the device and not yet on the host (overlap scheduling): the
-# step that reads it takes the real id from the device (`OverlapScheduling._launch`)
+# step that reads it takes the real id from the device (`StepExecutor.launch`)
 PENDING_TOKEN = -1
 
 
@@ -77,22 +83,23 @@ def token_slice(req: Req, start: int, end: int) -> list[int]:
 
 
 def build_step_batch(
-    reqs: list[Req],
+    plan: StepPlan,
     out_cache_loc: torch.Tensor,
     req_to_token_pool: ReqToTokenPool,
     branch_slots: torch.Tensor | None = None,
 ) -> StepBatch:
-    """`out_cache_loc` holds the freshly allocated KV slots of all requests' new tokens, in batch
+    """`out_cache_loc` holds the freshly allocated KV slots of all rows' new tokens, in batch
     order; `branch_slots` those of the draft trees' branches (recorded in their drafts)."""
     if branch_slots is None and all(
-        r.extend_len == 1 and not r.draft and r.kv_len + 1 == r.seq_len for r in reqs
+        row.extend_len == 1 and row.draft is None and row.start + 1 == row.req.seq_len
+        for row in plan.rows
     ):
-        return decode_step_batch(reqs, out_cache_loc, req_to_token_pool)
-    return general_step_batch(reqs, out_cache_loc, req_to_token_pool, branch_slots)
+        return decode_step_batch(plan, out_cache_loc, req_to_token_pool)
+    return general_step_batch(plan, out_cache_loc, req_to_token_pool, branch_slots)
 
 
 def general_step_batch(
-    reqs: list[Req],
+    plan: StepPlan,
     out_cache_loc: torch.Tensor,
     req_to_token_pool: ReqToTokenPool,
     branch_slots: torch.Tensor | None = None,
@@ -107,8 +114,9 @@ def general_step_batch(
     logits_idx: list[int] = []
     layouts: list[RowLayout] = []
     draft_rows: list[bool] = []
-    for req in reqs:
-        a, n = req.kv_len, req.extend_len
+    for step_row in plan.rows:
+        req = step_row.req
+        a, n = step_row.start, step_row.extend_len
         b = a + n
         start = len(input_ids)
         starts.append(start)
@@ -116,11 +124,11 @@ def general_step_batch(
         extend_lens.append(n)
         assert req.req_pool_idx is not None
         rows.append(req.req_pool_idx)
-        drafted = len(req.draft)
+        drafted = step_row.draft_len
         draft_rows.append(drafted > 0)
         input_ids.extend(token_slice(req, a, b - drafted))
-        if drafted:
-            input_ids.extend(req.draft)
+        if step_row.draft is not None:
+            input_ids.extend(step_row.draft.main)
         positions.extend(range(a, b))
         lp_positions: list[int] = []
         lp_from = req.input_logprob_start
@@ -147,9 +155,9 @@ def general_step_batch(
         )
     req_to_token_pool.write(row_of_token, pos, out_cache_loc)
     if branch_slots is not None:
-        for req, lay in zip(reqs, layouts, strict=True):
-            if req.draft_tree is not None and len(req.draft_tree.chains) > 1:
-                _add_branches(req, lay, req_to_token_pool, input_ids, positions, starts,
+        for step_row, lay in zip(plan.rows, layouts, strict=True):
+            if step_row.draft is not None and len(step_row.draft.chains) > 1:
+                _add_branches(step_row, lay, req_to_token_pool, input_ids, positions, starts,
                               prefix_lens, extend_lens, rows, logits_idx)  # fmt: skip
         out_cache_loc = torch.cat([out_cache_loc, branch_slots])
         pos = torch.tensor(positions, dtype=torch.long)
@@ -165,23 +173,25 @@ def general_step_batch(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long),
         draft_rows=draft_rows if any(draft_rows) else None,
     )
-    return _step_batch(reqs, fb, layouts)
+    return _step_batch(plan, fb, layouts)
 
 
-def _step_batch(reqs: list[Req], fb: ForwardBatch, layouts: list[RowLayout]) -> StepBatch:
+def _step_batch(plan: StepPlan, fb: ForwardBatch, layouts: list[RowLayout]) -> StepBatch:
+    reqs = plan.reqs
     if any(r.lora_id is not None for r in reqs):  # NOTE: speculation is refused with LoRA
         fb.lora_ids = [r.lora_id for r in reqs]
-    return StepBatch(reqs, fb, layouts)
+    return StepBatch(plan, fb, layouts)
 
 
 def decode_step_batch(
-    reqs: list[Req], out_cache_loc: torch.Tensor, req_to_token_pool: ReqToTokenPool
+    plan: StepPlan, out_cache_loc: torch.Tensor, req_to_token_pool: ReqToTokenPool
 ) -> StepBatch:
     """`build_step_batch` where every request decodes one token (its sequence's last) with no
     draft: the common step, built without the general path's per-request bookkeeping. A
     decode's position is past the prompt's last, so it never asks for prompt logprobs."""
+    reqs = plan.reqs
     n = len(reqs)
-    positions = [r.kv_len for r in reqs]
+    positions = [row.start for row in plan.rows]
     rows = [row for r in reqs if (row := r.req_pool_idx) is not None]
     assert len(rows) == n, "a planned request holds a request row"
     input_ids = [
@@ -198,11 +208,11 @@ def decode_step_batch(
         torch.tensor(input_ids, dtype=torch.long), pos, out_cache_loc, rows, positions,
         [1] * n, index, torch.arange(n, dtype=torch.long), draft_rows=None,
     )  # fmt: skip
-    return _step_batch(reqs, fb, [RowLayout(i, [], i) for i in index])
+    return _step_batch(plan, fb, [RowLayout(i, [], i) for i in index])
 
 
 def _add_branches(
-    req: Req,
+    step_row: StepRow,
     lay: RowLayout,
     pool: ReqToTokenPool,
     input_ids: list[int],
@@ -216,7 +226,7 @@ def _add_branches(
     """Append the pseudo-requests of a draft tree's branches: each chain's row starts with its
     parent chain's row up to the chain's first position, then its own slots. Records the main
     chain's slots in the draft (the branches' were recorded when they were allocated)."""
-    tree = req.draft_tree
+    req, tree = step_row.req, step_row.draft
     assert tree is not None and req.req_pool_idx is not None and lay.verify_rows is not None
     root = req.seq_len - 1  # the position of the tree's root, the request's last token
     main_row = pool.req_to_token[req.req_pool_idx]
@@ -242,15 +252,19 @@ def _add_branches(
 
 
 def allocate_step_slots(
-    reqs: list[Req], kv_pool: TokenToKVPool, req_to_token: torch.Tensor
+    plan: StepPlan, kv_pool: TokenToKVPool, req_to_token: torch.Tensor
 ) -> torch.Tensor | None:
-    """KV slots for every planned request's new tokens (None if the pool is short)."""
+    """KV slots for every planned row's new tokens (None if the pool is short)."""
+    rows = plan.rows
     if kv_pool.page_size == 1:
-        return kv_pool.alloc(sum(r.extend_len for r in reqs))
+        return kv_pool.alloc(plan.tokens)
     last_locs = [
-        int(req_to_token[r.req_pool_idx, r.kv_len - 1]) if r.kv_len > 0 else -1 for r in reqs
+        int(req_to_token[row.req.req_pool_idx, row.start - 1]) if row.start > 0 else -1
+        for row in rows
     ]
-    return kv_pool.alloc_extend([r.kv_len for r in reqs], [r.extend_len for r in reqs], last_locs)
+    return kv_pool.alloc_extend(
+        [row.start for row in rows], [row.extend_len for row in rows], last_locs
+    )
 
 
 def pages_needed(req: Req, n: int, page_size: int) -> int:

@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import (
@@ -38,7 +36,7 @@ from radixgen.io_struct import (
     UnloadLoraAdapterReq,
 )
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
-from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
+from radixgen.runtime.sampling.sampler import Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
 from radixgen.runtime.scheduler.background_budget import BackgroundBudget
 from radixgen.runtime.scheduler.containment import (
@@ -47,29 +45,21 @@ from radixgen.runtime.scheduler.containment import (
     poll_one_by_one,
 )
 from radixgen.runtime.scheduler.dashboard_probe import DashboardProbe
-from radixgen.runtime.scheduler.finish import check_finish
+from radixgen.runtime.scheduler.draft_planner import DraftModels, DraftPlanner, SpecStats
+from radixgen.runtime.scheduler.draft_verifier import DraftVerifier
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
-from radixgen.runtime.scheduler.output_processor import (
-    collect_outputs,
-    failure_output,
-    record_input_logprobs,
-)
-from radixgen.runtime.scheduler.overlap import InflightStep, OverlapScheduling
+from radixgen.runtime.scheduler.output_processor import collect_outputs, failure_output
+from radixgen.runtime.scheduler.overlap import needs_sync, overlap_enabled
 from radixgen.runtime.scheduler.planner import SchedulerPlanner
 from radixgen.runtime.scheduler.req import Req
-from radixgen.runtime.scheduler.schedule_batch import (
-    StepBatch,
-    allocate_step_slots,
-    build_step_batch,
-)
+from radixgen.runtime.scheduler.result_processor import ResultProcessor, TokenLimits
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, priority_rank
-from radixgen.runtime.speculative.scheduling import SpeculativeScheduling
+from radixgen.runtime.scheduler.step_executor import LaunchedStep, StepExecutor
+from radixgen.runtime.scheduler.step_plan import EMPTY_PLAN, StepPlan
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
-    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
-    from radixgen.runtime.model_executor.logits_output import LogitsOutput
+    from radixgen.runtime.constrained.grammar_manager import GrammarManager
 
 logger = logging.getLogger(__name__)
 
@@ -108,20 +98,11 @@ class SchedulerStats:
     device_wait_seconds: float = 0.0
 
 
-def overlap_enabled(args: ServerArgs, device: str) -> bool:
-    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing there);
-    off with speculative decoding (its drafts need the previous step's tokens on the host)."""
-    sched = args.scheduler
-    if sched.disable_overlap_schedule:
-        return False
-    if args.speculative.enabled:
-        if device.startswith("cuda"):
-            logger.info("overlap scheduling off: speculative decoding runs steps one by one")
-        return False
-    return device.startswith("cuda") or sched.enable_overlap_schedule
+class Scheduler(SchedulerPlanner):
+    """Owns the request queues and runs the step pipeline: the planner (`SchedulerPlanner`)
+    returns a frozen `StepPlan`, the `StepExecutor` launches it, the `ResultProcessor` commits
+    it; with overlap on, a step is committed after the next one is launched."""
 
-
-class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
     def __init__(
         self,
         args: ServerArgs,
@@ -132,10 +113,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         limits: ModelLimits,
     ) -> None:
         self.args = args
-        self.model_runner = model_runner
         self.tokenizer = tokenizer
         self.cache = cache
-        self.grammar_manager = grammar_manager
         self.context_length = limits.context_length
         self.vocab_size = limits.vocab_size
         self.eos_token_ids = list(limits.eos_token_ids)
@@ -143,7 +122,6 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.page_size = args.cache.page_size
         self.max_request_tokens = min(self.context_length, self.kv_pool.size)
-        self.sampler = Sampler(self.vocab_size, self.eos_token_ids)
 
         sched = args.scheduler
         self.max_running = min(sched.max_running_requests, self.req_to_token_pool.size)
@@ -165,14 +143,48 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         self.stats = SchedulerStats()
         self.probe = DashboardProbe()
         self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
-        self.inflight: InflightStep | None = None
+        self.inflight: LaunchedStep | None = None  # launched, committed after the next launch
         self.background_budget = BackgroundBudget(sched.background_step_ms)
-        self._plan_tokens = 0  # tokens of the step being run: the step rate's measure
-        self._init_speculation()
-        self._dispatch = self._message_dispatch()
-        self.future_ids = torch.zeros(
-            self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
+        self.executor = StepExecutor(
+            model_runner, Sampler(self.vocab_size, self.eos_token_ids), self.stats
         )
+        self.draft_models: DraftModels | None = None
+        self.drafts: DraftPlanner | None = None
+        verifier: DraftVerifier | None = None
+        if args.speculative.enabled:
+            graphs = getattr(model_runner, "graph_runner", None) is not None
+            self.draft_models = DraftModels.create(args.speculative, graphs)
+            self.drafts = DraftPlanner(
+                args.speculative,
+                self.draft_models,
+                self.kv_pool,
+                self.req_to_token_pool,
+                self.context_length,
+            )
+            verifier = DraftVerifier(self.draft_models, self.kv_pool, self.req_to_token_pool)
+        limits_ = TokenLimits(self.context_length, tuple(self.eos_token_ids))
+        self.results = ResultProcessor(
+            self.executor, cache, grammar_manager, verifier, tokenizer, limits_, self.stats, self
+        )
+        self._dispatch = self._message_dispatch()
+
+    # --- collaborators (tests swap them after construction) -----------------------------------
+
+    @property
+    def model_runner(self) -> StepRunner:
+        return self.executor.model_runner
+
+    @model_runner.setter
+    def model_runner(self, runner: StepRunner) -> None:
+        self.executor.model_runner = runner
+
+    @property
+    def grammar_manager(self) -> GrammarManager | None:
+        return self.results.grammars
+
+    @grammar_manager.setter
+    def grammar_manager(self, grammars: GrammarManager | None) -> None:
+        self.results.grammars = grammars
 
     # --- requests in --------------------------------------------------------------------------
 
@@ -324,7 +336,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         for r in list(self.running):
             if msg.abort_all or r.rid == msg.rid:
                 r.finish(reason)
-                self._release(r)
+                self.release(r)
                 self.outbox.append(r)
 
     def flush_cache(self, keep_lower_tiers: bool = False) -> FlushCacheOut:
@@ -337,7 +349,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 f"({len(self.running)} running, {len(self.waiting) + len(self.grammar_waiting)} waiting)",
             )
         self.cache.flush(keep_lower_tiers)
-        self.spec_corpus.clear()
+        if self.draft_models is not None:
+            self.draft_models.corpus.clear()
         self.kv_pool.clear()
         self.req_to_token_pool.clear()
         return FlushCacheOut(True, "cache flushed")
@@ -351,47 +364,93 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         return bool(self.running or self.waiting or self.outbox or self.inflight)
 
     def step(self) -> list[BatchTokenIDOut]:
-        """Plan, run and process one forward step; return the outputs to send.
+        """Plan, launch and commit one forward step; return the outputs to send.
+
+        One pipeline for both modes: plan, launch, commit the step in flight (overlap), sample
+        the launched step, then commit it at once (synchronous) or leave it in flight until the
+        next step is launched (overlap). A step that must see every token on the host before it
+        is planned (`needs_sync`) first commits the step in flight.
 
         NOTE: containment. An exception in any stage fails the request it happened for (or, when
         the stage is batch-wide, that batch's requests) with a 500 abort, frees their KV and logs
         the traceback once; the loop and every other request carry on.
         """
         t0 = time.perf_counter()
-        self._plan_tokens = 0
-        out = self._step_overlapped() if self.overlap else self._step_sync()
+        self._poll_grammars()
+        overlapped = self.overlap and not needs_sync(self)
+        if not overlapped:
+            self._commit_inflight()
+        plan = self._plan_step_contained()
+        launched = self._launch_contained(plan) if plan else None
+        self._commit_inflight()  # the previous step's tokens, after this step's launch
+        if launched is not None:
+            self._sample_and_commit(launched, overlapped)
+        if plan:
+            self._after_step(plan)
+        out = self._collect_outputs()
         if self.lora_unloading:
             self._finish_lora_unloads()
         seconds = time.perf_counter() - t0
         self.stats.step_seconds += seconds
-        self.background_budget.observe_step(self._plan_tokens, seconds)
+        self.background_budget.observe_step(plan.scheduled_tokens, seconds)
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return out
 
-    def _step_sync(self) -> list[BatchTokenIDOut]:
-        """One step whose tokens are handled before it returns."""
-        self._poll_grammars()
-        plan = self._plan_step_contained()
-        if plan:
-            try:
-                self._run(plan)
-            except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
-                log_internal_error("the forward step", e)
-                self._fail(plan, e)
-            self._after_step(plan)
-        return self._collect_outputs()
+    def _launch_contained(self, plan: StepPlan) -> LaunchedStep | None:
+        try:
+            return self.executor.launch(plan)
+        except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
+            log_internal_error("the forward step", e)
+            self.fail(plan.reqs, e)
+            return None
 
-    def _after_step(self, plan: list[Req]) -> None:
+    def _sample_and_commit(self, step: LaunchedStep, overlapped: bool) -> None:
+        """Launch the step's sampling; commit it now, or leave it in flight (overlap)."""
+        try:
+            self.executor.sample(step, self.grammar_manager, keep_on_device=overlapped)
+        except Exception as e:
+            log_internal_error("sampling", e)
+            for row in step.branch_rows:
+                self.req_to_token_pool.free(row)
+            self.fail(step.batch.reqs, e)
+            return
+        if overlapped:
+            self.inflight = step
+            return
+        self.results.commit(step)
+        if self.draft_models is not None:
+            self.draft_models.observe_step(step.plan, time.perf_counter() - step.started)
+
+    def finish_inflight(self) -> None:
+        """Commit the step in flight, if any (offline loops call this before they stop)."""
+        self._commit_inflight()
+
+    def _commit_inflight(self) -> None:
+        step, self.inflight = self.inflight, None
+        if step is not None:
+            self.results.commit(step)
+
+    def _after_step(self, plan: StepPlan) -> None:
         self.probe.on_step(plan, self)
         self.forward_steps += 1
         self.new_token_ratio = max(
             NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
 
-    # --- containment --------------------------------------------------------------------------
+    # --- a request's lifecycle (the result processor's `RequestLifecycle`) --------------------
 
-    def _fail(self, reqs: list[Req], e: Exception) -> None:
+    def release(self, req: Req) -> None:
+        """Give a finished or aborted request's KV to the cache and drop it from the running set
+        (and its output to the shared draft corpus)."""
+        if self.drafts is not None:
+            self.drafts.remember_output(req)
+        if req.req_pool_idx is not None:
+            self.cache.cache_finished_req(req)
+        if req in self.running:
+            self.running.remove(req)
+
+    def fail(self, reqs: list[Req], e: Exception) -> None:
         """Finish `reqs` with a 500 abort wherever they are; free their KV and cache locks."""
         ids = {id(r) for r in reqs}
         self.waiting = [r for r in self.waiting if id(r) not in ids]
@@ -402,19 +461,24 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
                 continue
             if not r.finished:
                 r.finish(internal_error(e))
-            self._release(r)
+            self.release(r)
             self.outbox.append(r)
+
+    def emit(self, req: Req) -> None:
+        self.outbox.append(req)
+
+    # --- containment --------------------------------------------------------------------------
 
     def fail_all(self, e: Exception) -> list[BatchTokenIDOut]:
         """Last resort after a failure nobody could be blamed for: fail every request held,
         free everything, and return their final outputs (the scheduler then serves on)."""
         held = [*self.running, *self.waiting, *self.grammar_waiting, *self.outbox]
         self.inflight = None  # its requests are among those held
-        self._fail(list(dict.fromkeys(held)), e)
+        self.fail(list(dict.fromkeys(held)), e)
         self.outbox = []
         return [failure_output(r) for r in dict.fromkeys(held)]
 
-    def _plan_step_contained(self) -> list[Req]:
+    def _plan_step_contained(self) -> StepPlan:
         """`_plan_step`, failing the request(s) it was planning when it raised (no forward runs
         this step; the others are planned again next step, their KV untouched)."""
         self._planning = []
@@ -422,199 +486,10 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             return self._plan_step()
         except Exception as e:
             log_internal_error("planning", e)
-            self._fail(self._planning, e)
-            return []
+            self.fail(self._planning, e)
+            return EMPTY_PLAN
         finally:
             self._planning = []
-
-    def _run(self, plan: list[Req]) -> None:
-        t0 = time.perf_counter()
-        slots = allocate_step_slots(plan, self.kv_pool, self.req_to_token_pool.req_to_token)
-        assert slots is not None, "planner admitted more tokens than the pool holds"
-        branches = self._allocate_branches(plan) if self.spec_enabled else None
-        try:
-            batch = build_step_batch(plan, slots, self.req_to_token_pool, branches)
-            logits = self._forward(batch.forward)
-        except Exception:
-            self.kv_pool.free(slots)  # nobody owns this step's slots yet
-            self._release_branches(branches)
-            raise
-        try:
-            self._process(batch, logits)
-        finally:
-            self._release_branches(None)
-        if self.spec_enabled:
-            self._observe_step_cost(batch.forward, time.perf_counter() - t0)
-
-    def _jump_forward(self, req: Req) -> None:
-        """Let the grammar append the text it forces (no model step) and apply its edit."""
-        edit = self._find_jump(req)
-        if edit is not None:  # else nothing forced, or the request was finished (state lost)
-            self._apply_jump(req, edit)
-
-    def _find_jump(self, req: Req) -> JumpForwardEdit | None:
-        """The grammar's forced-text edit (already accepted by the grammar: apply it)."""
-        assert self.grammar_manager is not None
-        sp = req.sampling_params
-        max_len = min(sp.max_new_tokens, self.context_length - len(req.origin_input_ids)) - 1
-        return self.grammar_manager.jump_forward(req, max_len)
-
-    def _apply_jump(self, req: Req, edit: JumpForwardEdit) -> None:
-        self._replace_output_tail(req, edit.keep, edit.tokens)
-        req.jump_forward_tokens += edit.added
-        self.stats.jump_forward_tokens += edit.added
-        if req.value_checker is not None:
-            self._check_values(req)
-
-    def _check_values(self, r: Req) -> bool:
-        """The checked layer (runtime/constrained/value_checker.py): validate the values the
-        new tokens complete; on a failure roll the request back to where the value starts and
-        ban that token there, or past the bound end it with an abort naming the keyword.
-        True when the output was rolled back (its last token is gone: no finish check)."""
-        checker, grammar = r.value_checker, r.grammar
-        assert checker is not None and grammar is not None
-        failure = checker.advance(r.output_ids, grammar.is_terminated())
-        if failure is None:
-            return False
-        k = checker.retry_position(failure, len(r.output_ids))
-        if k is not None and checker.note_rollback(k, r.output_ids[k]):
-            self._roll_back_output(r, k)
-            return True
-        self._roll_back_output(r, failure.token_index)  # the failed value is never sent
-        r.finish(
-            FinishReason.abort(
-                f"json_schema: the output kept breaking '{failure.keyword}' at "
-                f"{failure.pointer or '/'}; no valid continuation found after "
-                f"{checker.total_rollbacks} rollbacks",
-                400,
-            )
-        )
-        return True
-
-    def _roll_back_output(self, r: Req, k: int) -> None:
-        """Cut the output to its first k tokens: grammar, KV (token k-1 is recomputed, so the
-        next step samples token k), logprobs and the checker's state."""
-        assert r.grammar is not None and r.value_checker is not None
-        r.grammar.rollback(len(r.output_ids) - k)
-        del r.output_token_logprobs[k:]
-        del r.output_top_logprobs[k:]
-        if k > 0:
-            self._replace_output_tail(r, k - 1, [r.output_ids[k - 1]])
-        else:
-            self._replace_output_tail(r, 0, [])
-
-    def _replace_output_tail(self, req: Req, keep: int, new_tokens: list[int]) -> None:
-        """Replace output_ids[keep:] by `new_tokens` (jump-forward after retokenization).
-
-        KV of the replaced tokens is dropped so the next step recomputes them as one extend; tokens
-        already streamed are reported as rolled back so the detokenizer re-derives their text.
-        """
-        keep_pos = len(req.origin_input_ids) + keep
-        assert keep_pos >= req.cache_protected_len, "cannot roll back into shared cache"
-        if req.kv_len > keep_pos and req.req_pool_idx is not None:
-            first_free = -(-keep_pos // self.page_size) * self.page_size  # keep a shared tail page
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-            if req.kv_len > first_free:
-                self.kv_pool.free(row[first_free : req.kv_len].clone())
-            req.kv_len = keep_pos
-        del req.output_ids[keep:]
-        req.output_ids.extend(new_tokens)
-        if req.value_checker is not None:
-            req.value_checker.truncate(keep, req.output_ids)
-        req.draft_state = None  # its n-gram index holds the replaced tokens
-        if req.stop_regex is not None:
-            req.stop_regex.reset()
-        if keep < req.sent_output_len:
-            req.rollback_pending += req.sent_output_len - keep
-            req.sent_output_len = keep
-
-    def _release(self, req: Req) -> None:
-        """Give a finished or aborted request's KV to the cache and drop it from the running set
-        (and its output to the shared draft corpus)."""
-        self._remember_output(req)
-        if req.req_pool_idx is not None:
-            self.cache.cache_finished_req(req)
-        if req in self.running:
-            self.running.remove(req)
-
-    # --- results ------------------------------------------------------------------------------
-
-    def _process(self, batch: StepBatch, logits: LogitsOutput) -> None:
-        for r in batch.reqs:
-            r.kv_len += r.extend_len
-        self._verify_drafts(batch, logits)
-        record_input_logprobs(batch, logits)
-        sample_reqs = batch.sampling_reqs
-        if sample_reqs:
-            rows = batch.sample_rows
-            grammars = self.grammar_manager
-            grammar_mask = grammar_rows = None
-            if grammars is not None and any(r.grammar is not None for r in sample_reqs):
-                grammar_mask, grammar_rows = grammars.fill_mask(sample_reqs)
-            pending = self.sampler.launch(logits, rows, sample_reqs, grammar_mask, grammar_rows)
-            out = self._resolve(pending)
-            self._accept_all(sample_reqs, out)
-        for r in batch.reqs:
-            if r.finished:
-                self._release(r)
-            elif r.extend_len > 1 and r.kv_len - r.extend_len < len(r.origin_input_ids):
-                self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
-            r.steps_since_stream += 1
-            self.outbox.append(r)
-
-    def _forward(self, batch: ForwardBatch) -> LogitsOutput:
-        """The model runner's forward (on a GPU: its launch), timed."""
-        t0 = time.perf_counter()
-        logits = self.model_runner.forward(batch)
-        self.stats.forward_seconds += time.perf_counter() - t0
-        return logits
-
-    def _resolve(self, pending: PendingSample) -> SampleOutput:
-        """The sampled tokens on the host (the step's one wait for the device), timed."""
-        t0 = time.perf_counter()
-        out = pending.resolve()
-        self.stats.device_wait_seconds += time.perf_counter() - t0
-        return out
-
-    def _accept_all(self, reqs: list[Req], out: SampleOutput, skip: set[int] | None = None) -> None:
-        """Accept row i of `out` for reqs[i], except the requests whose id() is in `skip`."""
-        for i, r in enumerate(reqs):
-            if skip is not None and id(r) in skip:
-                continue
-            try:
-                self._accept_sampled(r, out, i)
-            except Exception as e:  # NOTE: fail this request only (released by the caller)
-                log_internal_error(f"accepting the token of request {r.rid}", e)
-                if not r.finished:
-                    r.finish(internal_error(e))
-
-    def _accept_sampled(self, r: Req, out: SampleOutput, i: int) -> None:
-        """Append request r's sampled token (row i of `out`), advance its grammar, check finish."""
-        if r.sampling_params.max_new_tokens == 0:
-            r.finish(FinishReason.length(0))
-            return
-        self._append_token(r, out.next_ids[i], out.logprobs[i], out.top_logprobs[i])
-        if not r.finished and r.grammar is not None:
-            self._jump_forward(r)
-
-    def _append_token(
-        self, r: Req, tok: int, lp: float | None, top: list[tuple[float, int]] | None
-    ) -> None:
-        """Append one chosen token (sampled, or verified from a draft); advance the grammar and
-        check finish."""
-        if not r.output_ids and r.first_token_delay is None and r.arrival_time:
-            r.first_token_delay = max(0.0, time.time() - r.arrival_time)
-        r.output_ids.append(tok)
-        self.stats.generated_tokens += 1
-        if r.return_logprob:
-            r.output_token_logprobs.append((lp, tok))
-            if r.top_logprobs_num:
-                r.output_top_logprobs.append(top)
-        if self.grammar_manager is not None and r.grammar is not None:
-            self.grammar_manager.accept(r, tok)
-            if r.value_checker is not None and not r.finished and self._check_values(r):
-                return
-        check_finish(r, self.eos_token_ids, self.context_length, self.tokenizer)
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
         outbox, self.outbox = self.outbox, []
@@ -623,9 +498,9 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         messages = collected.messages
         for r, e in collected.failed:  # NOTE: fail these only; the others' outputs are sent
             log_internal_error(f"collecting the output of request {r.rid}", e)
-            self._fail([r], e)
+            self.fail([r], e)
             messages.append(failure_output(r))
-        self.outbox = []  # _fail queued them; their final message is the one above
+        self.outbox = []  # fail() queued them; their final message is the one above
         return messages
 
     # --- introspection ------------------------------------------------------------------------
@@ -634,6 +509,7 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
         st = self.stats
         hit = st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
         used = self.kv_pool.size - self.kv_pool.available_size()
+        spec_stats = self.draft_models.stats if self.draft_models is not None else SpecStats()
         return {
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting) + len(self.grammar_waiting),
@@ -653,8 +529,8 @@ class Scheduler(SchedulerPlanner, OverlapScheduling, SpeculativeScheduling):
             "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
             **asdict(st),
             **self.cache.tier_state(),
-            **asdict(self.spec_stats),
-            **self.spec_stats.summary(),
+            **asdict(spec_stats),
+            **spec_stats.summary(),
             **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
         }
 

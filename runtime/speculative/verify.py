@@ -15,7 +15,7 @@ sampler.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -27,6 +27,16 @@ from radixgen.sampling_params import TOP_K_DISABLED
 if TYPE_CHECKING:
     from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.scheduler.req import Req
+    from radixgen.runtime.speculative.draft_tree import StepDraft
+
+
+class VerifyItem(NamedTuple):
+    """A request with a draft this step, its draft, and its logits rows (the root's first, then
+    one per draft node)."""
+
+    req: Req
+    draft: StepDraft
+    rows: list[int]
 
 
 @dataclass
@@ -40,30 +50,30 @@ class Verified:
     top_logprobs: list[list[tuple[float, int]] | None] | None = None
 
 
-def verify_greedy(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> list[Verified]:
-    """One `Verified` per (request, its logits rows), in order. Every request is greedy."""
+def verify_greedy(logits: LogitsOutput, items: list[VerifyItem]) -> list[Verified]:
+    """One `Verified` per item, in order. Every request is greedy."""
     choices: list[list[int] | None] = [None] * len(items)
     lp_info: list[tuple[list[float], list[list[tuple[float, int]]] | None] | None] = [None] * len(
         items
     )
-    plain = [i for i, (r, _) in enumerate(items) if not r.return_logprob]
-    free = [i for i in plain if items[i][0].draft_mask is None]
-    masked = [i for i in plain if items[i][0].draft_mask is not None]
+    plain = [i for i, item in enumerate(items) if not item.req.return_logprob]
+    free = [i for i in plain if items[i].draft.mask is None]
+    masked = [i for i in plain if items[i].draft.mask is not None]
     if free:
-        rows = [row for i in free for row in items[i][1]]
+        rows = [row for i in free for row in items[i].rows]
         _scatter(choices, free, items, logits.greedy(rows))
     if masked:
-        rows = [row for i in masked for row in items[i][1]]
-        mask = torch.cat([items[i][0].draft_mask for i in masked])
+        rows = [row for i in masked for row in items[i].rows]
+        mask = torch.cat([_mask(items[i].draft) for i in masked])
         _scatter(choices, masked, items, logits.greedy(rows, mask))
-    for i, (r, rows) in enumerate(items):
-        if r.return_logprob:
-            choices[i], lp_info[i] = _dense_rows(logits, r, rows)
+    for i, item in enumerate(items):
+        if item.req.return_logprob:
+            choices[i], lp_info[i] = _dense_rows(logits, item)
     out = []
-    for i, (r, _) in enumerate(items):
+    for i, item in enumerate(items):
         row_choices = choices[i]
         assert row_choices is not None
-        v, used = _follow(r, row_choices)
+        v, used = _follow(item.draft, row_choices)
         info = lp_info[i]
         if info is not None:
             v.logprobs = [info[0][u] for u in used]
@@ -72,11 +82,14 @@ def verify_greedy(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> l
     return out
 
 
-def _follow(r: Req, choices: list[int]) -> tuple[Verified, list[int]]:
+def _mask(draft: StepDraft) -> torch.Tensor:
+    assert draft.mask is not None
+    return draft.mask
+
+
+def _follow(tree: StepDraft, choices: list[int]) -> tuple[Verified, list[int]]:
     """The request's verified tokens given every node's choice, and the nodes whose choices
     they are (the root, then the path's nodes)."""
-    tree = r.draft_tree
-    assert tree is not None
     path = tree.walk(choices)
     used = [0, *path]
     return Verified([choices[u] for u in used], path), used
@@ -85,25 +98,26 @@ def _follow(r: Req, choices: list[int]) -> tuple[Verified, list[int]]:
 def _scatter(
     choices: list[list[int] | None],
     which: list[int],
-    items: list[tuple[Req, list[int]]],
+    items: list[VerifyItem],
     flat: list[int],
 ) -> None:
     at = 0
     for i in which:
-        n = len(items[i][1])
+        n = len(items[i].rows)
         choices[i] = flat[at : at + n]
         at += n
 
 
 def _dense_rows(
-    logits: LogitsOutput, r: Req, rows: list[int]
+    logits: LogitsOutput, item: VerifyItem
 ) -> tuple[list[int], tuple[list[float], list[list[tuple[float, int]]] | None]]:
     """The sampler's dense path for a greedy request that returns logprobs: raw logprobs of the
     float32 rows, the argmax under the grammar mask, the top-k of the raw logprobs."""
-    dense = logits.rows_float(rows)
+    r = item.req
+    dense = logits.rows_float(item.rows)
     raw = torch.log_softmax(dense, dim=-1)
-    if r.draft_mask is not None:
-        apply_token_bitmask(dense, upload(r.draft_mask, dense.device))
+    if item.draft.mask is not None:
+        apply_token_bitmask(dense, upload(item.draft.mask, dense.device))
     ids = dense.argmax(dim=-1)
     chosen = raw.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
     tops = None
@@ -115,32 +129,33 @@ def _dense_rows(
     return ids.tolist(), (chosen, tops)
 
 
-def verify_drafts(logits: LogitsOutput, items: list[tuple[Req, list[int]]]) -> list[Verified]:
+def verify_drafts(logits: LogitsOutput, items: list[VerifyItem]) -> list[Verified]:
     """Greedy requests by `verify_greedy`, sampled ones by `verify_sampled`, results in order."""
-    greedy = [i for i, (r, _) in enumerate(items) if r.sampling_params.is_greedy]
+    greedy = [i for i, item in enumerate(items) if item.req.sampling_params.is_greedy]
     if len(greedy) == len(items):
         return verify_greedy(logits, items)
     out: list[Verified | None] = [None] * len(items)
     for i, v in zip(greedy, verify_greedy(logits, [items[i] for i in greedy]), strict=True):
         out[i] = v
-    for i, (r, rows) in enumerate(items):
+    for i, item in enumerate(items):
         if out[i] is None:
-            out[i] = verify_sampled(logits, r, rows)
+            out[i] = verify_sampled(logits, item)
     return [v for v in out if v is not None]
 
 
-def verify_sampled(logits: LogitsOutput, r: Req, rows: list[int]) -> Verified:
+def verify_sampled(logits: LogitsOutput, item: VerifyItem) -> Verified:
     """Sampled requests: each row draws its token exactly as the sampler would at that position
     (grammar mask, temperature, top-k / top-p / min-p, the request's own seeded uniform for that
     output index), and the draft is accepted while the draws equal it. Against a point-mass
     draft this is rejection sampling (d is accepted with probability q(d), and on rejection the
     draw is q conditioned on not d), and more: the output is the very sample decoding without
     speculation would draw, whatever the batch."""
+    r, tree = item.req, item.draft
     sp = r.sampling_params
-    dense = logits.rows_float(rows)
+    dense = logits.rows_float(item.rows)
     raw = torch.log_softmax(dense, dim=-1) if r.return_logprob else None
-    if r.draft_mask is not None:
-        apply_token_bitmask(dense, upload(r.draft_mask, dense.device))
+    if tree.mask is not None:
+        apply_token_bitmask(dense, upload(tree.mask, dense.device))
     n, vocab = dense.shape
     dev = dense.device
     temps = to_device([sp.temperature] * n, dense.dtype, dev)
@@ -153,12 +168,10 @@ def verify_sampled(logits: LogitsOutput, r: Req, rows: list[int]) -> Verified:
     if sp.min_p > 0.0:
         min_p = to_device([sp.min_p] * n, dense.dtype, dev)
     base = len(r.output_ids)
-    tree = r.draft_tree
-    assert tree is not None
     # node v draws output index base + depth(v): the draw decoding would make there
     uniforms = to_device([r.uniform_at(base + d) for d in tree.depths], dense.dtype, dev)
     choices: list[int] = sample_from_probs(probs, uniforms, top_k, top_p, min_p).tolist()
-    v, used = _follow(r, choices)
+    v, used = _follow(tree, choices)
     if raw is not None:
         at = torch.tensor(used)
         picked = raw[at, torch.tensor(v.tokens)].tolist()

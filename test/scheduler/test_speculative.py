@@ -158,8 +158,8 @@ def test_a_request_asked_again_drafts_from_the_first_ones_output():
         assert run_to_end(s)["again"][0] == reference(prompt, n)
         steps[capacity] = len(runner.batches) - before
         # each: its prompt's last 8 tokens (the longest match window), then its output
-        assert len(s.spec_corpus) == (0 if capacity == 0 else 2 * (8 + n))
-        assert s.flush_cache().success and len(s.spec_corpus) == 0
+        assert len(s.draft_models.corpus) == (0 if capacity == 0 else 2 * (8 + n))
+        assert s.flush_cache().success and len(s.draft_models.corpus) == 0
     assert steps[4096] <= n // 4 and 2 * steps[4096] < steps[0], steps
 
 
@@ -290,7 +290,7 @@ def test_draft_trees_verify_the_branch_the_model_takes(flags):
         )
         for rid, p, n in reqs:
             assert out[rid][0] == reference(p, n, earliest_copy_model), (breadth, rid)
-        st = s.spec_stats
+        st = s.draft_models.stats
         if breadth > 1:
             assert st.spec_branch_tokens > 0 and st.spec_branch_accepted_tokens > 0
             # the branches ran as pseudo-requests (in spare rows, all given back below)
@@ -314,7 +314,7 @@ def test_sampled_requests_draw_the_same_tokens_through_draft_trees():
             submit(s, f"r{i}", prompt, max_new_tokens=24, temperature=0.05 * (i + 1), seed=i)
         outs.append(run_to_end(s))
         if spec:
-            assert s.spec_stats.spec_branch_accepted_tokens > 0
+            assert s.draft_models.stats.spec_branch_accepted_tokens > 0
     assert outs[0] == outs[1]
 
 
@@ -400,10 +400,11 @@ def test_a_grammar_cuts_draft_trees_and_masks_every_node():
         for i in range(4):
             submit(s, f"r{i}", [3] * i + prompt, max_new_tokens=30, regex="x")
         outs.append(run_to_end(s))
-        grammars.append(s.spec_stats)
+        grammars.append(s.draft_models)
     assert outs[0] == outs[1]
+    assert grammars[1] is None  # the second run is the reference, without speculation
     assert all(t % 5 for ids, _ in outs[0].values() for t in ids)
-    st = grammars[0]
+    st = grammars[0].stats
     assert st.spec_branch_tokens > 0 and st.spec_accepted_tokens > 0
 
 
@@ -465,7 +466,7 @@ def test_drafts_take_only_what_the_steps_own_tokens_leave(pool):
     out, s, _ = run(copy_model, reqs, pool_tokens=pool, **SPEC)
     for rid, prompt, n in reqs:
         assert out[rid] == (reference(prompt, n, copy_model), FinishReason.length(n))
-    assert s.spec_stats.spec_accepted_tokens > 0
+    assert s.draft_models.stats.spec_accepted_tokens > 0
 
 
 def test_penalised_and_greedy_only_sampled_requests_decode_without_drafts():
@@ -473,18 +474,18 @@ def test_penalised_and_greedy_only_sampled_requests_decode_without_drafts():
     runner.predict = copy_model
     submit(s, "p", prompts(1)[0], max_new_tokens=20, frequency_penalty=0.5)
     run_to_end(s)
-    assert s.spec_stats.spec_verified_requests == 0
+    assert s.draft_models.stats.spec_verified_requests == 0
     s, runner = make_scheduler(speculative_greedy_only=True, **SPEC)
     runner.predict = copy_model
     submit(s, "t", prompts(1)[0], max_new_tokens=20, temperature=0.5)
     run_to_end(s)
-    assert s.spec_stats.spec_verified_requests == 0
+    assert s.draft_models.stats.spec_verified_requests == 0
 
 
 def test_a_large_batch_switches_drafting_off():
     reqs = [(f"r{i}", p, 12) for i, p in enumerate(prompts(6))]
     out, s, _ = run(copy_model, reqs, speculative_max_verify_tokens=4, **SPEC)
-    assert s.spec_stats.spec_skipped_steps > 0
+    assert s.draft_models.stats.spec_skipped_steps > 0
     for rid, prompt, n in reqs:
         assert out[rid][0] == reference(prompt, n, copy_model)
 
@@ -514,7 +515,7 @@ def test_drafts_that_do_not_pay_are_mostly_skipped():
     for even in (1, 10_000):  # a step is dear at once / almost free
         out, s, _ = run(half_copy, reqs, **{**SPEC, "speculative_break_even_tokens": even})
         assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
-        drafted[even] = s.spec_stats.spec_draft_tokens
+        drafted[even] = s.draft_models.stats.spec_draft_tokens
     # a dear step drafts only what its acceptance model says pays (here: nothing to learn from)
     assert drafted[1] < drafted[10_000] / 2 and drafted[10_000] > 0
 
@@ -545,7 +546,7 @@ def test_the_measured_step_cost_decides_how_much_is_drafted():
             submit(s, rid, prompt, max_new_tokens=n)
         out = run_to_end(s)
         assert all(out[rid][0] == reference(p, n, half_copy) for rid, p, n in reqs)
-        drafted[name] = s.spec_stats.spec_draft_tokens
+        drafted[name] = s.draft_models.stats.spec_draft_tokens
     assert drafted["dear rows"] < drafted["free rows"] / 3, drafted
 
 
@@ -571,7 +572,7 @@ def test_sampled_verification_keeps_the_samples_and_their_distribution():
     for i in range(n_req):
         submit(s, f"r{i}", prompt, max_new_tokens=n_out, temperature=temp, seed=i, ignore_eos=True)
     out = run_to_end(s)
-    st = s.spec_stats
+    st = s.draft_models.stats
     assert st.spec_accepted_tokens > 1000 and st.spec_draft_tokens > st.spec_accepted_tokens + 1000
     # each row draws with the request's own uniform for that position: the very same samples
     base, base_runner = make_scheduler(pool_tokens=16384)
@@ -617,4 +618,4 @@ def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch():
         submit(s, f"o{i}", p, max_new_tokens=30 + i)
     submit(s, "batched", prompt, max_new_tokens=40, **params)
     assert run_to_end(s)["batched"][0] == alone
-    assert s.spec_stats.spec_accepted_tokens > 0
+    assert s.draft_models.stats.spec_accepted_tokens > 0

@@ -12,6 +12,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
     decode_step_batch,
     general_step_batch,
 )
+from radixgen.runtime.scheduler.step_plan import StepPlan, StepRow
 
 
 def decoding_reqs():
@@ -24,8 +25,11 @@ def decoding_reqs():
     for row, r in enumerate(reqs):
         r.req_pool_idx = row + 1
         r.kv_len = r.seq_len - 1
-        r.extend_len = 1
     return reqs
+
+
+def decode_plan(reqs):
+    return StepPlan(tuple(StepRow(r, r.kv_len, 1) for r in reqs))
 
 
 def test_the_decode_path_builds_what_the_general_path_builds():
@@ -33,8 +37,8 @@ def test_the_decode_path_builds_what_the_general_path_builds():
     slots = torch.tensor([40, 41, 42])
     pool_fast, _ = make_pools(64)
     pool_general, _ = make_pools(64)
-    fast = decode_step_batch(reqs, slots, pool_fast)
-    general = general_step_batch(reqs, slots, pool_general)
+    fast = decode_step_batch(decode_plan(reqs), slots, pool_fast)
+    general = general_step_batch(decode_plan(reqs), slots, pool_general)
     assert fast.forward.input_ids.tolist() == [7, 21, PENDING_TOKEN]
     for name in ("input_ids", "positions", "out_cache_loc", "logits_indices"):
         assert torch.equal(getattr(fast.forward, name), getattr(general.forward, name)), name
@@ -50,9 +54,10 @@ def test_the_decode_path_builds_what_the_general_path_builds():
 def test_a_prompt_chunk_in_the_step_takes_the_general_path():
     reqs = decoding_reqs()
     chunk = make_req("d", list(range(50, 60)))
-    chunk.req_pool_idx, chunk.kv_len, chunk.extend_len = 4, 0, 4  # 4 of its 10 prompt tokens
+    chunk.req_pool_idx, chunk.kv_len = 4, 0
+    plan = StepPlan((*decode_plan(reqs).rows, StepRow(chunk, 0, 4)))  # 4 of its 10 prompt tokens
     pool, _ = make_pools(64)
-    batch = build_step_batch([*reqs, chunk], torch.arange(40, 47), pool)
+    batch = build_step_batch(plan, torch.arange(40, 47), pool)
     assert batch.forward.extend_lens == [1, 1, 1, 4]
     assert batch.forward.input_ids.tolist()[3:] == [50, 51, 52, 53]
     assert batch.sample_rows == [0, 1, 2]  # the chunk does not sample yet
