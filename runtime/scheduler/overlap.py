@@ -54,7 +54,8 @@ def needs_sync(s: Scheduler) -> bool:
         r.grammar is not None or r.constrained for r in (*s.running, *s.waiting)
     ):
         return True
-    if s._preemption_candidate() is not None:
+    planner = s.planner
+    if planner.preemption_candidate() is not None:
         return True  # a preemption retracts, and retraction must see settled requests
     decodes = [r for r in s.running if r.pending_len == 1]
-    return bool(decodes) and not s._free_tokens(s._pages(decodes, 1) * s.page_size)
+    return bool(decodes) and not planner.free_tokens(planner.pages(decodes, 1) * s.page_size)

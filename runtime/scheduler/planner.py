@@ -1,5 +1,5 @@
 """Step planning: which running requests step, which waiting ones are admitted, and retraction
-when the KV pool is short (scheduler process; a mixin of `Scheduler`).
+when the KV pool is short (scheduler process). The planner returns a frozen `StepPlan`.
 
 Decodes come first (each gets its token; the newest are retracted while the pool cannot hold
 them), then requests part-way through their prefill, then admissions by the schedule policy's
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixgen.runtime.mem_cache.radix_cache import RadixCache
@@ -33,29 +34,119 @@ RESERVE_CLIP = 1024  # future tokens reserved per running request are capped at 
 IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many tokens with one being prefilled
 
 
-class SchedulerPlanner:
-    """The planning half of the scheduler; `Scheduler.__init__` sets every attribute below."""
+NEW_TOKEN_RATIO_INIT = 0.7
+NEW_TOKEN_RATIO_MIN = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
 
-    args: ServerArgs
-    cache: BasePrefixCache
-    kv_pool: TokenToKVPool
-    req_to_token_pool: ReqToTokenPool
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """What planning needs of the server's settings."""
+
     page_size: int
-    chunk_size: int | None
+    chunk_size: int | None  # chunked prefill (None: off)
     max_prefill_tokens: int
     max_running: int
     context_length: int
-    new_token_ratio: float
-    preemption: PreemptionPolicy
-    waiting: list[Req]
-    running: list[Req]
-    _planning: list[Req]
-    stats: SchedulerStats
-    drafts: DraftPlanner | None
-    grammar_manager: GrammarManager | None
-    background_budget: BackgroundBudget
+    schedule_policy: str
+    max_loras_per_batch: int
+    new_token_ratio: float  # the starting reservation for running requests' future tokens
 
-    def _free_tokens(self, needed: int) -> bool:
+    @classmethod
+    def from_args(cls, args: ServerArgs, context_length: int, request_rows: int) -> PlannerConfig:
+        sched = args.scheduler
+        return cls(
+            page_size=args.cache.page_size,
+            chunk_size=sched.chunked_prefill_size if sched.chunked_prefill_size > 0 else None,
+            max_prefill_tokens=sched.max_prefill_tokens,
+            max_running=min(sched.max_running_requests, request_rows),
+            context_length=context_length,
+            schedule_policy=sched.schedule_policy,
+            max_loras_per_batch=args.lora.max_loras_per_batch,
+            new_token_ratio=NEW_TOKEN_RATIO_INIT * sched.schedule_conservativeness,
+        )
+
+
+@dataclass
+class RequestQueues:
+    """The scheduler's request sets, shared by the planner (admission, retraction) and the
+    scheduler (arrivals, aborts, failures)."""
+
+    waiting: list[Req] = field(default_factory=list)
+    running: list[Req] = field(default_factory=list)
+    grammar_waiting: list[Req] = field(default_factory=list)  # compiling their grammar
+
+
+class PlanningFailed(Exception):
+    """Planning raised `__cause__` while planning `reqs` (whom the failure is for: no forward
+    runs this step; the other requests are planned again next step, their KV untouched)."""
+
+    def __init__(self, reqs: list[Req]) -> None:
+        super().__init__(f"planning failed for {len(reqs)} request(s)")
+        self.reqs = reqs
+
+
+class StepPlanner:
+    """Plans each step over the shared queues, the prefix cache and the KV pools."""
+
+    def __init__(
+        self,
+        config: PlannerConfig,
+        queues: RequestQueues,
+        cache: BasePrefixCache,
+        kv_pool: TokenToKVPool,
+        req_to_token_pool: ReqToTokenPool,
+        preemption: PreemptionPolicy,
+        background_budget: BackgroundBudget,
+        drafts: DraftPlanner | None,
+        stats: SchedulerStats,
+    ) -> None:
+        self.config = config
+        self.queues = queues
+        self.cache = cache
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.preemption = preemption
+        self.background_budget = background_budget
+        self.drafts = drafts
+        self.stats = stats
+        self.page_size = config.page_size
+        self.chunk_size = config.chunk_size
+        self.max_prefill_tokens = config.max_prefill_tokens
+        self.max_running = config.max_running
+        self.context_length = config.context_length
+        self.new_token_ratio = config.new_token_ratio
+        self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
+
+    @property
+    def waiting(self) -> list[Req]:
+        return self.queues.waiting
+
+    @waiting.setter
+    def waiting(self, reqs: list[Req]) -> None:
+        self.queues.waiting = reqs
+
+    @property
+    def running(self) -> list[Req]:
+        return self.queues.running
+
+    def plan(self, grammars: GrammarManager | None) -> StepPlan:
+        """This step's plan. Raises `PlanningFailed` naming the request(s) it was planning."""
+        self._planning = []
+        try:
+            return self._plan_step(grammars)
+        except Exception as e:
+            raise PlanningFailed(self._planning) from e
+        finally:
+            self._planning = []
+
+    def after_step(self) -> None:
+        """A step ran: the reservation for future tokens relaxes a little."""
+        self.new_token_ratio = max(
+            NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
+
+    def free_tokens(self, needed: int) -> bool:
         """Make `needed` slots free, evicting unlocked cache if necessary."""
         free = self.kv_pool.available_size()
         if free >= needed:
@@ -63,7 +154,7 @@ class SchedulerPlanner:
         self.stats.evicted_tokens += self.cache.evict(needed - free)
         return self.kv_pool.available_size() >= needed
 
-    def _plan_step(self) -> StepPlan:
+    def _plan_step(self, grammars: GrammarManager | None) -> StepPlan:
         plan: list[tuple[Req, int]] = []  # (request, tokens it runs), in batch order
         self._preempt_for_waiting()
         decodes: list[Req] = []
@@ -78,7 +169,7 @@ class SchedulerPlanner:
         extends.sort(key=lambda r: r.arrival_time)
         # 1) every decoding request gets its token; retract the newest when the pool is short
         self._planning = list(decodes)
-        while decodes and not self._free_tokens(self._pages(decodes, 1) * self.page_size):
+        while decodes and not self.free_tokens(self.pages(decodes, 1) * self.page_size):
             # the lowest-ranked (batch lines, low priorities) first, the newest among equals
             victim = max(decodes + extends, key=lambda r: (r.rank, r.arrival_time))
             self._retract(victim)
@@ -95,7 +186,7 @@ class SchedulerPlanner:
         )
         if background is None or not self.chunk_size:  # nothing measured yet, or no chunking
             background = budget
-        reserved = self._pages(decodes, 1) * self.page_size
+        reserved = self.pages(decodes, 1) * self.page_size
         # 2) requests part-way through their prefill (chunks, jump-forward text) continue; a
         # step that prefills an interactive request prefills no batch line (its TTFT is then its
         # own prefill, not the batch's), so a line's next chunk waits while one is waiting
@@ -112,7 +203,7 @@ class SchedulerPlanner:
             if n <= 0:
                 break
             need = pages_needed(r, n, self.page_size) * self.page_size
-            if not self._free_tokens(reserved + need):
+            if not self.free_tokens(reserved + need):
                 if not plan and r is extends[-1]:
                     self._retract(r)  # nothing can run: free the newest to break the deadlock
                 continue
@@ -133,7 +224,7 @@ class SchedulerPlanner:
             return StepPlan(tuple(StepRow(r, r.kv_len, n) for r, n in plan))
         self._planning = [r for r, _ in plan]
         # speculative drafts where the pool has room (no eviction)
-        drafts = self.drafts.plan(plan, self.grammar_manager)
+        drafts = self.drafts.plan(plan, grammars)
         return StepPlan(
             tuple(
                 StepRow(r, r.kv_len, n + (len(d.main) if d is not None else 0), d)
@@ -141,7 +232,7 @@ class SchedulerPlanner:
             )
         )
 
-    def _preemption_candidate(self) -> Req | None:
+    def preemption_candidate(self) -> Req | None:
         """The best waiting request when it outranks some running one, else None."""
         if not (self.preemption.enabled and self.waiting and self.running):
             return None
@@ -156,7 +247,7 @@ class SchedulerPlanner:
         admitted (rows or pool full), and only where that admits it: a victim must be outranked
         (`PreemptionPolicy`), and the pool must hold the candidate once the victims' KV is
         freed. O(running + waiting) per step, and nothing more unless some victim qualifies."""
-        cand = self._preemption_candidate()
+        cand = self.preemption_candidate()
         if cand is None:
             return
         self._planning = [cand]
@@ -171,7 +262,7 @@ class SchedulerPlanner:
                     len(self.running) >= self.max_running
                     or self.req_to_token_pool.available_size() == 0
                 )
-                if not rows_full and self._free_tokens(self._admission_need(cand, need)):
+                if not rows_full and self.free_tokens(self._admission_need(cand, need)):
                     return
                 victim = self.preemption.victim(cand, self.running)
                 if victim is None:
@@ -196,7 +287,7 @@ class SchedulerPlanner:
         if not running:
             return need  # alone, admission runs it without a reservation
         future = sum(self._future_tokens(r) for r in running) + self._future_tokens(cand)
-        return need + self._pages(running, 1) * self.page_size + int(future * self.new_token_ratio)
+        return need + self.pages(running, 1) * self.page_size + int(future * self.new_token_ratio)
 
     def _ends_with_pending_token(self, r: Req) -> bool:
         """A request whose token in flight (overlap scheduling) surely finishes it by length: it
@@ -207,7 +298,7 @@ class SchedulerPlanner:
             r.seq_len >= self.context_length
         )
 
-    def _pages(self, reqs: list[Req], n: int) -> int:
+    def pages(self, reqs: list[Req], n: int) -> int:
         if self.page_size == 1:
             return n * len(reqs)
         return sum(pages_needed(r, n, self.page_size) for r in reqs)
@@ -248,10 +339,8 @@ class SchedulerPlanner:
         # NOTE: every running request steps together, so the running set holds at most
         # --max-loras-per-batch distinct adapters (the model runner's slots)
         adapters = {r.lora_id for r in self.running if r.lora_id is not None}
-        max_adapters = self.args.lora.max_loras_per_batch
-        for req in order_waiting_queue(
-            self.waiting, self.args.scheduler.schedule_policy, self.cache
-        ):
+        max_adapters = self.config.max_loras_per_batch
+        for req in order_waiting_queue(self.waiting, self.config.schedule_policy, self.cache):
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
             if self.req_to_token_pool.available_size() == 0:
@@ -287,9 +376,9 @@ class SchedulerPlanner:
             # slots kept free for running requests' future tokens (fewer retractions)
             future = int(future_tokens * self.new_token_ratio) if self.running or admitted else 0
             try:
-                fits = self._free_tokens(reserved + need + future)
+                fits = self.free_tokens(reserved + need + future)
                 if not fits and not (self.running or admitted or plan):
-                    fits = self._free_tokens(reserved + need)  # alone: run without the reservation
+                    fits = self.free_tokens(reserved + need)  # alone: run without the reservation
             except Exception:
                 self.cache.dec_lock_ref(match.last_node)  # not admitted: it holds no lock
                 raise
@@ -328,7 +417,7 @@ class SchedulerPlanner:
             # NOTE: the pages a load filled for a request that was not admitted after all are
             # evictable cache again, but they may have taken room this step's planned tokens
             # were counted on: make that room free again
-            self._free_tokens(reserved)
+            self.free_tokens(reserved)
 
     def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
         """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?

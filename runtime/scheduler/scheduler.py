@@ -50,7 +50,12 @@ from radixgen.runtime.scheduler.draft_verifier import DraftVerifier
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
 from radixgen.runtime.scheduler.output_processor import collect_outputs, failure_output
 from radixgen.runtime.scheduler.overlap import needs_sync, overlap_enabled
-from radixgen.runtime.scheduler.planner import SchedulerPlanner
+from radixgen.runtime.scheduler.planner import (
+    PlannerConfig,
+    PlanningFailed,
+    RequestQueues,
+    StepPlanner,
+)
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.result_processor import ResultProcessor, TokenLimits
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, priority_rank
@@ -62,11 +67,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
 
 logger = logging.getLogger(__name__)
-
-
-NEW_TOKEN_RATIO_INIT = 0.7
-NEW_TOKEN_RATIO_MIN = 0.1
-NEW_TOKEN_RATIO_DECAY = 0.002
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ class SchedulerStats:
     device_wait_seconds: float = 0.0
 
 
-class Scheduler(SchedulerPlanner):
-    """Owns the request queues and runs the step pipeline: the planner (`SchedulerPlanner`)
-    returns a frozen `StepPlan`, the `StepExecutor` launches it, the `ResultProcessor` commits
-    it; with overlap on, a step is committed after the next one is launched."""
+class Scheduler:
+    """Owns the request queues and runs the step pipeline: the `StepPlanner` returns a frozen
+    `StepPlan`, the `StepExecutor` launches it, the `ResultProcessor` commits it; with overlap
+    on, a step is committed after the next one is launched."""
 
     def __init__(
         self,
@@ -124,21 +124,9 @@ class Scheduler(SchedulerPlanner):
         self.max_request_tokens = min(self.context_length, self.kv_pool.size)
 
         sched = args.scheduler
-        self.max_running = min(sched.max_running_requests, self.req_to_token_pool.size)
-        self.chunk_size = sched.chunked_prefill_size if sched.chunked_prefill_size > 0 else None
-        self.max_prefill_tokens = sched.max_prefill_tokens
-        self.new_token_ratio = NEW_TOKEN_RATIO_INIT * sched.schedule_conservativeness
-        self.preemption = PreemptionPolicy(
-            enabled=not sched.disable_priority_preemption,
-            by_priority=sched.enable_priority_scheduling,
-            threshold=sched.priority_scheduling_preemption_threshold,
-        )
-        self.waiting: list[Req] = []
-        self.running: list[Req] = []
-        self.grammar_waiting: list[Req] = []
+        self.queues = RequestQueues()
         self.lora_unloading: set[str] = set()  # adapters unloaded once their requests finish
         self.outbox: list[Req] = []  # requests with something to send this step
-        self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
         self.forward_steps = 0
         self.stats = SchedulerStats()
         self.probe = DashboardProbe()
@@ -162,11 +150,52 @@ class Scheduler(SchedulerPlanner):
                 self.context_length,
             )
             verifier = DraftVerifier(self.draft_models, self.kv_pool, self.req_to_token_pool)
+        self.planner = StepPlanner(
+            PlannerConfig.from_args(args, self.context_length, self.req_to_token_pool.size),
+            self.queues,
+            cache,
+            self.kv_pool,
+            self.req_to_token_pool,
+            PreemptionPolicy(
+                enabled=not sched.disable_priority_preemption,
+                by_priority=sched.enable_priority_scheduling,
+                threshold=sched.priority_scheduling_preemption_threshold,
+            ),
+            self.background_budget,
+            self.drafts,
+            self.stats,
+        )
         limits_ = TokenLimits(self.context_length, tuple(self.eos_token_ids))
         self.results = ResultProcessor(
             self.executor, cache, grammar_manager, verifier, tokenizer, limits_, self.stats, self
         )
         self._dispatch = self._message_dispatch()
+
+    # --- the queues (shared with the planner) -------------------------------------------------
+
+    @property
+    def waiting(self) -> list[Req]:
+        return self.queues.waiting
+
+    @waiting.setter
+    def waiting(self, reqs: list[Req]) -> None:
+        self.queues.waiting = reqs
+
+    @property
+    def running(self) -> list[Req]:
+        return self.queues.running
+
+    @property
+    def grammar_waiting(self) -> list[Req]:
+        return self.queues.grammar_waiting
+
+    @grammar_waiting.setter
+    def grammar_waiting(self, reqs: list[Req]) -> None:
+        self.queues.grammar_waiting = reqs
+
+    @property
+    def new_token_ratio(self) -> float:
+        return self.planner.new_token_ratio
 
     # --- collaborators (tests swap them after construction) -----------------------------------
 
@@ -434,9 +463,7 @@ class Scheduler(SchedulerPlanner):
     def _after_step(self, plan: StepPlan) -> None:
         self.probe.on_step(plan, self)
         self.forward_steps += 1
-        self.new_token_ratio = max(
-            NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
-        )
+        self.planner.after_step()
 
     # --- a request's lifecycle (the result processor's `RequestLifecycle`) --------------------
 
@@ -479,17 +506,15 @@ class Scheduler(SchedulerPlanner):
         return [failure_output(r) for r in dict.fromkeys(held)]
 
     def _plan_step_contained(self) -> StepPlan:
-        """`_plan_step`, failing the request(s) it was planning when it raised (no forward runs
-        this step; the others are planned again next step, their KV untouched)."""
-        self._planning = []
+        """The planner's plan, failing the request(s) it was planning when it raised (no forward
+        runs this step; the others are planned again next step, their KV untouched)."""
         try:
-            return self._plan_step()
-        except Exception as e:
-            log_internal_error("planning", e)
-            self.fail(self._planning, e)
+            return self.planner.plan(self.grammar_manager)
+        except PlanningFailed as e:
+            cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
+            log_internal_error("planning", cause)
+            self.fail(e.reqs, cause)
             return EMPTY_PLAN
-        finally:
-            self._planning = []
 
     def _collect_outputs(self) -> list[BatchTokenIDOut]:
         outbox, self.outbox = self.outbox, []
