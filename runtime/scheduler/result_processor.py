@@ -89,12 +89,14 @@ class ResultProcessor:
         try:
             try:
                 out = self.executor.resolve(step.sample) if step.sample is not None else None
-                verified = (
-                    self.verifier.verify(batch, step.logits) if self.verifier is not None else []
-                )
+            except Exception:
+                self.drop_drafts(step)
+                raise
             finally:
                 for r in batch.sampling_reqs:
                     r.pending_sample = False
+            # NOTE: when verification raises it has dropped every draft itself
+            verified = self.verifier.verify(batch, step.logits) if self.verifier is not None else []
             for row, v in verified:
                 self._append_verified(row, v)
             if out is not None:
@@ -105,8 +107,7 @@ class ResultProcessor:
             self.lifecycle.fail(batch.reqs, e)
             return
         finally:
-            for spare in step.branch_rows:
-                self.req_to_token_pool.free(spare)
+            self.free_branch_rows(step)
         for step_row in batch.plan.rows:
             r = step_row.req
             if id(r) in settled:
@@ -117,6 +118,20 @@ class ResultProcessor:
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.lifecycle.emit(r)
+
+    def drop_drafts(self, step: LaunchedStep) -> None:
+        """A step failing before verification: its drafted rows keep the KV of their real tokens
+        only (the batch's requests are failed next, so their KV must match their tokens)."""
+        if self.verifier is None:
+            return
+        for row in step.plan.rows:
+            if row.draft is not None:
+                self.verifier.keep_kv(row, [])
+
+    def free_branch_rows(self, step: LaunchedStep) -> None:
+        for spare in step.branch_rows:
+            self.req_to_token_pool.free(spare)
+        step.branch_rows = []
 
     # --- tokens -------------------------------------------------------------------------------
 

@@ -440,8 +440,8 @@ class Scheduler:
             self.executor.sample(step, self.grammar_manager, keep_on_device=overlapped)
         except Exception as e:
             log_internal_error("sampling", e)
-            for row in step.branch_rows:
-                self.req_to_token_pool.free(row)
+            self.results.drop_drafts(step)
+            self.results.free_branch_rows(step)
             self.fail(step.batch.reqs, e)
             return
         if overlapped:
@@ -450,10 +450,6 @@ class Scheduler:
         self.results.commit(step)
         if self.draft_models is not None:
             self.draft_models.observe_step(step.plan, time.perf_counter() - step.started)
-
-    def finish_inflight(self) -> None:
-        """Commit the step in flight, if any (offline loops call this before they stop)."""
-        self._commit_inflight()
 
     def _commit_inflight(self) -> None:
         step, self.inflight = self.inflight, None

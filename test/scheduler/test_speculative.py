@@ -408,6 +408,47 @@ def test_a_grammar_cuts_draft_trees_and_masks_every_node():
     assert st.spec_branch_tokens > 0 and st.spec_accepted_tokens > 0
 
 
+class FailingMaskGrammars(NoFivesGrammars):
+    """NoFives grammars whose bitmask fill raises on its `fail_at`-th call, noting whether the
+    failing step carried drafts."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at, self.calls = fail_at, 0
+        self.runner = None
+        self.failed_beside_drafts = False
+
+    def fill_mask(self, reqs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            self.failed_beside_drafts = self.runner.batches[-1].draft_rows is not None
+            raise RuntimeError("fill_mask")
+        return super().fill_mask(reqs)
+
+
+def test_a_sampling_failure_beside_drafted_rows_frees_their_draft_slots():
+    # a greedy request drafting from its repeats beside a sampled constrained one (it drafts
+    # nothing: greedy-only speculation) whose mask fill fails part-way: the step's requests
+    # fail with a 500, and the drafted row's draft slots and branch rows are freed with the rest
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    spec = {**SPEC, "speculative_break_even_tokens": 100, "speculative_greedy_only": True}
+    beside_drafts = 0
+    for fail_at in range(2, 10):
+        g = FailingMaskGrammars(fail_at)
+        s, runner = make_scheduler(grammars=g, **spec)
+        g.runner = runner
+        runner.predict = earliest_copy_model
+        submit(s, "drafted", prompt, max_new_tokens=30)
+        submit(s, "sampled", [3, *prompt], max_new_tokens=30, regex="x", temperature=0.5, seed=1)
+        out = run_to_end(s)
+        assert out["sampled"][1].status_code == 500, fail_at
+        beside_drafts += g.failed_beside_drafts
+        assert not s.running and not s.waiting and s.cache.protected_size() == 0
+        assert s.req_to_token_pool.available_size() == s.req_to_token_pool.size
+        assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+    assert beside_drafts > 0  # the case this test is about did occur
+
+
 def test_stop_tokens_and_max_new_tokens_cut_inside_an_accepted_draft():
     prompt = prompts(1)[0]
     full = reference(prompt, 40, copy_model)
