@@ -40,14 +40,17 @@ class DashboardProbe:
 
     def on_step(self, plan: StepPlan, sched: Scheduler) -> None:
         """One forward step ran over `plan` (after its tokens were accepted)."""
-        decodes = prefill_tokens = grammar_rows = 0
-        for row in plan.rows:
-            if row.is_decode:
-                decodes += 1
-            else:
-                prefill_tokens += row.extend_len - row.draft_len
-            if row.req.grammar is not None:
-                grammar_rows += 1
+        decodes = prefill_tokens = 0
+        if plan.drafts is None:
+            decodes = plan.extend_lens.count(1)
+            prefill_tokens = plan.tokens - decodes
+        else:
+            for row in plan.rows:
+                if row.is_decode:
+                    decodes += 1
+                else:
+                    prefill_tokens += row.extend_len - row.draft_len
+        grammar_rows = sum(1 for r in plan.reqs if r.grammar is not None)
         kv_used = sched.kv_pool.size - sched.kv_pool.available_size()
         st = sched.stats
         self.steps.append(

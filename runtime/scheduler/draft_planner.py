@@ -116,13 +116,11 @@ class DraftModels:
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """Teach the step-cost model one step's measured time (decode-like steps only)."""
-        lens = [row.extend_len for row in plan.rows]
+        lens = plan.extend_lens
         rows = sum(lens)
         if rows > COST_MAX_ROWS or max(lens, default=0) > COST_MAX_EXTEND:
             return  # a prefill: its rows cost what a decode row does not
-        attended = sum(
-            e * (row.start + (e + 1) / 2) for row, e in zip(plan.rows, lens, strict=True)
-        )
+        attended = sum(e * (p + (e + 1) / 2) for p, e in zip(plan.starts, lens, strict=True))
         model = self.cost_drafted if plan.drafted else self.cost
         model.observe(rows, attended, seconds * 1e3)
 
@@ -292,7 +290,7 @@ def allocate_branches(
     """KV slots and spare request rows of the planned trees' branches, recorded in their
     drafts: the slots in batch order (None when no tree has branches) and the rows, which the
     step gives back when it is committed. Planning reserved both."""
-    trees = [row.draft for row in plan.rows if row.draft is not None and len(row.draft.chains) > 1]
+    trees = [d for d in plan.drafts or () if d is not None and len(d.chains) > 1]
     if not trees:
         return None, []
     slots = kv_pool.alloc(sum(t.branch_tokens for t in trees))

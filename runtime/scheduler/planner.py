@@ -18,7 +18,7 @@ from radixgen.runtime.scheduler.background_budget import BackgroundBudget
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, order_waiting_queue
-from radixgen.runtime.scheduler.step_plan import StepPlan, StepRow
+from radixgen.runtime.scheduler.step_plan import StepPlan
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
@@ -221,16 +221,10 @@ class StepPlanner:
         if any(n > 1 and not r.background for r, n in plan):
             plan = [(r, n) for r, n in plan if not (r.background and n == 1)]
         if self.drafts is None:
-            return StepPlan(tuple(StepRow(r, r.kv_len, n) for r, n in plan))
+            return StepPlan.of(plan)
         self._planning = [r for r, _ in plan]
         # speculative drafts where the pool has room (no eviction)
-        drafts = self.drafts.plan(plan, grammars)
-        return StepPlan(
-            tuple(
-                StepRow(r, r.kv_len, n + (len(d.main) if d is not None else 0), d)
-                for (r, n), d in zip(plan, drafts, strict=True)
-            )
-        )
+        return StepPlan.of(plan, self.drafts.plan(plan, grammars))
 
     def preemption_candidate(self) -> Req | None:
         """The best waiting request when it outranks some running one, else None."""

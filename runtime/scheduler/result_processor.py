@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from radixgen.finish_reason import FinishReason
 from radixgen.runtime.scheduler.containment import internal_error, log_internal_error
 from radixgen.runtime.scheduler.finish import check_finish
+from radixgen.runtime.scheduler.step_plan import is_prompt_chunk
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
@@ -42,7 +44,7 @@ class RequestLifecycle(Protocol):
     def release(self, req: Req) -> None:
         """A finished request: its KV to the cache, out of the running set."""
 
-    def fail(self, reqs: list[Req], e: Exception) -> None:
+    def fail(self, reqs: Sequence[Req], e: Exception) -> None:
         """Finish `reqs` with a 500 abort and free what they hold."""
 
     def emit(self, req: Req) -> None:
@@ -108,13 +110,13 @@ class ResultProcessor:
             return
         finally:
             self.free_branch_rows(step)
-        for step_row in batch.plan.rows:
-            r = step_row.req
+        plan = batch.plan
+        for r, start, n in zip(plan.reqs, plan.starts, plan.extend_lens, strict=True):
             if id(r) in settled:
                 continue
             if r.finished:
                 self.lifecycle.release(r)
-            elif step_row.prompt_chunk and r.req_pool_idx is not None:
+            elif is_prompt_chunk(r, start, n) and r.req_pool_idx is not None:
                 self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
             r.steps_since_stream += 1
             self.lifecycle.emit(r)
@@ -124,9 +126,8 @@ class ResultProcessor:
         only (the batch's requests are failed next, so their KV must match their tokens)."""
         if self.verifier is None:
             return
-        for row in step.plan.rows:
-            if row.draft is not None:
-                self.verifier.keep_kv(row, [])
+        for row in step.plan.drafted_rows:
+            self.verifier.keep_kv(row, [])
 
     def free_branch_rows(self, step: LaunchedStep) -> None:
         for spare in step.branch_rows:

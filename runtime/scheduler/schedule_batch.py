@@ -39,7 +39,7 @@ class StepBatch:
     layouts: list[RowLayout]
 
     @property
-    def reqs(self) -> list[Req]:
+    def reqs(self) -> tuple[Req, ...]:
         return self.plan.reqs
 
     @property
@@ -90,9 +90,11 @@ def build_step_batch(
 ) -> StepBatch:
     """`out_cache_loc` holds the freshly allocated KV slots of all rows' new tokens, in batch
     order; `branch_slots` those of the draft trees' branches (recorded in their drafts)."""
-    if branch_slots is None and all(
-        row.extend_len == 1 and row.draft is None and row.start + 1 == row.req.seq_len
-        for row in plan.rows
+    if (
+        branch_slots is None
+        and plan.drafts is None
+        and all(n == 1 for n in plan.extend_lens)
+        and all(a + 1 == r.seq_len for r, a in zip(plan.reqs, plan.starts, strict=True))
     ):
         return decode_step_batch(plan, out_cache_loc, req_to_token_pool)
     return general_step_batch(plan, out_cache_loc, req_to_token_pool, branch_slots)
@@ -191,7 +193,7 @@ def decode_step_batch(
     decode's position is past the prompt's last, so it never asks for prompt logprobs."""
     reqs = plan.reqs
     n = len(reqs)
-    positions = [row.start for row in plan.rows]
+    positions = list(plan.starts)
     rows = [row for r in reqs if (row := r.req_pool_idx) is not None]
     assert len(rows) == n, "a planned request holds a request row"
     input_ids = [
@@ -255,16 +257,13 @@ def allocate_step_slots(
     plan: StepPlan, kv_pool: TokenToKVPool, req_to_token: torch.Tensor
 ) -> torch.Tensor | None:
     """KV slots for every planned row's new tokens (None if the pool is short)."""
-    rows = plan.rows
     if kv_pool.page_size == 1:
         return kv_pool.alloc(plan.tokens)
     last_locs = [
-        int(req_to_token[row.req.req_pool_idx, row.start - 1]) if row.start > 0 else -1
-        for row in rows
+        int(req_to_token[r.req_pool_idx, a - 1]) if a > 0 else -1
+        for r, a in zip(plan.reqs, plan.starts, strict=True)
     ]
-    return kv_pool.alloc_extend(
-        [row.start for row in rows], [row.extend_len for row in rows], last_locs
-    )
+    return kv_pool.alloc_extend(list(plan.starts), list(plan.extend_lens), last_locs)
 
 
 def pages_needed(req: Req, n: int, page_size: int) -> int:

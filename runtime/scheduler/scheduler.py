@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -473,7 +474,7 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
 
-    def fail(self, reqs: list[Req], e: Exception) -> None:
+    def fail(self, reqs: Sequence[Req], e: Exception) -> None:
         """Finish `reqs` with a 500 abort wherever they are; free their KV and cache locks."""
         ids = {id(r) for r in reqs}
         self.waiting = [r for r in self.waiting if id(r) not in ids]

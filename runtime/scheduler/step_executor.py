@@ -112,8 +112,8 @@ class StepExecutor:
             for row in branch_rows:
                 pool.free(row)
             raise
-        for step_row in plan.rows:
-            step_row.req.kv_len += step_row.extend_len
+        for r, n in zip(plan.reqs, plan.extend_lens, strict=True):
+            r.kv_len += n
         return LaunchedStep(batch, logits, t0, branch_rows)
 
     def sample(

@@ -4,22 +4,23 @@ process).
 The planner returns a frozen `StepPlan`; the executor launches it (`step_executor.py`) and the
 result processor commits its results (`result_processor.py`). Everything a step needs beyond a
 request's own state travels in the plan, so the request keeps request state only and a step's
-rows are never changed after planning.
+rows are never changed after planning. The plan is stored by column (tuples built in one pass
+each): at batch 256 a plan is made every step, and an object per row would cost more than the
+rest of planning a decode step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.speculative.draft_tree import StepDraft
 
 
-@dataclass(frozen=True, slots=True)
-class StepRow:
-    """One request's part of a step: it runs positions [start, start + extend_len) of its
+class StepRow(NamedTuple):
+    """One row of a plan: request `req` runs positions [start, start + extend_len) of its
     sequence (its draft's main chain last, when it has a draft)."""
 
     req: Req  # the owner of the row and of the KV slots its tokens get
@@ -30,7 +31,7 @@ class StepRow:
     @property
     def draft_len(self) -> int:
         """Draft tokens run as this request's own extend (its tree's main chain)."""
-        return len(self.draft.chains[0]) if self.draft is not None and self.draft.chains else 0
+        return draft_len(self.draft)
 
     @property
     def is_decode(self) -> bool:
@@ -40,38 +41,73 @@ class StepRow:
     @property
     def prompt_chunk(self) -> bool:
         """It runs part of its prompt: the prompt (chunk) is cached for later requests."""
-        return self.extend_len > 1 and self.start < len(self.req.origin_input_ids)
+        return is_prompt_chunk(self.req, self.start, self.extend_len)
 
 
-@dataclass(frozen=True, slots=True)
+def draft_len(draft: StepDraft | None) -> int:
+    return len(draft.chains[0]) if draft is not None and draft.chains else 0
+
+
+def is_prompt_chunk(req: Req, start: int, extend_len: int) -> bool:
+    return extend_len > 1 and start < len(req.origin_input_ids)
+
+
+@dataclass(frozen=True)
 class StepPlan:
-    """The rows of one step, in batch order."""
+    """The rows of one step, in batch order, by column."""
 
-    rows: tuple[StepRow, ...]
+    reqs: tuple[Req, ...]  # the owner of each row
+    starts: tuple[int, ...]  # where each row's tokens start (its request's kv_len at planning)
+    extend_lens: tuple[int, ...]  # tokens each row runs, its draft's main chain included
+    drafts: tuple[StepDraft | None, ...] | None = None  # None: no row carries a draft
+
+    @classmethod
+    def of(
+        cls, rows: list[tuple[Req, int]], drafts: list[StepDraft | None] | None = None
+    ) -> StepPlan:
+        """The plan of (request, tokens) rows planned at the requests' current `kv_len`, with
+        each row's draft (its main chain added to the row's tokens)."""
+        reqs = tuple(r for r, _ in rows)
+        starts = tuple(r.kv_len for r in reqs)
+        if drafts is None or all(d is None for d in drafts):
+            return cls(reqs, starts, tuple(n for _, n in rows))
+        lens = tuple(n + draft_len(d) for (_, n), d in zip(rows, drafts, strict=True))
+        return cls(reqs, starts, lens, tuple(drafts))
 
     @property
-    def reqs(self) -> list[Req]:
-        return [row.req for row in self.rows]
+    def rows(self) -> list[StepRow]:
+        drafts = self.drafts or (None,) * len(self.reqs)
+        return [
+            StepRow(*row)
+            for row in zip(self.reqs, self.starts, self.extend_lens, drafts, strict=True)
+        ]
+
+    @property
+    def drafted_rows(self) -> list[StepRow]:
+        return [row for row in self.rows if row.draft is not None] if self.drafts else []
 
     @property
     def tokens(self) -> int:
-        """Tokens the step runs (drafts included): the step rate's measure."""
-        return sum(row.extend_len for row in self.rows)
+        """Tokens the step runs (drafts included)."""
+        return sum(self.extend_lens)
 
     @property
     def scheduled_tokens(self) -> int:
-        """Tokens the step runs for its requests' sequences (drafts not counted)."""
-        return sum(row.extend_len - row.draft_len for row in self.rows)
+        """Tokens the step runs for its requests' sequences (drafts not counted): the step
+        rate's measure."""
+        if self.drafts is None:
+            return sum(self.extend_lens)
+        return sum(n - draft_len(d) for n, d in zip(self.extend_lens, self.drafts, strict=True))
 
     @property
     def drafted(self) -> bool:
-        return any(row.draft is not None for row in self.rows)
+        return self.drafts is not None
 
     def __bool__(self) -> bool:
-        return bool(self.rows)
+        return bool(self.reqs)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.reqs)
 
 
-EMPTY_PLAN = StepPlan(())
+EMPTY_PLAN = StepPlan((), (), ())

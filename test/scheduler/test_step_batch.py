@@ -12,7 +12,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
     decode_step_batch,
     general_step_batch,
 )
-from radixgen.runtime.scheduler.step_plan import StepPlan, StepRow
+from radixgen.runtime.scheduler.step_plan import StepPlan
 
 
 def decoding_reqs():
@@ -29,7 +29,7 @@ def decoding_reqs():
 
 
 def decode_plan(reqs):
-    return StepPlan(tuple(StepRow(r, r.kv_len, 1) for r in reqs))
+    return StepPlan.of([(r, 1) for r in reqs])
 
 
 def test_the_decode_path_builds_what_the_general_path_builds():
@@ -55,7 +55,7 @@ def test_a_prompt_chunk_in_the_step_takes_the_general_path():
     reqs = decoding_reqs()
     chunk = make_req("d", list(range(50, 60)))
     chunk.req_pool_idx, chunk.kv_len = 4, 0
-    plan = StepPlan((*decode_plan(reqs).rows, StepRow(chunk, 0, 4)))  # 4 of its 10 prompt tokens
+    plan = StepPlan.of([*((r, 1) for r in reqs), (chunk, 4)])  # 4 of its 10 prompt tokens
     pool, _ = make_pools(64)
     batch = build_step_batch(plan, torch.arange(40, 47), pool)
     assert batch.forward.extend_lens == [1, 1, 1, 4]
