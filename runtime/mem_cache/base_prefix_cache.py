@@ -53,8 +53,10 @@ class BasePrefixCache(ABC):
         """Hand a finished (or aborted) request's KV over to the cache; free its request slot."""
 
     @abstractmethod
-    def cache_unfinished_req(self, req: Req) -> None:
-        """After a prefill chunk: share what is computed so far; update the request's prefix."""
+    def cache_unfinished_req(self, req: Req, length: int | None = None) -> None:
+        """After a prefill chunk: share what is computed so far (the first `length` tokens,
+        default `kv_len`: under overlap a later step's tokens may already count there); update
+        the request's prefix."""
 
     @abstractmethod
     def evict(self, num_tokens: int) -> int:

@@ -40,7 +40,7 @@ class ChunkCache(BasePrefixCache):
         self.req_to_token_pool.free(row)
         req.release_kv()
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: Req, length: int | None = None) -> None:
         pass  # the request keeps its slots; nothing is shared
 
     def evict(self, num_tokens: int) -> int:

@@ -228,10 +228,10 @@ class RadixCache(BasePrefixCache):
         self.req_to_token_pool.free(row)
         req.release_kv()
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: Req, length: int | None = None) -> None:
         row = req.req_pool_idx
         assert row is not None
-        aligned = self._aligned(req.kv_len)
+        aligned = self._aligned(req.kv_len if length is None else min(length, req.kv_len))
         if aligned <= req.cache_protected_len:
             return
         key = req.all_ids[:aligned]

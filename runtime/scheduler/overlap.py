@@ -16,11 +16,16 @@ A request that finished at N may already sit in N+1: its token there is dropped 
 holds the KV of its last real token, which is valid). Outputs are identical with overlap on and
 off; each token reaches the client one iteration later.
 
-A step is synchronous (the step in flight is committed before it is planned) when a grammar is
-involved (its mask for N+1 and jump-forward need N's token on the host), when the pool may be too
-short for the decodes, or when a waiting request may preempt a running one (retraction must see
-settled requests). Speculative decoding turns overlap off: its drafts need the previous step's
-tokens on the host.
+Constrained requests overlap too: step N is committed (its tokens accepted by their grammars)
+before step N+1 is sampled, so N+1's masks see N's tokens. When committing N changes a request's
+sequence beyond its new token (jump-forward appends forced text, a checked value rolls back),
+the token N+1 ran for it is stale: N+1 draws it but drops it (`LaunchedStep.stale`), like the
+token of a request that finished at N, and the next step runs the new tail as an extend.
+
+A step is synchronous (the step in flight is committed before it is planned) when the pool may
+be too short for the decodes, or when a waiting request may preempt a running one (retraction
+must see settled requests). Speculative decoding turns overlap off: its drafts need the previous
+step's tokens on the host.
 """
 
 from __future__ import annotations
@@ -50,10 +55,6 @@ def overlap_enabled(args: ServerArgs, device: str) -> bool:
 
 def needs_sync(s: Scheduler) -> bool:
     """Whether this step must see every sampled token on the host before it is planned."""
-    if s.grammar_waiting or any(
-        r.grammar is not None or r.constrained for r in (*s.running, *s.waiting)
-    ):
-        return True
     planner = s.planner
     if planner.preemption_candidate() is not None:
         return True  # a preemption retracts, and retraction must see settled requests

@@ -82,10 +82,16 @@ class ResultProcessor:
         self.eos_token_ids = list(limits.eos_token_ids)
         self.stats = stats
         self.lifecycle = lifecycle
+        self.edited: set[int] = set()  # requests whose tail the current commit replaced
 
-    def commit(self, step: LaunchedStep) -> None:
+    def commit(self, step: LaunchedStep) -> set[int]:
         """Accept `step`'s tokens and settle each of its requests (see the module docstring).
-        A failure nobody in particular can be blamed for fails the step's requests only."""
+        A failure nobody in particular can be blamed for fails the step's requests only.
+
+        Returns the ids of the requests whose sequence changed beyond their new token
+        (jump-forward, a rollback): a step launched before this commit ran a stale token for
+        them and must drop it."""
+        self.edited = set()
         batch = step.batch
         settled = {id(r) for r in batch.reqs if r.finished}  # handled when they finished
         try:
@@ -102,12 +108,13 @@ class ResultProcessor:
             for row, v in verified:
                 self._append_verified(row, v)
             if out is not None:
-                # a request that finished before its token arrived drops the token
-                self.accept_all(batch.sampling_reqs, out, skip=settled)
+                # a request that finished before its token arrived drops the token, and so does
+                # one whose sequence changed after the token this step ran (stale)
+                self.accept_all(batch.sampling_reqs, out, skip=settled | step.stale)
         except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
             log_internal_error("the step's results", e)
             self.lifecycle.fail(batch.reqs, e)
-            return
+            return self.edited
         finally:
             self.free_branch_rows(step)
         plan = batch.plan
@@ -117,9 +124,12 @@ class ResultProcessor:
             if r.finished:
                 self.lifecycle.release(r)
             elif is_prompt_chunk(r, start, n) and r.req_pool_idx is not None:
-                self.cache.cache_unfinished_req(r)  # share the prompt (chunk) with later requests
+                # share the prompt (chunk) with later requests: what this step computed (under
+                # overlap the step launched since counts its tokens in kv_len too)
+                self.cache.cache_unfinished_req(r, start + n)
             r.steps_since_stream += 1
             self.lifecycle.emit(r)
+        return self.edited
 
     def drop_drafts(self, step: LaunchedStep) -> None:
         """A step failing before verification: its drafted rows keep the KV of their real tokens
@@ -270,6 +280,7 @@ class ResultProcessor:
         """
         keep_pos = len(req.origin_input_ids) + keep
         assert keep_pos >= req.cache_protected_len, "cannot roll back into shared cache"
+        self.edited.add(id(req))
         if req.kv_len > keep_pos and req.req_pool_idx is not None:
             page = self.kv_pool.page_size
             first_free = -(-keep_pos // page) * page  # keep a shared tail page

@@ -412,9 +412,9 @@ class Scheduler:
             self._commit_inflight()
         plan = self._plan_step_contained()
         launched = self._launch_contained(plan) if plan else None
-        self._commit_inflight()  # the previous step's tokens, after this step's launch
+        edited = self._commit_inflight()  # the previous step's tokens, after this step's launch
         if launched is not None:
-            self._sample_and_commit(launched, overlapped)
+            self._sample_and_commit(launched, overlapped, edited)
         if plan:
             self._after_step(plan)
         out = self._collect_outputs()
@@ -435,10 +435,11 @@ class Scheduler:
             self.fail(plan.reqs, e)
             return None
 
-    def _sample_and_commit(self, step: LaunchedStep, overlapped: bool) -> None:
-        """Launch the step's sampling; commit it now, or leave it in flight (overlap)."""
+    def _sample_and_commit(self, step: LaunchedStep, overlapped: bool, stale: set[int]) -> None:
+        """Launch the step's sampling; commit it now, or leave it in flight (overlap). `stale`:
+        requests whose sequence the commit since its launch changed (their token is dropped)."""
         try:
-            self.executor.sample(step, self.grammar_manager, keep_on_device=overlapped)
+            self.executor.sample(step, self.grammar_manager, overlapped, stale)
         except Exception as e:
             log_internal_error("sampling", e)
             self.results.drop_drafts(step)
@@ -452,10 +453,9 @@ class Scheduler:
         if self.draft_models is not None:
             self.draft_models.observe_step(step.plan, time.perf_counter() - step.started)
 
-    def _commit_inflight(self) -> None:
+    def _commit_inflight(self) -> set[int]:
         step, self.inflight = self.inflight, None
-        if step is not None:
-            self.results.commit(step)
+        return self.results.commit(step) if step is not None else set()
 
     def _after_step(self, plan: StepPlan) -> None:
         self.probe.on_step(plan, self)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from radixgen.runtime.model_executor.logits_output import LogitsOutput
     from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
     from radixgen.runtime.scheduler.interfaces import StepRunner
+    from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.runtime.scheduler.step_plan import StepPlan
 
@@ -46,6 +47,9 @@ class LaunchedStep:
     started: float  # perf_counter() at launch: the step-cost model's measure
     branch_rows: list[int] = field(default_factory=list)  # draft branches' spare request rows
     sample: PendingSample | None = None
+    # requests whose token this step drops: the previous step's commit changed their sequence
+    # after the token this step ran (jump-forward, a rollback), so its logits are stale
+    stale: frozenset[int] = frozenset()
 
     @property
     def plan(self) -> StepPlan:
@@ -117,28 +121,36 @@ class StepExecutor:
         return LaunchedStep(batch, logits, t0, branch_rows)
 
     def sample(
-        self, step: LaunchedStep, grammars: GrammarManager | None, keep_on_device: bool
+        self,
+        step: LaunchedStep,
+        grammars: GrammarManager | None,
+        keep_on_device: bool,
+        stale: set[int] | None = None,
     ) -> None:
         """Record the step's prompt logprobs and launch its sampling (under the grammar mask of
         constrained requests). `keep_on_device`: the ids also go to `future_ids` and the
         requests still running are marked `pending_sample`, for a step launched before this one
-        is committed."""
+        is committed. `stale`: ids of requests whose sequence changed since the launch (their
+        token is drawn but dropped: `LaunchedStep.stale`)."""
         # NOTE: before the next launch: a CUDA-graph replay reuses the memory of these logits
         record_input_logprobs(step.batch, step.logits)
         reqs = step.batch.sampling_reqs
         if not reqs:
             return
+        if stale:
+            step.stale = frozenset(id(r) for r in reqs if id(r) in stale)
         mask = rows = None
         if grammars is not None and any(r.grammar is not None for r in reqs):
-            mask, rows = grammars.fill_mask(reqs)
+            mask, rows = self._grammar_mask(grammars, reqs, step.stale)
         step.sample = self.sampler.launch(step.logits, step.batch.sample_rows, reqs, mask, rows)
         if not keep_on_device:
             return
-        # NOTE: only requests still running: one that finished since the launch holds no row
+        # NOTE: only requests still running whose token counts: one that finished since the
+        # launch holds no row, a stale one drops its token
         live = [
             (i, r, r.req_pool_idx)
             for i, r in enumerate(reqs)
-            if not r.finished and r.req_pool_idx is not None
+            if not r.finished and r.req_pool_idx is not None and id(r) not in step.stale
         ]
         if not live:
             return
@@ -149,6 +161,18 @@ class StepExecutor:
         self.future_ids[to_device([row for _, _, row in live], torch.long, dev)] = ids
         for _, r, _ in live:
             r.pending_sample = True
+
+    @staticmethod
+    def _grammar_mask(
+        grammars: GrammarManager, reqs: list[Req], dropped: frozenset[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The grammar masks of the rows whose token counts: a request that finished or went
+        stale since the launch keeps no mask (its grammar has moved on; its token is dropped)."""
+        if not dropped and not any(r.finished for r in reqs):
+            return grammars.fill_mask(reqs)
+        keep = [i for i, r in enumerate(reqs) if not r.finished and id(r) not in dropped]
+        mask, rows = grammars.fill_mask([reqs[i] for i in keep])
+        return mask, torch.tensor([keep[j] for j in rows.tolist()], dtype=torch.long)
 
     def resolve(self, pending: PendingSample) -> SampleOutput:
         """The sampled tokens on the host (the step's one wait for the device), timed."""

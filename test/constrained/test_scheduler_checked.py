@@ -126,3 +126,26 @@ def test_unchecked_schema_decodes_as_before(scheduler) -> None:
     assert a[2].schema_checks == () and a[2].schema_check_rollbacks == 0
     assert a[3] == b[3] and a[1].kind == "stop"
     jsonschema.validate(json.loads(a[0]), PLAIN)
+
+
+def test_rollbacks_under_overlap_give_the_synchronous_outputs(
+    default_model_folder, scheduler
+) -> None:
+    """A rollback changes a request's tail after the next step ran its token: under overlap that
+    token is dropped, and the outputs equal the synchronous scheduler's."""
+    args = ServerArgs.from_kwargs(
+        dtype="bfloat16",
+        max_total_tokens=8000,
+        grammar_backend="xgrammar",
+        debug_invariants=True,
+        enable_overlap_schedule=True,
+    )
+    overlapped = build_scheduler(args, default_model_folder)
+    assert overlapped.overlap
+    names = ["unique", "multiple", "one_of"]
+    sync = run(scheduler, names, max_rollbacks=8)
+    over = run(overlapped, names, max_rollbacks=8)
+    assert sum(r[2].schema_check_rollbacks for r in over.values()) > 0
+    for name in names:
+        assert over[name][3] == sync[name][3], name
+        assert over[name][1].kind == sync[name][1].kind

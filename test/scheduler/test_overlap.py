@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 import pytest
+import torch
 from toy_runner import make_scheduler, reference_output, submit
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import AbortReq, TokenizedGenerateReq, apply_delta
+from radixgen.runtime.constrained.grammar_manager import JumpForwardEdit
 from radixgen.runtime.scheduler.scheduler import Scheduler, overlap_enabled
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
@@ -94,6 +96,112 @@ def test_outputs_equal_the_synchronous_scheduler(workload: str):
         assert s.stats.retractions > 0
     assert not s.running and s.inflight is None and s.cache.protected_size() == 0
     assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+
+
+def count_steps_in_flight(s: Scheduler) -> list[bool]:
+    """Wrap `s.step` to record, after each step, whether a step was left in flight."""
+    seen: list[bool] = []
+    real_step = s.step
+
+    def step():
+        out = real_step()
+        seen.append(s.inflight is not None)
+        return out
+
+    s.step = step
+    return seen
+
+
+class ForcingGrammar:
+    """A toy grammar over the toy vocabulary: multiples of 5 are forbidden; after a multiple of 3
+    it forces two more tokens (jump-forward appends them), after a multiple of 7 it re-tokenizes
+    its last two tokens into one (jump-forward replaces the tail); it ends after `end` tokens."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+        self.tokens: list[int] = []
+
+    def allowed(self, t: int) -> bool:
+        return t % 5 != 0
+
+    def accept_token(self, t: int) -> bool:
+        self.tokens.append(t)
+        return self.allowed(t)
+
+    def is_terminated(self) -> bool:
+        return len(self.tokens) >= self.end
+
+    def forced(self) -> JumpForwardEdit | None:
+        if self.is_terminated() or not self.tokens:
+            return None
+        last, n = self.tokens[-1], len(self.tokens)
+        if last % 3 == 0:
+            new = [last % 47 + 1, (last + 1) % 47 + 1]
+            new = [t + 1 if t % 5 == 0 else t for t in new]
+            self.tokens += new
+            return JumpForwardEdit(n, new, 2)
+        if last % 7 == 0 and n >= 2:
+            merged = (self.tokens[-2] + last) % 46 + 1
+            merged += merged % 5 == 0
+            self.tokens[-2:] = [merged]
+            return JumpForwardEdit(n - 2, [merged], 0)
+        return None
+
+
+class ForcingGrammars:
+    """Stands in for the GrammarManager with `ForcingGrammar`s (the one on `r.grammar`)."""
+
+    bitmask_words = 2
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def submit(self, req) -> None:
+        pass
+
+    def poll(self, reqs):
+        for r in reqs:
+            r.grammar = ForcingGrammar(self.end + len(r.rid))
+        return list(reqs), []
+
+    def fill_mask(self, reqs):
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        bits = torch.tensor([[t % 5 != 0 for t in range(64)]]).view(2, 32).long()
+        words = (bits << torch.arange(32)).sum(dim=1)
+        words = (words - (words >= 2**31) * 2**32).to(torch.int32)
+        return words.repeat(len(rows), 1), torch.tensor(rows, dtype=torch.long)
+
+    def accept(self, req, token_id: int) -> None:
+        assert req.grammar.accept_token(token_id), token_id
+
+    def jump_forward(self, req, max_output_len: int):
+        return req.grammar.forced()
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_constrained_requests_overlap_and_give_the_synchronous_outputs(page_size: int):
+    # masks must see the previous step's tokens, and a jump-forward (appended or replaced tail)
+    # must drop the token the next step already ran for that request
+    outs = {}
+    for overlap in (False, True):
+        s, _ = make_scheduler(
+            grammars=ForcingGrammars(18), enable_overlap_schedule=overlap, page_size=page_size
+        )
+        for i in range(5):
+            submit(s, f"g{i}", [i + 1, *PROMPT[: 9 + 3 * i]], max_new_tokens=40, regex="x")
+        submit(s, "free", PROMPT[:20], max_new_tokens=25)
+        steps_in_flight = count_steps_in_flight(s)
+        outs[overlap] = run_collecting(s)
+        assert len(outs[overlap]) == 6
+        if overlap:
+            assert sum(steps_in_flight) > 20  # the constrained steps did overlap
+        assert s.stats.jump_forward_tokens > 0
+        assert not s.running and s.inflight is None and s.cache.protected_size() == 0
+        assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+    assert outs[True] == outs[False]
 
 
 def test_the_next_step_is_launched_before_the_tokens_of_this_one_arrive():
