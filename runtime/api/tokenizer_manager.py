@@ -30,6 +30,7 @@ from radixgen.errors import (
 from radixgen.finish_reason import FinishReason
 from radixgen.generate_output import GenerateOutput
 from radixgen.grammar_limits import GrammarSpecLimits
+from radixgen.internal_state import InternalState, summed_internal_state
 from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
@@ -44,7 +45,6 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
-    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
     MessageDispatch,
@@ -64,7 +64,6 @@ from radixgen.runtime.dashboard.traces import ProgramTraceStore
 from radixgen.runtime.dp_controller.data_parallel_controller import (
     DataParallelController,
     SchedulerLink,
-    aggregate_internal_states,
 )
 from radixgen.runtime.launch.process_utils import PortArgs
 from radixgen.runtime.text.rerank_prompt import rerank_prompt, rerank_template
@@ -338,7 +337,7 @@ class TokenizerManager:
 
     async def get_internal_state(self) -> InternalState:
         """The engine's state: a single scheduler's, or the replicas' summed."""
-        return aggregate_internal_states(await self.get_internal_states())
+        return summed_internal_state(await self.get_internal_states())
 
     async def dashboard_snapshot(self, max_nodes: int) -> DashboardSnapshot:
         """Replica 0's snapshot (with --dp-size > 1 its tree, steps and requests are that

@@ -4,7 +4,7 @@
 `DataParallelController` (`--dp-size N`) holds one PUSH socket per replica, routes each request
 with a `LoadBalancer`, remembers which replica runs which rid (so an abort reaches it) and counts
 each replica's requests in flight (the loads the policies balance). Control messages go to every
-replica; their replies are merged by `aggregate_internal_states`.
+replica; the TokenizerManager merges their internal states (`summed_internal_state`).
 
 NOTE: SGLang runs its DP controller as a process of its own between the tokenizer manager and the
 schedulers. Here it lives in the API process instead: the TokenizerManager already sees every
@@ -27,7 +27,6 @@ from radixgen.io_struct import (
     AbortReq,
     ControlReply,
     ControlRequest,
-    InternalState,
     TokenizedEmbeddingReq,
     TokenizedGenerateReq,
 )
@@ -139,36 +138,3 @@ class DataParallelController(SchedulerLink):
 
     def replica_of(self, rid: str) -> int | None:
         return self._rank_of.get(rid)
-
-
-# internal_state() keys that are ratios or settings: recomputed or taken once, never summed
-_RATIOS = {"kv_usage", "cache_hit_rate", "new_token_ratio", "kv_bytes_per_token"}
-
-
-def aggregate_internal_states(states: list[InternalState]) -> InternalState:
-    """One `internal_state()` for the whole engine: counts summed over the replicas, ratios
-    recomputed from the sums (a single replica's state is returned as it is)."""
-    if len(states) == 1:
-        return states[0]
-    out: InternalState = {}
-    for key, value in states[0].items():
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if numeric and key not in _RATIOS:
-            out[key] = sum(_number(s, key) for s in states)
-        else:
-            out[key] = value
-    total = _number(out, "max_total_num_tokens")
-    if total:
-        out["kv_usage"] = _number(out, "kv_used_tokens") / total
-    prompt = _number(out, "prompt_tokens")
-    out["cache_hit_rate"] = _number(out, "cached_tokens") / prompt if prompt else 0.0
-    out["new_token_ratio"] = sum(_number(s, "new_token_ratio") for s in states) / len(states)
-    out["dp_size"] = len(states)
-    return out
-
-
-def _number(state: InternalState, key: str) -> float:
-    """A numeric entry of an internal state (0 when absent)."""
-    value = state.get(key, 0)
-    assert not isinstance(value, str), f"{key} is a setting, not a number"
-    return value

@@ -268,7 +268,7 @@ class Engine:
             **self.server_args.to_flat_dict(),
             **self.tokenizer_manager.model_info(),
             "version": __version__,
-            "internal_states": states,
+            "internal_states": [s.as_dict() for s in states],
         }
 
     def shutdown(self) -> None:

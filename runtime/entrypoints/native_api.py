@@ -230,7 +230,7 @@ async def server_info(request: Request) -> Response:
             "max_context_length": tm.context_length,
             "max_req_input_len": tm.ready.max_req_input_len,
             "num_threads": tm.ready.num_threads,
-            "internal_states": internal,
+            "internal_states": [s.as_dict() for s in internal],
         }
     )
 
