@@ -23,12 +23,12 @@ from tqdm import tqdm
 
 from radixgen.errors import InvalidRequestError
 from radixgen.json_types import JSONObject, JSONValue
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
 from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:

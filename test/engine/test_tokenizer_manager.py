@@ -24,8 +24,8 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 READY = SchedulerReadyOut(

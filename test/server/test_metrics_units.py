@@ -19,8 +19,8 @@ from radixgen.internal_state import (
     StepState,
 )
 from radixgen.io_struct import RequestMeta
-from radixgen.runtime.api.metrics import ServerMetrics
-from radixgen.runtime.api.tokenizer_manager import ReqState
+from radixgen.runtime.request_side.metrics import ServerMetrics
+from radixgen.runtime.request_side.tokenizer_manager import ReqState
 
 
 def samples(metrics: ServerMetrics, state: InternalState | None = None) -> dict[str, float]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixgen.runtime.dp_controller.load_balance import (
+from radixgen.runtime.request_side.load_balance import (
     CacheAwareConfig,
     LoadBalancer,
     PrefixTree,

@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radixgen.internal_state import InternalState, StateDict
-from radixgen.runtime.api.req_state import ReqState
-from radixgen.runtime.api.sglang_metrics import SGLangMetrics
+from radixgen.runtime.request_side.req_state import ReqState
+from radixgen.runtime.request_side.sglang_metrics import SGLangMetrics
 
 PREFIX = "radixgen_"
 LATENCY_BUCKETS = (

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from radixgen.internal_state import InternalState, SchedulerState, StateValue
-from radixgen.runtime.api.req_state import ReqState
+from radixgen.runtime.request_side.req_state import ReqState
 
 P = "sglang:"
 REQUEST_LABELS = ("model_name", "engine_type")
