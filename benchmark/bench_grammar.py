@@ -129,7 +129,7 @@ def run_mode(
             valid += 1
         elif constrained and args.show_invalid:
             print(f"# invalid {rid} {finished[rid]}: {text!r}", file=sys.stderr)
-    fills = max(gm["mask_fill_calls"], 1)
+    fills = max(gm.mask_fill_calls, 1)
     jf = s.stats.jump_forward_tokens - jf0
     return {
         "bench": "grammar",
@@ -146,18 +146,17 @@ def run_mode(
         "output_tokens_per_s": round(output_tokens / wall, 1),
         "cpu_s": round(cpu, 3),
         "output_tokens_per_cpu_s": round(output_tokens / cpu, 1),
-        "mask_fill_us_per_step": round(1e6 * gm["mask_fill_seconds_total"] / fills, 1),
-        "mask_rows_per_step": round(gm["mask_fill_rows"] / fills, 1),
+        "mask_fill_us_per_step": round(1e6 * gm.mask_fill_seconds_total / fills, 1),
+        "mask_rows_per_step": round(gm.mask_fill_rows / fills, 1),
         "mask_apply_us_per_step": round(1e6 * timer.seconds / max(timer.calls, 1), 1),
         "jump_forward_us_per_call": round(
-            1e6 * gm["jump_forward_seconds_total"] / max(gm["jump_forward_calls"], 1), 1
+            1e6 * gm.jump_forward_seconds_total / max(gm.jump_forward_calls, 1), 1
         ),
-        "grammar_compile_s": round(gm["grammar_compile_seconds_total"], 4),
+        "grammar_compile_s": round(gm.grammar_compile_seconds_total, 4),
         # mask fill + mask apply + jump-forward, as a share of the run's wall time: the grammar's
         # own cost, independent of how the batch shrinks
         "grammar_time_share": round(
-            (gm["mask_fill_seconds_total"] + timer.seconds + gm["jump_forward_seconds_total"])
-            / wall,
+            (gm.mask_fill_seconds_total + timer.seconds + gm.jump_forward_seconds_total) / wall,
             4,
         ),
         "valid": valid,

@@ -53,7 +53,6 @@ BATCH = (
     "objects read back from SQLite) handled key by key"
 )
 DASHBOARD = "the dashboard's JSON views, built incrementally and merged (counts added up per node)"
-METRICS = "the scheduler's internal state read as numbers by key for SGLang's gauges"
 LANG_VALUES = (
     "SGLang's frontend API: program variables (a gen's text, a select's choice, a parser's "
     "result), the program's return value and meta_info are untyped there, and programs index "
@@ -112,7 +111,6 @@ ANY_BUDGET: dict[str, tuple[int, str]] = {
     "radixgen.lang.local_runtime": (2, KWARGS + "; the transformers tokenizer it returns"),
     "radixgen.lang.run_trace": (2, LANG_PAYLOAD),
     "radixgen.lang.tracer": (3, LANG_VALUES + "; " + LANG_MESSAGES),
-    "radixgen.runtime.api.sglang_metrics": (2, METRICS),
     "radixgen.runtime.batch.ordering": (2, BATCH),
     "radixgen.runtime.batch.runner": (2, BATCH),
     "radixgen.runtime.batch.store": (5, BATCH),
@@ -131,7 +129,8 @@ ANY_BUDGET: dict[str, tuple[int, str]] = {
     "radixgen.runtime.constrained.xgrammar_backend": (1, BACKEND_OPTIONS),
     "radixgen.runtime.dashboard.traces": (10, DASHBOARD),
     "radixgen.runtime.distributed.parallel_state": (6, TORCH_DIST),
-    "radixgen.runtime.dp_controller.data_parallel_controller": (2, ZMQ),
+    "radixgen.runtime.request_side.dp_router": (1, ZMQ),
+    "radixgen.runtime.request_side.scheduler_client": (1, ZMQ),
     "radixgen.runtime.entrypoints.openai.files_batches": (1, BATCH),
     "radixgen.runtime.entrypoints.openai.responses_events": (8, RESPONSES),
     "radixgen.runtime.entrypoints.openai.responses_items": (26, RESPONSES),

@@ -92,7 +92,9 @@ def test_readme_points_to_the_design_doc() -> None:
 
 
 def test_scanners_see_what_they_should(tmp_path: Path) -> None:
-    text = "| `runtime/api/` | x |\nsee `runtime/nowhere.py` and `ServerArgs`, not `a/b`.\n"
-    assert named_paths(text) == ["runtime/api/", "runtime/nowhere.py"]
+    text = (
+        "| `runtime/request_side/` | x |\nsee `runtime/nowhere.py` and `ServerArgs`, not `a/b`.\n"
+    )
+    assert named_paths(text) == ["runtime/request_side/", "runtime/nowhere.py"]
     assert "runtime/scheduler/" in package_folders()
     assert "TokenizedGenerateReq" in message_classes()

@@ -259,8 +259,8 @@ def test_layers_sit_below_the_models() -> None:
 
 
 def test_light_processes_do_not_load_the_model_stack() -> None:
-    """The API process (api/, entrypoints/, dashboard/), the detokenizer, start-up code and the
-    tokenizer import neither torch, the kernels nor the scheduler's side at module load."""
+    """The API process (request_side/, entrypoints/, dashboard/), the detokenizer, start-up code
+    and the tokenizer import neither torch, the kernels nor the scheduler's side at module load."""
     forbidden = (
         "torch",
         "radixgen.kernels",
@@ -270,7 +270,7 @@ def test_light_processes_do_not_load_the_model_stack() -> None:
     )
     light = tuple(
         f"radixgen.runtime.{p}"
-        for p in ("api", "entrypoints", "dashboard", "detokenizer", "launch", "text")
+        for p in ("request_side", "entrypoints", "dashboard", "detokenizer", "launch", "text")
     )
     bad = []
     for name, path in modules("radixgen.runtime"):
@@ -367,7 +367,7 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
         "the DSL stays a light install (test_lang_does_not_import_the_runtime): the runtime "
         "loads when an Engine backend is made"
     ),
-    ("radixgen.runtime.entrypoints.http_server", "radixgen.runtime.api.metrics"): (
+    ("radixgen.runtime.entrypoints.http_server", "radixgen.runtime.request_side.metrics"): (
         "start-up time of the HTTP process: prometheus_client (~70 ms) loads with "
         "--enable-metrics only"
     ),

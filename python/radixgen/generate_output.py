@@ -1,6 +1,6 @@
 """SGLang's response dict: what /generate answers and `Engine.generate` returns (no torch).
 
-Built in the API process from a request's state (runtime/api/req_state.py `build_output`) and
+Built in the API process from a request's state (runtime/request_side/req_state.py `build_output`) and
 read by the OpenAI routes; a plain dict at run time, typed here for the code that reads it.
 """
 

@@ -13,6 +13,7 @@ from typing import Generic, TypeAlias, TypeVar, cast
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
+from radixgen.internal_state import InternalState
 from radixgen.program_trace import ProgramTraceTag
 from radixgen.sampling_params import SamplingParams
 
@@ -148,15 +149,10 @@ class GetInternalStateReq(ControlReq):
     pass
 
 
-# one value of a scheduler's internal state: a count, seconds, a ratio, or a setting's name
-StateValue: TypeAlias = int | float | str
-# a scheduler's counters and settings by name (/server_info, the metrics, the dashboard); with
-# --dp-size > 1 the TokenizerManager sums the replicas' and adds `dp_size`
-InternalState: TypeAlias = dict[str, StateValue]
-
-
 @dataclass
 class GetInternalStateOut(ControlOut):
+    # a `SchedulerState` (an embedding server's: `EmbeddingSchedulerState`); with --dp-size > 1
+    # the TokenizerManager merges the replicas' (`summed_internal_state`)
     state: InternalState
 
 

@@ -219,14 +219,30 @@ def parse_line(raw: bytes, endpoint: str) -> tuple[str | None, JSONObject, str |
         return None, {}, "custom_id must be a non-empty string"
     if obj.get("method", "POST") != "POST":
         return custom_id, {}, f"method must be POST, got {obj.get('method')!r}"
-    if obj.get("url") != endpoint:
-        return custom_id, {}, f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}"
+    url = obj.get("url")
+    if url is not None and not isinstance(url, str):
+        return custom_id, {}, f"url must be a string, got {_json_kind(url)}"
+    if url != endpoint:
+        return custom_id, {}, f"url {url!r} is not this batch's endpoint {endpoint}"
     body = obj.get("body")
     if not isinstance(body, dict):
         return custom_id, {}, "body must be a JSON object"
     if body.get("stream"):
         return custom_id, {}, "stream is not supported in a batch"
     return custom_id, body, None
+
+
+def _json_kind(value: object) -> str:
+    """What a decoded JSON value is, as the error messages name it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "a string" if isinstance(value, str) else "null"
 
 
 def _line_error(custom_id: str, code: str, message: str) -> JSONObject:

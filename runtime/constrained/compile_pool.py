@@ -70,18 +70,40 @@ def timeout_error(kind: str, timeout: float) -> GrammarError:
     )
 
 
-# a pool's counters (sums over pools; *_max the largest), all 0 until its first compile
-POOL_COUNTERS = (
-    "grammar_compiles",
-    "grammar_compile_seconds_total",
-    "grammar_compile_seconds_max",
-    "grammar_compile_queue_seconds_max",
-    "grammar_compile_timeouts",
-    "grammar_compile_worker_starts",
-    "grammar_compile_worker_start_seconds_max",
-    "grammar_compile_worker_kills",
-    "grammar_compile_worker_crashes",
-)
+@dataclass
+class CompilePoolCounters:
+    """A pool's counters, all 0 until its first compile (the grammar manager adds the pools' up,
+    the `*_max` ones taking the largest). Floats, counts among them: /server_info has always
+    shown them so."""
+
+    grammar_compiles: float = 0.0
+    grammar_compile_seconds_total: float = 0.0
+    grammar_compile_seconds_max: float = 0.0
+    grammar_compile_queue_seconds_max: float = 0.0
+    grammar_compile_timeouts: float = 0.0
+    grammar_compile_worker_starts: float = 0.0
+    grammar_compile_worker_start_seconds_max: float = 0.0
+    grammar_compile_worker_kills: float = 0.0
+    grammar_compile_worker_crashes: float = 0.0
+
+    def add(self, other: CompilePoolCounters) -> None:
+        """Count another pool's in: counts and totals added, each `*_max` the larger."""
+        self.grammar_compiles += other.grammar_compiles
+        self.grammar_compile_seconds_total += other.grammar_compile_seconds_total
+        self.grammar_compile_seconds_max = max(
+            self.grammar_compile_seconds_max, other.grammar_compile_seconds_max
+        )
+        self.grammar_compile_queue_seconds_max = max(
+            self.grammar_compile_queue_seconds_max, other.grammar_compile_queue_seconds_max
+        )
+        self.grammar_compile_timeouts += other.grammar_compile_timeouts
+        self.grammar_compile_worker_starts += other.grammar_compile_worker_starts
+        self.grammar_compile_worker_start_seconds_max = max(
+            self.grammar_compile_worker_start_seconds_max,
+            other.grammar_compile_worker_start_seconds_max,
+        )
+        self.grammar_compile_worker_kills += other.grammar_compile_worker_kills
+        self.grammar_compile_worker_crashes += other.grammar_compile_worker_crashes
 
 
 class CompilePool:
@@ -100,7 +122,7 @@ class CompilePool:
         self._processes: dict[int, CompileWorker] = {}  # slot -> its live worker
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self.counters: dict[str, float] = dict.fromkeys(POOL_COUNTERS, 0.0)
+        self.counters = CompilePoolCounters()
 
     def submit(self, key: GrammarKey) -> Future[Any]:
         future: Future[Any] = Future()
@@ -143,7 +165,7 @@ class CompilePool:
             ]
         for job in late:
             if _settle(job.future, error=timeout_error(job.key[0], timeout)):
-                self.counters["grammar_compile_timeouts"] += 1
+                self.counters.grammar_compile_timeouts += 1
 
     def shutdown(self) -> None:
         """Fail queued compiles, kill the workers (running compiles end with them)."""
@@ -221,7 +243,7 @@ class CompilePool:
             result = worker.compile(kind, spec, timeout)
         except (EOFError, OSError):  # the library crashed the worker on this spec
             self._drop_worker(slot)
-            self.counters["grammar_compile_worker_crashes"] += 1
+            self.counters.grammar_compile_worker_crashes += 1
             code = worker.process.exitcode
             _settle(
                 job.future,
@@ -233,8 +255,8 @@ class CompilePool:
         self._compiled(job)
         if result is None:  # past the deadline: the worker was killed
             self._drop_worker(slot)
-            self.counters["grammar_compile_timeouts"] += 1
-            self.counters["grammar_compile_worker_kills"] += 1
+            self.counters.grammar_compile_timeouts += 1
+            self.counters.grammar_compile_worker_kills += 1
             _settle(job.future, error=timeout_error(kind, timeout))
         elif result.error is not None:
             _settle(job.future, error=GrammarError(result.error, result.error_kind or kind))
@@ -258,9 +280,9 @@ class CompilePool:
         )
         elapsed = time.monotonic() - start
         c = self.counters
-        c["grammar_compile_worker_starts"] += 1
-        c["grammar_compile_worker_start_seconds_max"] = max(
-            c["grammar_compile_worker_start_seconds_max"], elapsed
+        c.grammar_compile_worker_starts += 1
+        c.grammar_compile_worker_start_seconds_max = max(
+            c.grammar_compile_worker_start_seconds_max, elapsed
         )
         with self._cond:
             if self._closed:
@@ -279,17 +301,17 @@ class CompilePool:
     def _started(self, job: _Job) -> None:
         job.started_at = time.monotonic()
         c = self.counters
-        c["grammar_compile_queue_seconds_max"] = max(
-            c["grammar_compile_queue_seconds_max"], job.started_at - job.queued_at
+        c.grammar_compile_queue_seconds_max = max(
+            c.grammar_compile_queue_seconds_max, job.started_at - job.queued_at
         )
 
     def _compiled(self, job: _Job) -> None:
         assert job.started_at is not None
         elapsed = time.monotonic() - job.started_at
         c = self.counters
-        c["grammar_compiles"] += 1
-        c["grammar_compile_seconds_total"] += elapsed
-        c["grammar_compile_seconds_max"] = max(c["grammar_compile_seconds_max"], elapsed)
+        c.grammar_compiles += 1
+        c.grammar_compile_seconds_total += elapsed
+        c.grammar_compile_seconds_max = max(c.grammar_compile_seconds_max, elapsed)
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> bool:

@@ -27,12 +27,13 @@ import torch
 from radixgen.errors import GrammarError
 from radixgen.finish_reason import FinishReason
 from radixgen.grammar_limits import GrammarSpecLimits, check_constraint
+from radixgen.internal_state import GrammarStats
 from radixgen.runtime.constrained.backend_choice import BackendChooser
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
 from radixgen.runtime.constrained.compile_cache import CompileCache, GrammarKey
 from radixgen.runtime.constrained.compile_pool import (
-    POOL_COUNTERS,
     CompilePool,
+    CompilePoolCounters,
     GrammarCompileTimeout,
 )
 from radixgen.runtime.constrained.jump_forward import plan_jump_forward
@@ -63,6 +64,25 @@ class JumpForwardEdit:
     keep: int
     tokens: list[int]
     added: int
+
+
+@dataclass
+class GrammarCounters:
+    """The manager's own counters since start (in `stats()`)."""
+
+    grammar_compile_failures: int = 0
+    grammar_backend_fallbacks: int = 0
+    grammar_backend_compile_fallbacks: int = 0
+    grammar_rejected_tokens: int = 0
+    mask_fill_calls: int = 0
+    mask_fill_rows: int = 0
+    mask_fill_rows_unrestricted: int = 0
+    mask_fill_seconds_total: float = 0.0
+    jump_forward_calls: int = 0
+    jump_forward_tokens: int = 0
+    jump_forward_retokenized_tokens: int = 0
+    jump_forward_tail_tokens_left: int = 0
+    jump_forward_seconds_total: float = 0.0
 
 
 @dataclass
@@ -110,21 +130,7 @@ class GrammarManager:
         self._probe_mask = torch.empty((1, self.bitmask_words), dtype=torch.int32)
         self._probe_words = self._probe_mask[0].numpy().view(np.uint32)  # same memory
         self._longer_probes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.counters: dict[str, float] = {
-            "grammar_compile_failures": 0,
-            "grammar_backend_fallbacks": 0,
-            "grammar_backend_compile_fallbacks": 0,
-            "grammar_rejected_tokens": 0,
-            "mask_fill_calls": 0,
-            "mask_fill_rows": 0,
-            "mask_fill_rows_unrestricted": 0,
-            "mask_fill_seconds_total": 0.0,
-            "jump_forward_calls": 0,
-            "jump_forward_tokens": 0,
-            "jump_forward_retokenized_tokens": 0,
-            "jump_forward_tail_tokens_left": 0,
-            "jump_forward_seconds_total": 0.0,
-        }
+        self.counters = GrammarCounters()
 
     # --- lazily built parts ---------------------------------------------------------------------
 
@@ -211,7 +217,7 @@ class GrammarManager:
         checked = pending.checks is not None and name in REWRITING_BACKENDS
         req.schema_checks = pending.checks.keywords if checked and pending.checks else ()
         if name != self.chooser.default:
-            self.counters["grammar_backend_fallbacks"] += 1
+            self.counters.grammar_backend_fallbacks += 1
 
     def choose_backends(self, key: GrammarKey) -> list[str]:
         """The backends that serve this constraint exactly, best first (the first is built)."""
@@ -236,7 +242,7 @@ class GrammarManager:
         self._backend(name)
         pending.backend, pending.future = name, self._caches[name].get(pending.key)
         self._set_backend(pending, name)
-        self.counters["grammar_backend_compile_fallbacks"] += 1
+        self.counters.grammar_backend_compile_fallbacks += 1
         return True
 
     @staticmethod
@@ -334,7 +340,7 @@ class GrammarManager:
             return backend.estimated_compiled_bytes
 
     def _fail(self, req: Req, error: BaseException) -> None:
-        self.counters["grammar_compile_failures"] += 1
+        self.counters.grammar_compile_failures += 1
         if isinstance(error, GrammarError):
             message, status = str(error), 400
         else:
@@ -376,14 +382,14 @@ class GrammarManager:
                     restricts[j] = True
         if not all(restricts):
             keep = [j for j, r in enumerate(restricts) if r]
-            self.counters["mask_fill_rows_unrestricted"] += len(idx) - len(keep)
+            self.counters.mask_fill_rows_unrestricted += len(idx) - len(keep)
             bitmask = bitmask[keep]
             idx = [idx[j] for j in keep]
         rows = torch.tensor(idx, dtype=torch.long)
         c = self.counters
-        c["mask_fill_calls"] += 1
-        c["mask_fill_rows"] += len(restricts)
-        c["mask_fill_seconds_total"] += time.perf_counter() - start
+        c.mask_fill_calls += 1
+        c.mask_fill_rows += len(restricts)
+        c.mask_fill_seconds_total += time.perf_counter() - start
         return bitmask, rows
 
     def accept(self, req: Req, token_id: int) -> None:
@@ -391,7 +397,7 @@ class GrammarManager:
         assert req.grammar is not None, "accept() is for constrained requests"
         if req.grammar.accept_token(token_id):
             return
-        self.counters["grammar_rejected_tokens"] += 1
+        self.counters.grammar_rejected_tokens += 1
         logger.error(
             "grammar of request %s rejected sampled token %d (%r) after %d output tokens; "
             "the mask should have prevented it",
@@ -429,7 +435,7 @@ class GrammarManager:
         try:
             return self._jump(req, grammar, forced, max_output_len)
         finally:
-            self.counters["jump_forward_seconds_total"] += time.perf_counter() - start
+            self.counters.jump_forward_seconds_total += time.perf_counter() - start
 
     def _jump(
         self, req: Req, grammar: BaseGrammarObject, forced: str, max_len: int
@@ -455,7 +461,7 @@ class GrammarManager:
             if not self._longer_token_allowed(grammar, last) and grammar.accept_token(last):
                 tokens, accepted = plan.tokens, accepted + 1
             else:  # the model may merge it with what follows: let the model produce it
-                self.counters["jump_forward_tail_tokens_left"] += 1
+                self.counters.jump_forward_tail_tokens_left += 1
         if not ok or len(self.vocab.join(tokens)) <= plan.replaced_bytes:
             grammar.rollback(accepted)
             if grammar.accept_tokens(replaced) != len(replaced):
@@ -465,9 +471,9 @@ class GrammarManager:
         # tokens gained without a model step (a merge can also shrink the tail: count 0 then)
         added = max(0, len(tokens) - len(replaced))
         c = self.counters
-        c["jump_forward_calls"] += 1
-        c["jump_forward_tokens"] += added
-        c["jump_forward_retokenized_tokens"] += len(replaced)
+        c.jump_forward_calls += 1
+        c.jump_forward_tokens += added
+        c.jump_forward_retokenized_tokens += len(replaced)
         return JumpForwardEdit(plan.keep, tokens, added)
 
     def _longer_token_allowed(self, grammar: BaseGrammarObject, token_id: int) -> bool:
@@ -492,31 +498,47 @@ class GrammarManager:
 
     # --- introspection ------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> GrammarStats:
         """Counters for /server_info and metrics."""
         pools, caches = list(self._pools.values()), list(self._caches.values())
-        out: dict[str, float] = dict.fromkeys(POOL_COUNTERS, 0.0)  # no backend built yet: 0s
+        summed = CompilePoolCounters()  # no backend built yet: 0s
         for pool in pools:  # over backends: counts summed, *_max the largest
-            for name, value in pool.counters.items():
-                out[name] = (
-                    max(out.get(name, 0.0), value)
-                    if name.endswith("_max")
-                    else out.get(name, 0.0) + value
-                )
-        return {
-            **out,
-            "grammar_compile_errors": sum(c.errors for c in caches),
-            "grammar_compile_workers_alive": sum(len(p.worker_pids()) for p in pools),
-            "grammar_compile_queued": sum(p.queued() for p in pools),
-            "grammar_cache_hits": sum(c.hits for c in caches),
-            "grammar_cache_misses": sum(c.misses for c in caches),
-            "grammar_cache_entries": sum(len(c) for c in caches),
-            "grammar_cache_bytes": sum(c.bytes for c in caches),
-            "grammar_cache_evictions": sum(c.evictions for c in caches),
-            "grammar_waiting_compiles": len(self._pending),
-            "grammar_backends_built": len(self._backends),
-            **self.counters,
-        }
+            summed.add(pool.counters)
+        own = self.counters
+        return GrammarStats(
+            grammar_compiles=summed.grammar_compiles,
+            grammar_compile_seconds_total=summed.grammar_compile_seconds_total,
+            grammar_compile_seconds_max=summed.grammar_compile_seconds_max,
+            grammar_compile_queue_seconds_max=summed.grammar_compile_queue_seconds_max,
+            grammar_compile_timeouts=summed.grammar_compile_timeouts,
+            grammar_compile_worker_starts=summed.grammar_compile_worker_starts,
+            grammar_compile_worker_start_seconds_max=summed.grammar_compile_worker_start_seconds_max,
+            grammar_compile_worker_kills=summed.grammar_compile_worker_kills,
+            grammar_compile_worker_crashes=summed.grammar_compile_worker_crashes,
+            grammar_compile_errors=sum(c.errors for c in caches),
+            grammar_compile_workers_alive=sum(len(p.worker_pids()) for p in pools),
+            grammar_compile_queued=sum(p.queued() for p in pools),
+            grammar_cache_hits=sum(c.hits for c in caches),
+            grammar_cache_misses=sum(c.misses for c in caches),
+            grammar_cache_entries=sum(len(c) for c in caches),
+            grammar_cache_bytes=sum(c.bytes for c in caches),
+            grammar_cache_evictions=sum(c.evictions for c in caches),
+            grammar_waiting_compiles=len(self._pending),
+            grammar_backends_built=len(self._backends),
+            grammar_compile_failures=own.grammar_compile_failures,
+            grammar_backend_fallbacks=own.grammar_backend_fallbacks,
+            grammar_backend_compile_fallbacks=own.grammar_backend_compile_fallbacks,
+            grammar_rejected_tokens=own.grammar_rejected_tokens,
+            mask_fill_calls=own.mask_fill_calls,
+            mask_fill_rows=own.mask_fill_rows,
+            mask_fill_rows_unrestricted=own.mask_fill_rows_unrestricted,
+            mask_fill_seconds_total=own.mask_fill_seconds_total,
+            jump_forward_calls=own.jump_forward_calls,
+            jump_forward_tokens=own.jump_forward_tokens,
+            jump_forward_retokenized_tokens=own.jump_forward_retokenized_tokens,
+            jump_forward_tail_tokens_left=own.jump_forward_tail_tokens_left,
+            jump_forward_seconds_total=own.jump_forward_seconds_total,
+        )
 
     def shutdown(self) -> None:
         """Stop the compile pool: queued compiles are cancelled, worker processes killed."""

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from radixgen.internal_state import SchedulerState
 from radixgen.io_struct import DashboardSnapshot
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
 
@@ -77,7 +78,17 @@ class DashboardHub:
 
     def _add_history(self, raw: DashboardSnapshot) -> None:
         st = raw.state
-        t, generated = raw.time, int(st.get("generated_tokens", 0))
+        if isinstance(st, SchedulerState):
+            generated, kv_usage, hit_rate = (
+                st.counters.generated_tokens,
+                st.kv_pool.kv_usage,
+                st.cache_hit_rate,
+            )
+            running, waiting = st.queues.running_requests, st.queues.waiting_requests
+        else:  # an embedding server's: it generates nothing and keeps no KV
+            generated, kv_usage, hit_rate = 0, 0.0, 0.0
+            running, waiting = st.running_requests, st.waiting_requests
+        t = raw.time
         rate = 0.0
         if self._last is not None and t > self._last[0]:
             rate = max(0, generated - self._last[1]) / (t - self._last[0])
@@ -85,10 +96,10 @@ class DashboardHub:
         self.history.append(
             HistoryPoint(
                 time=t,
-                kv_usage=float(st.get("kv_usage", 0.0)),
-                cache_hit_rate=float(st.get("cache_hit_rate", 0.0)),
-                running=int(st.get("running_requests", 0)),
-                waiting=int(st.get("waiting_requests", 0)),
+                kv_usage=kv_usage,
+                cache_hit_rate=hit_rate,
+                running=running,
+                waiting=waiting,
                 retracted=raw.retracted_waiting,
                 tokens_per_s=round(rate, 2),
             )
@@ -123,7 +134,7 @@ def build_view(raw: DashboardSnapshot, tokenizer: Decoder) -> dict[str, object]:
     return {
         "time": raw.time,
         "build_seconds": raw.build_seconds,
-        "state": raw.state,
+        "state": raw.state.as_dict(),
         "dp_size": raw.dp_size,
         "retracted_waiting": raw.retracted_waiting,
         "radix_enabled": raw.radix_enabled,

@@ -8,8 +8,8 @@ import uuid
 from typing import TypedDict
 
 from radixgen.errors import InvalidRequestError
-from radixgen.runtime.api.embedding_requests import EmbeddingResult
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
+from radixgen.runtime.request_side.embedding_requests import EmbeddingResult
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 
 
 def _is_ids(value: object) -> bool:

@@ -18,13 +18,13 @@ from typing import TypedDict, TypeVar, cast
 
 from radixgen.generate_output import GenerateOutput
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints.embedding_request import (
     EncodeOutput,
     embed_request,
     encode_outputs,
 )
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.runtime.text.tokenizer import Tokenizer
 from radixgen.server_args import ServerArgs
 from radixgen.version import __version__
@@ -268,7 +268,7 @@ class Engine:
             **self.server_args.to_flat_dict(),
             **self.tokenizer_manager.model_info(),
             "version": __version__,
-            "internal_states": states,
+            "internal_states": [s.as_dict() for s in states],
         }
 
     def shutdown(self) -> None:

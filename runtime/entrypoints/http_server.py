@@ -60,7 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
     )
     app.state.server = state
     if state.metrics is None and state.args.http.enable_metrics:
-        from radixgen.runtime.api.metrics import ServerMetrics
+        from radixgen.runtime.request_side.metrics import ServerMetrics
 
         state.metrics = ServerMetrics()
     app.include_router(native_router)

@@ -19,7 +19,6 @@ from radixgen.errors import EngineDeadError, InvalidRequestError, RadixGenError
 from radixgen.generate_output import GenerateOutput
 from radixgen.io_struct import GenerateReqInput
 from radixgen.json_types import is_str_list, is_token_ids
-from radixgen.runtime.api.hicache_status import hicache_tiers
 from radixgen.runtime.entrypoints.embedding_request import embed_request, encode_outputs
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.http_utils import (
@@ -40,6 +39,7 @@ from radixgen.runtime.entrypoints.http_utils import (
     until_disconnect,
 )
 from radixgen.runtime.entrypoints.server_state import ServerState
+from radixgen.runtime.request_side.hicache_status import hicache_tiers
 from radixgen.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ async def server_info(request: Request) -> Response:
             "max_context_length": tm.context_length,
             "max_req_input_len": tm.ready.max_req_input_len,
             "num_threads": tm.ready.num_threads,
-            "internal_states": internal,
+            "internal_states": [s.as_dict() for s in internal],
         }
     )
 

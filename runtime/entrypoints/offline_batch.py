@@ -23,12 +23,12 @@ from tqdm import tqdm
 
 from radixgen.errors import InvalidRequestError
 from radixgen.json_types import JSONObject, JSONValue
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.ordering import cache_aware_order
 from radixgen.runtime.batch.runner import parse_line
 from radixgen.runtime.batch.store import new_id
 from radixgen.runtime.entrypoints.openai.files_batches import BATCH_ENDPOINTS
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -59,8 +59,9 @@ def read_lines(
     seen: dict[str, int] = {}
     for n, raw in enumerate((ln for ln in source if ln.strip()), start=1):
         url = _url_of(raw)
-        # NOTE: a url in `endpoints` is one of its strings (str() leaves it as it is)
-        target = str(url) if url in endpoints else "/v1/chat/completions"
+        # a url of another JSON type (a list is unhashable) is parse_line's error for the line
+        known = isinstance(url, str) and url in endpoints
+        target = str(url) if known else "/v1/chat/completions"
         custom_id, body, problem = parse_line(raw, target)
         if custom_id is not None:
             if custom_id in seen:
@@ -69,7 +70,7 @@ def read_lines(
                     "each must be unique", "custom_id"
                 )  # fmt: skip
             seen[custom_id] = n
-        if problem is None and url in endpoints:
+        if problem is None and known:
             good.append(OfflineLine(n, str(custom_id), target, body))
         else:
             problem = problem or f"url {url!r} is not one of {sorted(endpoints)}"

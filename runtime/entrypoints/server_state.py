@@ -17,16 +17,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixgen.errors import EngineDeadError
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.batch.service import BatchService
 from radixgen.runtime.entrypoints.http_utils import NotReadyError, ShuttingDownError
 from radixgen.runtime.entrypoints.openai.files_batches import resume_batches
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.launch.launcher import EngineProcesses, launch_engine_processes
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from radixgen.runtime.api.metrics import ServerMetrics
+    from radixgen.runtime.request_side.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

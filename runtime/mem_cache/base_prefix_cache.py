@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.internal_state import CacheTierState
+
 if TYPE_CHECKING:
     from radixgen.runtime.mem_cache.radix_cache import TreeNode
     from radixgen.runtime.scheduler.req import Req
@@ -79,9 +81,9 @@ class BasePrefixCache(ABC):
         """A request was admitted reusing the prefix ending at `node` (hit counts, if kept)."""
         return None  # only the radix tree keeps hit counts
 
-    def tier_state(self) -> dict[str, int]:
+    def tier_state(self) -> CacheTierState:
         """Lower cache tiers' capacities, use and counters (none without HiCache)."""
-        return {}
+        return CacheTierState()
 
     def cached_slots(self) -> list[torch.Tensor]:
         """Every KV slot the cache holds (debug accounting)."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.internal_state import CacheTierState, HostTierState, StorageTierState
 from radixgen.runtime.mem_cache.base_prefix_cache import MatchResult
 from radixgen.runtime.mem_cache.file_tier import FileKVTier
 from radixgen.runtime.mem_cache.host_tier import HostKVTier
@@ -239,31 +240,30 @@ class HiRadixCache(RadixCache):
             loaded.indices, loaded.last_node, host_tokens=n - storage, storage_tokens=storage
         )
 
-    def tier_state(self) -> dict[str, int]:
+    def tier_state(self) -> CacheTierState:
         """Capacities, use and counters of the lower tiers (tokens, blocks, bytes)."""
         st = self.host.stats
-        out = {
-            "host_capacity_tokens": self.host.capacity_tokens(),
-            "host_used_tokens": self.host.used_tokens(),
-            "host_pinned_tokens": self.host.pinned_tokens(),
-            "host_block_tokens": self.host.block_tokens,
-            "host_stored_blocks": st.stored_blocks,
-            "host_evicted_blocks": st.evicted_blocks,
-            "host_hit_blocks": st.hit_blocks,
-            "host_hit_tokens": st.hit_tokens,
-        }
-        if self.files is not None:
-            fs = self.files.stats
-            out.update(
-                {
-                    "storage_capacity_bytes": self.files.capacity_bytes,
-                    "storage_used_bytes": self.files.used_bytes,
-                    "storage_blocks": len(self.files),
-                    "storage_stored_blocks": fs.stored_blocks,
-                    "storage_evicted_blocks": fs.evicted_blocks,
-                    "storage_hit_blocks": fs.hit_blocks,
-                    "storage_hit_tokens": fs.hit_tokens,
-                    "storage_bad_entries": self.files.bad_entries,
-                }
-            )
-        return out
+        host = HostTierState(
+            host_capacity_tokens=self.host.capacity_tokens(),
+            host_used_tokens=self.host.used_tokens(),
+            host_pinned_tokens=self.host.pinned_tokens(),
+            host_block_tokens=self.host.block_tokens,
+            host_stored_blocks=st.stored_blocks,
+            host_evicted_blocks=st.evicted_blocks,
+            host_hit_blocks=st.hit_blocks,
+            host_hit_tokens=st.hit_tokens,
+        )
+        if self.files is None:
+            return CacheTierState(host=host)
+        fs = self.files.stats
+        storage = StorageTierState(
+            storage_capacity_bytes=self.files.capacity_bytes,
+            storage_used_bytes=self.files.used_bytes,
+            storage_blocks=len(self.files),
+            storage_stored_blocks=fs.stored_blocks,
+            storage_evicted_blocks=fs.evicted_blocks,
+            storage_hit_blocks=fs.hit_blocks,
+            storage_hit_tokens=fs.hit_tokens,
+            storage_bad_entries=self.files.bad_entries,
+        )
+        return CacheTierState(host=host, storage=storage)

@@ -69,18 +69,6 @@ class SpecStats:
     spec_branch_accepted_tokens: int = 0
     spec_skipped_steps: int = 0
 
-    def summary(self) -> dict[str, float]:
-        n = self.spec_verified_requests
-        return {
-            # tokens appended per verified request-step (accepted drafts + the bonus token)
-            "spec_accept_length": (self.spec_accepted_tokens + n) / n if n else 0.0,
-            "spec_accept_rate": (
-                self.spec_accepted_tokens / self.spec_draft_tokens
-                if self.spec_draft_tokens
-                else 0.0
-            ),
-        }
-
 
 @dataclass
 class DraftModels:

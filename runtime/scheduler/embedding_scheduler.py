@@ -16,6 +16,7 @@ import time
 import traceback
 from collections import deque
 
+from radixgen.internal_state import EmbeddingSchedulerState
 from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
@@ -29,7 +30,6 @@ from radixgen.io_struct import (
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
-    InternalState,
     MessageDispatch,
     SchedulerInbound,
     TokenizedEmbeddingReq,
@@ -161,17 +161,15 @@ class EmbeddingScheduler:
         self.refused = []
         return [out] if out.outputs else []
 
-    def internal_state(self) -> InternalState:
-        return {
-            "running_requests": 0,
-            "waiting_requests": len(self.waiting),
-            "forward_steps": self.forward_steps,
-            "embedded_requests": self.embedded_requests,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": 0,
-            "embedding_dim": self.runner.hidden_size,
-            "max_input_tokens": self.runner.max_input_tokens,
-        }
+    def internal_state(self) -> EmbeddingSchedulerState:
+        return EmbeddingSchedulerState(
+            waiting_requests=len(self.waiting),
+            forward_steps=self.forward_steps,
+            embedded_requests=self.embedded_requests,
+            prompt_tokens=self.prompt_tokens,
+            embedding_dim=self.runner.hidden_size,
+            max_input_tokens=self.runner.max_input_tokens,
+        )
 
 
 def failure(req: TokenizedEmbeddingReq, message: str, status: int) -> EmbeddingFailure:

@@ -13,11 +13,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
+from radixgen.internal_state import (
+    KVPoolState,
+    PrefixCacheState,
+    QueueState,
+    SchedulerCounters,
+    SchedulerState,
+    SpeculationState,
+    StepState,
+)
 from radixgen.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -28,7 +37,6 @@ from radixgen.io_struct import (
     FlushCacheReq,
     GetInternalStateOut,
     GetInternalStateReq,
-    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
     MessageDispatch,
@@ -527,34 +535,57 @@ class Scheduler:
 
     # --- introspection ------------------------------------------------------------------------
 
-    def internal_state(self) -> InternalState:
+    def internal_state(self) -> SchedulerState:
         st = self.stats
-        hit = st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
-        used = self.kv_pool.size - self.kv_pool.available_size()
-        spec_stats = self.draft_models.stats if self.draft_models is not None else SpecStats()
-        return {
-            "running_requests": len(self.running),
-            "waiting_requests": len(self.waiting) + len(self.grammar_waiting),
-            "grammar_waiting_requests": len(self.grammar_waiting),
-            "max_total_num_tokens": self.kv_pool.size,
-            "kv_cache_dtype": self.kv_pool.kv_format.name,
-            "kv_bytes_per_token": self.kv_pool.bytes_per_token(),
-            "kv_used_tokens": used,
-            "kv_usage": used / self.kv_pool.size,
-            "cache_evictable_tokens": self.cache.evictable_size(),
-            "cache_protected_tokens": self.cache.protected_size(),
-            "cache_hit_rate": hit,
-            "forward_steps": self.forward_steps,
-            "new_token_ratio": self.new_token_ratio,
-            # time inside tensor-parallel collectives (rank 0's, waits for slower ranks included)
-            "tp_comm_seconds": float(getattr(self.model_runner, "comm_seconds", 0.0)),
-            "dp_attention_idle_forwards": int(getattr(self.model_runner, "idle_forwards", 0)),
-            **asdict(st),
-            **self.cache.tier_state(),
-            **asdict(spec_stats),
-            **spec_stats.summary(),
-            **(self.grammar_manager.stats() if self.grammar_manager is not None else {}),
-        }
+        spec = self.draft_models.stats if self.draft_models is not None else SpecStats()
+        return SchedulerState(
+            queues=QueueState(
+                running_requests=len(self.running),
+                waiting_requests=len(self.waiting) + len(self.grammar_waiting),
+                grammar_waiting_requests=len(self.grammar_waiting),
+            ),
+            kv_pool=KVPoolState(
+                max_total_num_tokens=self.kv_pool.size,
+                kv_cache_dtype=self.kv_pool.kv_format.name,
+                kv_bytes_per_token=self.kv_pool.bytes_per_token(),
+                kv_used_tokens=self.kv_pool.size - self.kv_pool.available_size(),
+            ),
+            prefix_cache=PrefixCacheState(
+                cache_evictable_tokens=self.cache.evictable_size(),
+                cache_protected_tokens=self.cache.protected_size(),
+            ),
+            steps=StepState(
+                forward_steps=self.forward_steps,
+                new_token_ratio=self.new_token_ratio,
+                # time inside tensor-parallel collectives (rank 0's, waits for slower ranks)
+                tp_comm_seconds=float(getattr(self.model_runner, "comm_seconds", 0.0)),
+                dp_attention_idle_forwards=int(getattr(self.model_runner, "idle_forwards", 0)),
+            ),
+            counters=SchedulerCounters(
+                prompt_tokens=st.prompt_tokens,
+                cached_tokens=st.cached_tokens,
+                host_cached_tokens=st.host_cached_tokens,
+                storage_cached_tokens=st.storage_cached_tokens,
+                generated_tokens=st.generated_tokens,
+                retractions=st.retractions,
+                evicted_tokens=st.evicted_tokens,
+                jump_forward_tokens=st.jump_forward_tokens,
+                step_seconds=st.step_seconds,
+                forward_seconds=st.forward_seconds,
+                device_wait_seconds=st.device_wait_seconds,
+            ),
+            tiers=self.cache.tier_state(),
+            speculation=SpeculationState(
+                spec_verify_steps=spec.spec_verify_steps,
+                spec_verified_requests=spec.spec_verified_requests,
+                spec_draft_tokens=spec.spec_draft_tokens,
+                spec_accepted_tokens=spec.spec_accepted_tokens,
+                spec_branch_tokens=spec.spec_branch_tokens,
+                spec_branch_accepted_tokens=spec.spec_branch_accepted_tokens,
+                spec_skipped_steps=spec.spec_skipped_steps,
+            ),
+            grammar=self.grammar_manager.stats() if self.grammar_manager is not None else None,
+        )
 
     def check_invariants(self) -> None:
         check_kv_accounting(self.kv_pool, self.cache, self.req_to_token_pool, self.running)

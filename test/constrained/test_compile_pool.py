@@ -74,9 +74,9 @@ def test_issue_repro_cheap_regex_is_served_while_deep_schemas_are_killed(tokeniz
             assert r.finished_reason.status_code == 400
             assert "took longer than 1 s (grammar_compile_timeout)" in r.finished_reason.message
         st = gm.stats()
-        assert st["grammar_compile_timeouts"] == 3 and st["grammar_compile_worker_kills"] == 3
+        assert st.grammar_compile_timeouts == 3 and st.grammar_compile_worker_kills == 3
         # each overrun was stopped: its worker is gone (memory returned), replacements serve
-        assert st["grammar_compile_worker_starts"] >= 4
+        assert st.grammar_compile_worker_starts >= 4
         ready, _, _ = settle(gm, submit_all(gm, [make_req("after", regex="[0-9]+")]))
         assert ready
     finally:
@@ -117,8 +117,8 @@ def test_deadline_counts_from_the_compile_start_not_from_submission(tokenizer):
         ready, failed, _ = settle(gm, submit_all(gm, reqs), timeout=60 + 20 * timeout)
         assert not failed and len(ready) == 8
         st = gm.stats()
-        assert st["grammar_compile_timeouts"] == 0
-        assert st["grammar_compile_queue_seconds_max"] > timeout
+        assert st.grammar_compile_timeouts == 0
+        assert st.grammar_compile_queue_seconds_max > timeout
     finally:
         gm.shutdown()
 
@@ -132,8 +132,8 @@ def test_requests_waiting_on_one_spec_share_its_timeout(tokenizer):
         assert not ready and len(failed) == 3
         assert len({r.finished_reason.message for r in failed}) == 1
         st = gm.stats()
-        assert st["grammar_cache_misses"] == 1 and st["grammar_cache_hits"] == 2
-        assert st["grammar_compile_timeouts"] == 1 and st["grammar_cache_entries"] == 0
+        assert st.grammar_cache_misses == 1 and st.grammar_cache_hits == 2
+        assert st.grammar_compile_timeouts == 1 and st.grammar_cache_entries == 0
     finally:
         gm.shutdown()
 
@@ -142,7 +142,7 @@ def test_cache_is_bounded_by_bytes_with_lru_eviction(tokenizer):
     probe = new_manager(tokenizer)
     try:
         settle(probe, submit_all(probe, [make_req("p", regex="[a-z]{1,8}@[a-z]{1,8}")]))
-        one = probe.stats()["grammar_cache_bytes"]
+        one = probe.stats().grammar_cache_bytes
         assert one > 0  # xgrammar's own memory_size_bytes
     finally:
         probe.shutdown()
@@ -155,14 +155,14 @@ def test_cache_is_bounded_by_bytes_with_lru_eviction(tokenizer):
         for i, spec in enumerate(specs[2:], start=2):
             settle(gm, submit_all(gm, [make_req(f"r{i}", regex=spec)]))
             st = gm.stats()
-            assert st["grammar_cache_bytes"] <= int(one * 2.5)
+            assert st.grammar_cache_bytes <= int(one * 2.5)
         st = gm.stats()
-        assert st["grammar_cache_evictions"] == 2 and st["grammar_cache_entries"] == 2
+        assert st.grammar_cache_evictions == 2 and st.grammar_cache_entries == 2
         assert ("regex", specs[1]) not in gm.cache and ("regex", specs[0]) not in gm.cache
         assert ("regex", specs[3]) in gm.cache and ("regex", specs[2]) in gm.cache
         # an evicted spec compiles again and still works
         ready, _, _ = settle(gm, submit_all(gm, [make_req("back", regex=specs[1])]))
-        assert ready and gm.stats()["grammar_cache_misses"] == 5
+        assert ready and gm.stats().grammar_cache_misses == 5
     finally:
         gm.shutdown()
 
@@ -237,7 +237,7 @@ def test_thread_backends_fail_overruns_at_the_deadline_without_a_process(tokeniz
         reason = slow.finished_reason
         assert reason.status_code == 400 and "took longer than 0.3 s" in reason.message
         st = gm.stats()
-        assert st["grammar_compile_timeouts"] == 1 and st["grammar_compile_worker_kills"] == 0
+        assert st.grammar_compile_timeouts == 1 and st.grammar_compile_worker_kills == 0
         assert gm.pool.worker_pids() == []
     finally:
         gm.shutdown()

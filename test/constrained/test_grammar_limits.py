@@ -76,6 +76,6 @@ def test_grammar_manager_refuses_over_limit_specs_without_compiling(tokenizer):
         assert not ready and failed == [req]
         reason = req.finished_reason
         assert reason.status_code == 400 and "grammar_max_depth" in reason.message
-        assert gm.stats()["grammar_compiles"] == 0 and gm.pool.worker_pids() == []
+        assert gm.stats().grammar_compiles == 0 and gm.pool.worker_pids() == []
     finally:
         gm.shutdown()

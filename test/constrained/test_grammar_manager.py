@@ -84,10 +84,10 @@ def test_compile_cache_shares_successes_only(tokenizer):
         for _ in range(2):
             settle(gm, submit_all(gm, [make_req("bad", regex="(")]))
         st = gm.stats()
-        assert st["grammar_compiles"] == 3  # the schema once, the bad regex every time
-        assert st["grammar_cache_hits"] == 3
-        assert st["grammar_compile_errors"] == 2
-        assert st["grammar_cache_entries"] == 1
+        assert st.grammar_compiles == 3  # the schema once, the bad regex every time
+        assert st.grammar_cache_hits == 3
+        assert st.grammar_compile_errors == 2
+        assert st.grammar_cache_entries == 1
     finally:
         gm.shutdown()
 
@@ -99,7 +99,7 @@ def test_unsupported_kind_is_refused(tokenizer):
         reason = failed[0].finished_reason
         assert reason.status_code == 400
         assert "outlines grammar backend does not support ebnf" in reason.message
-        assert gm.stats()["grammar_compiles"] == 0
+        assert gm.stats().grammar_compiles == 0
     finally:
         gm.shutdown()
 
@@ -120,12 +120,12 @@ def test_compile_timeout_kills_the_worker_and_a_replacement_serves_the_next(toke
         assert "took longer than 0.5 s (grammar_compile_timeout)" in reason.message
         assert reason.status_code == 400
         st = gm.stats()
-        assert st["grammar_compile_timeouts"] == 1 and st["grammar_compile_worker_kills"] == 1
+        assert st.grammar_compile_timeouts == 1 and st.grammar_compile_worker_kills == 1
         killed = before - set(gm.pool.worker_pids())
         assert len(killed) == 1 and not any(_alive(pid) for pid in killed)
         # the next compile is served (on the survivor or a fresh worker), and is cached
         ready, _ = settle(gm, submit_all(gm, [make_req("again", regex="[a-z]+")]))
-        assert ready and gm.stats()["grammar_cache_entries"] == 2
+        assert ready and gm.stats().grammar_cache_entries == 2
     finally:
         gm.shutdown()
 
@@ -141,7 +141,7 @@ def test_aborted_waiting_requests_are_forgotten(manager):
     gone = submit_all(manager, [make_req("gone", json_schema=SCHEMA)])
     stays = submit_all(manager, [make_req("stays", regex="x+")])
     settle(manager, stays)  # the scheduler no longer lists "gone"
-    assert manager.stats()["grammar_waiting_compiles"] == 0
+    assert manager.stats().grammar_waiting_compiles == 0
     assert gone[0].grammar is None
 
 
@@ -199,12 +199,12 @@ def test_rejected_token_aborts_only_that_request(manager, encode):
     settle(manager, [req])
     manager.accept(req, encode("7")[0])
     assert not req.finished
-    before = manager.stats()["grammar_rejected_tokens"]
+    before = manager.stats().grammar_rejected_tokens
     manager.accept(req, encode("x")[0])
     assert req.finished_reason == FinishReason.abort(
         f"internal error: the grammar rejected sampled token {encode('x')[0]}", 500
     )
-    assert manager.stats()["grammar_rejected_tokens"] == before + 1
+    assert manager.stats().grammar_rejected_tokens == before + 1
 
 
 def test_choices_and_json_object_compile(manager, encode):
@@ -229,7 +229,8 @@ def test_stats_report_counters(manager):
         "mask_fill_rows",
         "jump_forward_tokens",
     ):
-        assert key in st and isinstance(st[key], (int, float))
+        assert isinstance(getattr(st, key), (int, float))
+        assert st.as_dict()[key] == getattr(st, key)
 
 
 def test_a_request_aborted_while_waiting_leaves_no_pending_compile(tokenizer):
@@ -247,10 +248,10 @@ def test_a_request_aborted_while_waiting_leaves_no_pending_compile(tokenizer):
         del gone
         gc.collect()
         assert ref() is not None  # still held by its pending entry: its id() is not reused
-        assert gm.stats()["grammar_waiting_compiles"] == 2
+        assert gm.stats().grammar_waiting_compiles == 2
         ready, failed = settle(gm, [stays])  # the scheduler polls only what still waits
         assert [r.rid for r in ready] == ["stays"] and not failed
-        assert gm.stats()["grammar_waiting_compiles"] == 0
+        assert gm.stats().grammar_waiting_compiles == 0
         gc.collect()
         assert ref() is None
     finally:
@@ -282,7 +283,7 @@ def test_mixed_backend_batch_fills_each_row_from_its_own_matcher(manager, encode
     ready, failed = settle(manager, reqs)
     assert not failed and len(ready) == 4
     assert [r.grammar_backend for r in reqs] == ["xgrammar", "llguidance"] * 2
-    assert manager.stats()["grammar_backend_fallbacks"] >= 2
+    assert manager.stats().grammar_backend_fallbacks >= 2
     for r, prefix in zip(reqs, ['{"x":', '{"s":"a', '{"x":1', '{"s":"ab'], strict=True):
         assert r.grammar.accept_tokens(encode(prefix)) == len(encode(prefix))
     batch = [reqs[0], reqs[1], plain, reqs[2], reqs[3]]
@@ -332,7 +333,7 @@ def test_fallback_disabled_refuses_with_the_configured_backend(tokenizer):
     try:
         _, failed = settle(gm, submit_all(gm, [make_req("p", json_schema=PATTERN_LEN)]))
         assert "'pattern with minLength/maxLength'" in failed[0].finished_reason.message
-        assert gm.stats()["grammar_backends_built"] == 1
+        assert gm.stats().grammar_backends_built == 1
     finally:
         gm.shutdown()
 
@@ -342,16 +343,16 @@ def test_compile_error_on_the_first_exact_backend_falls_back_to_the_next(manager
     workflow schema has one); llguidance compiles it, so the request is served, and the next
     request of that spec goes to llguidance first."""
     schema = {"type": "string", "pattern": "^[^\n]*$"}
-    before = manager.stats()["grammar_backend_compile_fallbacks"]
+    before = manager.stats().grammar_backend_compile_fallbacks
     first = make_req("nl0", json_schema=schema)
     ready, failed = settle(manager, submit_all(manager, [first]))
     assert ready == [first] and not failed
     assert first.grammar_backend == "llguidance"
-    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    assert manager.stats().grammar_backend_compile_fallbacks == before + 1
     again = make_req("nl1", json_schema=schema)
     settle(manager, submit_all(manager, [again]))
     assert again.grammar_backend == "llguidance"
-    assert manager.stats()["grammar_backend_compile_fallbacks"] == before + 1
+    assert manager.stats().grammar_backend_compile_fallbacks == before + 1
     assert again.grammar.accept_tokens(encode('"ab')) == len(encode('"ab'))
     escaped_newline = encode("\\n")  # "\" may start another escape; "\n" is refused
     assert again.grammar.accept_tokens(escaped_newline) < len(escaped_newline)
@@ -382,9 +383,9 @@ def test_the_backend_is_built_by_the_warm_up_thread_not_at_construction(tokenize
     gm = new_manager(tokenizer)
     try:
         stats = gm.stats()
-        assert stats["grammar_backends_built"] == 0 and stats["grammar_compiles"] == 0
+        assert stats.grammar_backends_built == 0 and stats.grammar_compiles == 0
         gm.start_warm_up().join(60)
-        assert gm.stats()["grammar_backends_built"] == 1
+        assert gm.stats().grammar_backends_built == 1
         req = make_req("w", json_schema=SCHEMA)
         ready, failed = settle(gm, submit_all(gm, [req]))
         assert ready == [req] and not failed
@@ -400,7 +401,7 @@ def test_a_request_waits_for_a_warm_up_in_progress_and_is_served(tokenizer):
         ready, failed = settle(gm, submit_all(gm, [req]))
         thread.join(60)
         assert ready == [req] and not failed
-        assert gm.stats()["grammar_backends_built"] == 1  # built once, by one of the two
+        assert gm.stats().grammar_backends_built == 1  # built once, by one of the two
     finally:
         gm.shutdown()
 

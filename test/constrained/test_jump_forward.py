@@ -87,7 +87,7 @@ def test_whole_object_walk_with_jumps_stays_valid(manager, tokenizer, encode):
         sample(manager, req, sched, encode(target[len(done) :])[0])
     sample(manager, req, sched, 2)
     assert req.grammar.is_terminated()
-    assert manager.stats()["jump_forward_tokens"] >= 4
+    assert manager.stats().jump_forward_tokens >= 4
 
 
 def test_choice_tail_is_forced(manager, tokenizer, encode):
@@ -170,11 +170,11 @@ def test_tail_token_kept_only_when_the_grammar_forbids_longer_ones(manager, toke
         "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
     }
     tags["required"] = ["tags"]
-    before = manager.stats()["jump_forward_tail_tokens_left"]
+    before = manager.stats().jump_forward_tail_tokens_left
     req, sched = ready_req(manager, json_schema=tags), EditRecorder()
     sample(manager, req, sched, encode("{")[0])
     assert tokenizer.decode(req.output_ids) == '{"tags":'
-    assert manager.stats()["jump_forward_tail_tokens_left"] == before + 1
+    assert manager.stats().jump_forward_tail_tokens_left == before + 1
 
 
 def test_plan_never_drops_sampled_text_or_adds_nothing(vocab, encode):

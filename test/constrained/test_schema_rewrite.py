@@ -18,7 +18,6 @@ from schema_corpus import MADE_HERE, schemastore_schemas, suite_schemas
 from test_grammar_manager import settle
 
 from radixgen.errors import GrammarError
-from radixgen.runtime.api.req_state import ReqState, build_output
 from radixgen.runtime.constrained.base_grammar_backend import BaseGrammarObject
 from radixgen.runtime.constrained.grammar_manager import GrammarManager
 from radixgen.runtime.constrained.schema_merge import UNSATISFIABLE, merge_schemas
@@ -32,6 +31,7 @@ from radixgen.runtime.constrained.schema_support import (
     drop_false_properties,
     schema_plan,
 )
+from radixgen.runtime.request_side.req_state import ReqState, build_output
 from radixgen.server_args import GrammarConfig
 
 ORDER = ["xgrammar", "llguidance"]

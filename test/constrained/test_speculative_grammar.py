@@ -39,7 +39,8 @@ def test_constrained_outputs_are_valid_and_identical(default_model_folder):
     on = run_batch(spec, "xgrammar", True, case_requests(spec, ALL_CASES))
     assert_valid(on, ALL_CASES)
     stats = spec.internal_state()
-    assert stats["spec_verified_requests"] > 0 and stats["spec_accepted_tokens"] > 0
+    assert stats.speculation.spec_verified_requests > 0
+    assert stats.speculation.spec_accepted_tokens > 0
     base = _scheduler(default_model_folder, False)
     off = run_batch(base, "xgrammar", True, case_requests(base, ALL_CASES))
     for rid, res in off.items():

@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from radixgen.internal_state import EmbeddingSchedulerState
 from radixgen.io_struct import (
     AbortReq,
     FlushCacheOut,
@@ -23,8 +24,8 @@ from radixgen.io_struct import (
     SchedulerReadyOut,
     TokenizedGenerateReq,
 )
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 READY = SchedulerReadyOut(
@@ -83,6 +84,14 @@ def run(wiring, body) -> None:
         ports.remove()
 
 
+def marked(n: int) -> EmbeddingSchedulerState:
+    """A scheduler state told apart by `n` (the reply's content does not matter here)."""
+    return EmbeddingSchedulerState(
+        waiting_requests=0, forward_steps=n, embedded_requests=0, prompt_tokens=0,
+        embedding_dim=8, max_input_tokens=8,
+    )  # fmt: skip
+
+
 def test_control_replies_are_matched_by_id_whatever_their_order(wiring):
     async def body(tm: TokenizerManager, sched: FakeSchedulerSockets) -> None:
         calls = [
@@ -94,12 +103,12 @@ def test_control_replies_are_matched_by_id_whatever_their_order(wiring):
         assert {type(r) for r in reqs} == {GetInternalStateReq, FlushCacheReq}
         assert len({r.request_id for r in reqs}) == 3 and all(r.request_id for r in reqs)
         # a reply for nobody first, then the real ones in reverse order
-        await sched.send.send_pyobj(GetInternalStateOut({"who": "nobody"}, request_id="stale"))
+        await sched.send.send_pyobj(GetInternalStateOut(marked(-1), request_id="stale"))
         for i, r in reversed(list(enumerate(reqs))):
             if isinstance(r, FlushCacheReq):
                 await sched.send.send_pyobj(FlushCacheOut(True, "done", request_id=r.request_id))
             else:
-                reply = GetInternalStateOut({"who": i}, request_id=r.request_id)
+                reply = GetInternalStateOut(marked(i), request_id=r.request_id)
                 await sched.send.send_pyobj(reply)
         results = await asyncio.wait_for(asyncio.gather(*calls), 5)
         by_req = dict(zip((id(r) for r in reqs), results, strict=True))
@@ -108,7 +117,7 @@ def test_control_replies_are_matched_by_id_whatever_their_order(wiring):
             if isinstance(r, FlushCacheReq):
                 assert got.success and got.message == "done"
             else:
-                assert got == {"who": i}
+                assert got == marked(i)
         assert tm.link is not None and not tm.link._waiters
 
     run(wiring, body)
@@ -120,11 +129,11 @@ def test_a_timed_out_control_request_leaves_no_waiter_and_its_late_reply_is_drop
             await tm._control(GetInternalStateReq(), GetInternalStateOut, timeout=0.2)
         late = await sched.next()
         assert tm.link is not None and not tm.link._waiters
-        await sched.send.send_pyobj(GetInternalStateOut({}, request_id=late.request_id))
+        await sched.send.send_pyobj(GetInternalStateOut(marked(0), request_id=late.request_id))
         nxt = asyncio.ensure_future(tm.get_internal_state())
         req = await sched.next()
-        await sched.send.send_pyobj(GetInternalStateOut({"ok": 1}, request_id=req.request_id))
-        assert await asyncio.wait_for(nxt, 5) == {"ok": 1}
+        await sched.send.send_pyobj(GetInternalStateOut(marked(1), request_id=req.request_id))
+        assert await asyncio.wait_for(nxt, 5) == marked(1)
 
     run(wiring, body)
 

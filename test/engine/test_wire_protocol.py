@@ -87,7 +87,7 @@ def _embedding_scheduler_types() -> frozenset[type]:
 
 
 def _tokenizer_manager_types() -> frozenset[type]:
-    from radixgen.runtime.api.tokenizer_manager import TokenizerManager
+    from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 
     return TokenizerManager._message_dispatch(object.__new__(TokenizerManager)).types
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from radixgen.internal_state import EmbeddingSchedulerState
 from radixgen.io_struct import (
     AbortReq,
     EmbeddingFailure,
@@ -114,4 +115,5 @@ def test_control_requests() -> None:
     assert isinstance(flushed, FlushCacheOut) and flushed.success and flushed.request_id == "f"
     state = sched.handle(GetInternalStateReq(request_id="s"))
     assert isinstance(state, GetInternalStateOut)
-    assert state.state["embedding_dim"] == 2 and state.state["waiting_requests"] == 0
+    assert isinstance(state.state, EmbeddingSchedulerState)
+    assert state.state.embedding_dim == 2 and state.state.waiting_requests == 0

@@ -47,9 +47,9 @@ def test_an_evicted_prefix_is_loaded_back_from_the_host_tier():
     req_batch = runner.batches[-4]  # the admission's prefill
     assert req_batch.prefix_lens == [64] and req_batch.extend_lens == [1]
     assert s.stats.host_cached_tokens > 0
-    state = s.internal_state()
-    assert state["host_hit_tokens"] == s.stats.host_cached_tokens
-    assert state["host_used_tokens"] > 0
+    host = s.internal_state().tiers.host
+    assert host is not None and host.host_hit_tokens == s.stats.host_cached_tokens
+    assert host.host_used_tokens > 0
 
 
 def test_without_the_flag_the_evicted_prefix_is_prefilled_again():
@@ -58,7 +58,8 @@ def test_without_the_flag_the_evicted_prefix_is_prefilled_again():
     _run(s, "b", [*DOCS[1], 1])
     _run(s, "a2", [*DOCS[0], 5])
     assert runner.batches[-4].prefix_lens[0] < 64
-    assert "host_hit_tokens" not in s.internal_state()
+    state = s.internal_state()
+    assert state.tiers.host is None and "host_hit_tokens" not in state.as_dict()
 
 
 def test_flush_empties_the_host_tier_too():
@@ -187,7 +188,8 @@ def test_a_restart_serves_a_document_from_the_file_tier(tmp_path):
     _run(restarted, "a2", [*DOCS[0], 9])
     assert runner.batches[0].prefix_lens == [64]
     assert restarted.stats.storage_cached_tokens == 64
-    assert restarted.internal_state()["storage_hit_tokens"] == 64
+    storage = restarted.internal_state().tiers.storage
+    assert storage is not None and storage.storage_hit_tokens == 64
 
 
 def test_a_pinned_prompt_outlives_the_host_tiers_lru():
@@ -204,7 +206,8 @@ def test_a_pinned_prompt_outlives_the_host_tiers_lru():
     sp = SamplingParams.from_dict({"max_new_tokens": 0, "temperature": 0})
     s.add_request(TokenizedGenerateReq("pin", docs[0], sp, pin_prefix=True))
     run_to_end(s)
-    assert host.pinned_tokens() == 64 and s.internal_state()["host_pinned_tokens"] == 64
+    tier = s.internal_state().tiers.host
+    assert host.pinned_tokens() == 64 and tier is not None and tier.host_pinned_tokens == 64
     for d in range(1, 8):
         _run(s, f"d{d}", [*docs[d], 1])
     assert host.pinned_tokens() == 64 and host.stats.evicted_blocks > 0

@@ -277,4 +277,4 @@ def test_the_scheduler_accounts_for_its_step_time():
         st = s.stats
         assert st.step_seconds > 0 and st.forward_seconds > 0 and st.device_wait_seconds >= 0
         assert st.forward_seconds + st.device_wait_seconds <= st.step_seconds
-        assert s.internal_state()["step_seconds"] == st.step_seconds
+        assert s.internal_state().counters.step_seconds == st.step_seconds

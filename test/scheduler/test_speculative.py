@@ -255,9 +255,10 @@ def test_outputs_equal_the_reference_in_mixed_batches(model, flags):
         assert ids == reference(prompt, n, model), rid
         assert reason == FinishReason.length(n)
     st = s.internal_state()
-    assert st["spec_verified_requests"] > 0 and st["generated_tokens"] == sum(n for *_, n in reqs)
+    assert st.speculation.spec_verified_requests > 0
+    assert st.counters.generated_tokens == sum(n for *_, n in reqs)
     if model is copy_model:
-        assert st["spec_accept_length"] > 3.0
+        assert st.speculation.spec_accept_length > 3.0
         _, _, base_runner = run(model, reqs, **flags)
         assert len(runner.batches) < len(base_runner.batches) / 2  # fewer forward steps
         # a step mixes verify rows, plain decodes and prefills

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from radixgen.errors import InvalidRequestError, QueueFullError, RequestTooLargeError
-from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.entrypoints.http_utils import error_response
+from radixgen.runtime.request_side.request_limits import RequestLimits
 from radixgen.server_args import LimitsConfig, ServerArgs, add_cli_args, from_cli_namespace
 
 LIMITS = RequestLimits(

@@ -3,17 +3,27 @@ from a scheduler `internal_state()` snapshot, beside our `radixgen_` ones."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixgen.finish_reason import FinishReason
+from radixgen.internal_state import (
+    InternalState,
+    KVPoolState,
+    PrefixCacheState,
+    QueueState,
+    SchedulerCounters,
+    SchedulerState,
+    StepState,
+)
 from radixgen.io_struct import RequestMeta
-from radixgen.runtime.api.metrics import ServerMetrics
-from radixgen.runtime.api.tokenizer_manager import ReqState
+from radixgen.runtime.request_side.metrics import ServerMetrics
+from radixgen.runtime.request_side.tokenizer_manager import ReqState
 
 
-def samples(metrics: ServerMetrics, state: dict | None = None) -> dict[str, float]:
+def samples(metrics: ServerMetrics, state: InternalState | None = None) -> dict[str, float]:
     """name{sorted labels} -> value, labels dropped when they are only SGLang's fixed ones."""
     out = {}
     text = metrics.render(state, set()).decode()
@@ -92,12 +102,16 @@ def test_aborted_requests_are_counted():
 def test_engine_gauges_come_from_the_scheduler_snapshot():
     m = ServerMetrics()
     m.set_model("smol", context_len=2048, page_size=1)
-    state = {
-        "running_requests": 3, "waiting_requests": 5, "grammar_waiting_requests": 2,
-        "kv_usage": 0.25, "kv_used_tokens": 100, "max_total_num_tokens": 400,
-        "cache_hit_rate": 0.5, "cache_evictable_tokens": 40, "generated_tokens": 1000,
-        "retractions": 7, "new_token_ratio": 0.7,
-    }  # fmt: skip
+    state = SchedulerState(
+        queues=QueueState(running_requests=3, waiting_requests=5, grammar_waiting_requests=2),
+        kv_pool=KVPoolState(max_total_num_tokens=400, kv_cache_dtype="bf16",
+                            kv_bytes_per_token=64, kv_used_tokens=100),
+        prefix_cache=PrefixCacheState(cache_evictable_tokens=40, cache_protected_tokens=0),
+        steps=StepState(forward_steps=9, new_token_ratio=0.7),
+        counters=SchedulerCounters(prompt_tokens=8, cached_tokens=4, generated_tokens=1000,
+                                   retractions=7),
+    )  # fmt: skip
+    assert state.kv_pool.kv_usage == 0.25 and state.cache_hit_rate == 0.5
     s = samples(m, state)
     assert s["sglang:num_running_reqs"] == 3
     assert s["sglang:num_queue_reqs"] == 3 and s["sglang:num_grammar_queue_reqs"] == 2
@@ -108,6 +122,7 @@ def test_engine_gauges_come_from_the_scheduler_snapshot():
     assert s["sglang:num_retracted_requests_total"] == 7
     assert s["sglang:gen_throughput"] == 0  # no earlier scrape to measure from
     time.sleep(0.05)
-    s = samples(m, {**state, "generated_tokens": 1100})
+    later = dataclasses.replace(state.counters, generated_tokens=1100)
+    s = samples(m, dataclasses.replace(state, counters=later))
     assert 0 < s["sglang:gen_throughput"] <= 100 / 0.05
     assert s["radixgen_num_running_reqs"] == 3  # ours stay

@@ -12,10 +12,10 @@ import pytest
 from radixgen.cli import build_parser
 from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.api.request_checks import resolve_priority
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
+from radixgen.runtime.request_side.request_checks import resolve_priority
 from radixgen.server_args import ServerArgs, from_cli_namespace
 from radixgen.sglang_flag_table import IMPLEMENTED
 

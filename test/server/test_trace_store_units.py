@@ -11,9 +11,9 @@ from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import RequestMeta
 from radixgen.program_trace import ProgramTraceTag, parse_program_trace
-from radixgen.runtime.api.req_state import ReqState
 from radixgen.runtime.dashboard.traces import ProgramTraceStore, phase_times
 from radixgen.runtime.entrypoints.generate_request import parse_generate_request
+from radixgen.runtime.request_side.req_state import ReqState
 
 _rids = itertools.count()
 

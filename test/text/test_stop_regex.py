@@ -9,8 +9,8 @@ import pytest
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import TokenizedGenerateReq
-from radixgen.runtime.api.request_limits import RequestLimits
 from radixgen.runtime.model_loader import resolve_model_path
+from radixgen.runtime.request_side.request_limits import RequestLimits
 from radixgen.runtime.scheduler.finish import check_finish
 from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.text.stop_regex import compile_patterns, held_back, match_start

@@ -19,7 +19,6 @@ from radixgen.grammar_limits import check_schema_object
 from radixgen.io_struct import GenerateReqInput
 from radixgen.json_types import JSONObject
 from radixgen.reasoning_parser import ReasoningParser
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai import tool_calls as tc
@@ -32,6 +31,7 @@ from radixgen.runtime.entrypoints.openai.chat_deltas import (
 from radixgen.runtime.entrypoints.openai.protocol import ChatCompletionRequest
 from radixgen.runtime.entrypoints.openai.tool_call_grammar import forced_call_constraint
 from radixgen.runtime.entrypoints.openai.tool_parsers import ToolCallDict, create_tool_call_parser
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 
 
 class ChatPlan:

@@ -19,7 +19,6 @@ from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
 from radixgen.io_struct import GenerateReqInput
 from radixgen.json_types import JSONObject, JSONValue
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -28,6 +27,7 @@ from radixgen.runtime.entrypoints.openai.protocol import (
     parse_request,
 )
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 from radixgen.server_args import ServerArgs
 
 # (status code, the JSON body the route answers): what a request run without HTTP returns

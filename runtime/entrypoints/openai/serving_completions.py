@@ -14,10 +14,10 @@ from radixgen.errors import InvalidRequestError
 from radixgen.generate_output import GenerateOutput, LogprobEntry, MetaInfo
 from radixgen.io_struct import GenerateReqInput
 from radixgen.json_types import JSONObject
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import serving_common as common
 from radixgen.runtime.entrypoints.openai.protocol import CompletionRequest
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default, also for an explicit null
 

@@ -15,11 +15,11 @@ from fastapi.responses import Response
 
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.json_types import JSONObject
-from radixgen.runtime.api.embedding_requests import EmbeddingResult
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.embedding_request import embed_request
 from radixgen.runtime.entrypoints.openai.protocol import EmbeddingRequest, parse_request
 from radixgen.runtime.entrypoints.openai.serving_common import Answer, ServingState, openai_error
+from radixgen.runtime.request_side.embedding_requests import EmbeddingResult
 
 
 def encode_base64(vector: list[float]) -> str:

@@ -22,7 +22,6 @@ from fastapi.responses import Response, StreamingResponse
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.generate_output import GenerateOutput
 from radixgen.json_types import JSONObject
-from radixgen.runtime.api.tokenizer_manager import TokenizerManager
 from radixgen.runtime.entrypoints import http_utils as hu
 from radixgen.runtime.entrypoints.openai import responses_items as items
 from radixgen.runtime.entrypoints.openai import serving_common as common
@@ -34,6 +33,7 @@ from radixgen.runtime.entrypoints.openai.responses_protocol import (
 )
 from radixgen.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixgen.runtime.entrypoints.openai.serving_chat import ChatPlan
+from radixgen.runtime.request_side.tokenizer_manager import TokenizerManager
 
 # the chat pipeline's parameter names -> the Responses request's, for error messages
 _PARAM_NAMES = {

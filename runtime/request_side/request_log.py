@@ -14,7 +14,7 @@ import logging
 import time
 
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.api.req_state import ReqState
+from radixgen.runtime.request_side.req_state import ReqState
 from radixgen.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixgen.requests")

@@ -30,6 +30,7 @@ from radixgen.errors import (
 from radixgen.finish_reason import FinishReason
 from radixgen.generate_output import GenerateOutput
 from radixgen.grammar_limits import GrammarSpecLimits
+from radixgen.internal_state import InternalState, summed_internal_state
 from radixgen.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
@@ -44,7 +45,6 @@ from radixgen.io_struct import (
     GenerateReqInput,
     GetInternalStateOut,
     GetInternalStateReq,
-    InternalState,
     LoadLoraAdapterReq,
     LoraAdapterOut,
     MessageDispatch,
@@ -55,25 +55,22 @@ from radixgen.io_struct import (
     UnloadLoraAdapterReq,
     apply_delta,
 )
-from radixgen.runtime.api.embedding_requests import EmbeddingRequests, EmbeddingResult
-from radixgen.runtime.api.req_state import ReqState, build_output
-from radixgen.runtime.api.request_checks import RequestChecker, resolve_priority
-from radixgen.runtime.api.request_limits import RequestLimits
-from radixgen.runtime.api.request_log import RequestLogger
 from radixgen.runtime.dashboard.traces import ProgramTraceStore
-from radixgen.runtime.dp_controller.data_parallel_controller import (
-    DataParallelController,
-    SchedulerLink,
-    aggregate_internal_states,
-)
 from radixgen.runtime.launch.process_utils import PortArgs
+from radixgen.runtime.request_side.dp_router import DataParallelController
+from radixgen.runtime.request_side.embedding_requests import EmbeddingRequests, EmbeddingResult
+from radixgen.runtime.request_side.req_state import ReqState, build_output
+from radixgen.runtime.request_side.request_checks import RequestChecker, resolve_priority
+from radixgen.runtime.request_side.request_limits import RequestLimits
+from radixgen.runtime.request_side.request_log import RequestLogger
+from radixgen.runtime.request_side.scheduler_client import SchedulerLink
 from radixgen.runtime.text.rerank_prompt import rerank_prompt, rerank_template
 from radixgen.runtime.text.tokenizer import load_tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
 
 if TYPE_CHECKING:  # NOTE: prometheus_client is imported only where metrics are on
-    from radixgen.runtime.api.metrics import ServerMetrics
+    from radixgen.runtime.request_side.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -338,7 +335,7 @@ class TokenizerManager:
 
     async def get_internal_state(self) -> InternalState:
         """The engine's state: a single scheduler's, or the replicas' summed."""
-        return aggregate_internal_states(await self.get_internal_states())
+        return summed_internal_state(await self.get_internal_states())
 
     async def dashboard_snapshot(self, max_nodes: int) -> DashboardSnapshot:
         """Replica 0's snapshot (with --dp-size > 1 its tree, steps and requests are that

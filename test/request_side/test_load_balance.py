@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixgen.runtime.dp_controller.data_parallel_controller import aggregate_internal_states
-from radixgen.runtime.dp_controller.load_balance import (
+from radixgen.runtime.request_side.load_balance import (
     CacheAwareConfig,
     LoadBalancer,
     PrefixTree,
@@ -111,18 +110,3 @@ def test_cache_aware_random_traffic_keeps_trees_bounded():
 def test_unknown_method_is_an_error():
     with pytest.raises(ValueError, match="total_tokens"):
         LoadBalancer("total_tokens", 2)
-
-
-def test_internal_states_sum_counts_and_recompute_ratios():
-    one = {"running_requests": 1, "max_total_num_tokens": 100, "kv_used_tokens": 50,
-           "kv_usage": 0.5, "prompt_tokens": 10, "cached_tokens": 0, "cache_hit_rate": 0.0,
-           "new_token_ratio": 0.4, "grammar_backend": "xgrammar"}  # fmt: skip
-    two = {**one, "running_requests": 2, "kv_used_tokens": 0, "kv_usage": 0.0,
-           "prompt_tokens": 30, "cached_tokens": 20, "cache_hit_rate": 2 / 3,
-           "new_token_ratio": 0.2}  # fmt: skip
-    assert aggregate_internal_states([one]) is one
-    agg = aggregate_internal_states([one, two])
-    assert agg["running_requests"] == 3 and agg["max_total_num_tokens"] == 200
-    assert agg["kv_usage"] == 50 / 200 and agg["cache_hit_rate"] == 20 / 40
-    assert agg["new_token_ratio"] == pytest.approx(0.3) and agg["grammar_backend"] == "xgrammar"
-    assert agg["dp_size"] == 2

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from radixgen.io_struct import InternalState
-from radixgen.runtime.api.req_state import ReqState
-from radixgen.runtime.api.sglang_metrics import SGLangMetrics
+from radixgen.internal_state import InternalState, StateDict
+from radixgen.runtime.request_side.req_state import ReqState
+from radixgen.runtime.request_side.sglang_metrics import SGLangMetrics
 
 PREFIX = "radixgen_"
 LATENCY_BUCKETS = (
@@ -52,7 +52,7 @@ class _EngineStateCollector(Collector):
     """Turns the latest scheduler snapshot into gauges at scrape time."""
 
     def __init__(self) -> None:
-        self.snapshot: InternalState = {}
+        self.snapshot: StateDict = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for key, value in self.snapshot.items():
@@ -195,6 +195,6 @@ class ServerMetrics:
         self._last_output = {k: v for k, v in self._last_output.items() if k in live_rids}
         self._ttft = {k: v for k, v in self._ttft.items() if k in live_rids}
         if engine_state is not None:
-            self.engine_state.snapshot = {**engine_state, "snapshot_time": time.time()}
+            self.engine_state.snapshot = {**engine_state.as_dict(), "snapshot_time": time.time()}
             self.sglang.update_engine_state(engine_state)
         return generate_latest(self.registry)

@@ -9,7 +9,7 @@ from typing import cast
 from radixgen.errors import InvalidRequestError, PromptTooLongError
 from radixgen.grammar_limits import GrammarSpecLimits
 from radixgen.io_struct import GenerateReqInput
-from radixgen.runtime.api.request_limits import RequestLimits
+from radixgen.runtime.request_side.request_limits import RequestLimits
 from radixgen.runtime.text.tokenizer import Tokenizer
 from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import SchedulerConfig

@@ -13,7 +13,6 @@ import bisect
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
@@ -24,7 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from radixgen.runtime.api.req_state import ReqState
+from radixgen.internal_state import InternalState, SchedulerState, StateValue
+from radixgen.runtime.request_side.req_state import ReqState
 
 P = "sglang:"
 REQUEST_LABELS = ("model_name", "engine_type")
@@ -101,7 +101,7 @@ class SGLangMetrics(Collector):
         self.model_name = ""
         self.context_len: int | None = None
         self.page_size: int | None = None
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: dict[str, StateValue | None] = {}  # None: a figure not known yet
         self._last_generated: tuple[float, float] | None = None  # (time, generated tokens)
         r, req, stream = registry, REQUEST_LABELS, (*REQUEST_LABELS, "is_streaming")
         self.prompt_tokens = Counter(
@@ -201,15 +201,18 @@ class SGLangMetrics(Collector):
 
     # --- scrape -------------------------------------------------------------------------------
 
-    def update_engine_state(self, state: dict[str, Any]) -> None:
+    def update_engine_state(self, state: InternalState) -> None:
         """A fresh `internal_state()`: derive SGLang's gauges from it."""
         now = time.monotonic()
-        derived = dict(state)
-        grammar = state.get("grammar_waiting_requests", 0)
-        derived["queue_requests"] = state.get("waiting_requests", 0) - grammar
-        if "max_total_num_tokens" in state and "kv_used_tokens" in state:
-            derived["kv_available_tokens"] = state["max_total_num_tokens"] - state["kv_used_tokens"]
-        generated = float(state.get("generated_tokens", 0))
+        derived: dict[str, StateValue | None] = {**state.as_dict()}
+        if isinstance(state, SchedulerState):
+            queues, kv = state.queues, state.kv_pool
+            derived["queue_requests"] = queues.waiting_requests - queues.grammar_waiting_requests
+            derived["kv_available_tokens"] = kv.max_total_num_tokens - kv.kv_used_tokens
+            generated = float(state.counters.generated_tokens)
+        else:  # an embedding server: no grammar queue, no KV pool, nothing generated
+            derived["queue_requests"] = state.waiting_requests
+            generated = 0.0
         last = self._last_generated
         derived["gen_throughput"] = (
             (generated - last[1]) / (now - last[0]) if last and now > last[0] else 0.0
@@ -227,11 +230,12 @@ class SGLangMetrics(Collector):
             gauge = GaugeMetricFamily(P + name, doc, labels=ENGINE_LABELS)
             gauge.add_metric(values, float(value))
             yield gauge
-        if "retractions" in self.snapshot:
+        retractions = self.snapshot.get("retractions")
+        if isinstance(retractions, int):
             counter = CounterMetricFamily(
                 P + "num_retracted_requests", "Total retracted requests.", labels=ENGINE_LABELS
             )
-            counter.add_metric(values, float(self.snapshot["retractions"]))
+            counter.add_metric(values, float(retractions))
             yield counter
         yield self.itl.family()
 
