@@ -155,8 +155,8 @@ def test_states_pickle_as_they_travel():
 def test_the_counters_mirror_the_scheduler_s_own():
     """The scheduler fills `SchedulerCounters` and `SpeculationState` field by field from its
     `SchedulerStats` and `SpecStats`: a counter added there must be added here too."""
-    from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.runtime.scheduler.draft_planner import SpecStats
+    from radixgen.runtime.scheduler.scheduler import SchedulerStats
 
     def names(cls: type) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

@@ -593,16 +593,6 @@ class ServerArgs:
         self._validate_limits()
         self.speculative.validate()
         self._validate_lora()
-        if (
-            self.speculative.enabled
-            and s.enable_overlap_schedule
-            and not s.disable_overlap_schedule
-        ):
-            raise InvalidRequestError(
-                "speculative decoding runs with overlap scheduling off: drop "
-                "--enable-overlap-schedule",
-                "enable_overlap_schedule",
-            )
         graph = self.cuda_graph
         if graph.cuda_graph_max_bs < 1:
             raise InvalidRequestError("cuda_graph_max_bs must be >= 1", "cuda_graph_max_bs")

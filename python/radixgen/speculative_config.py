@@ -25,8 +25,8 @@ class SpeculativeConfig:
         "Speculative decoding: NGRAM drafts each decoding request's next tokens from the longest "
         "match of its recent tokens in its own prompt and output and verifies them in one step: "
         "greedy and seeded sampled outputs exactly as without it (each verified position draws "
-        "with the request's own uniform for it), constrained ones walked by their grammar. Runs "
-        "with overlap scheduling off (turned off for it on CUDA).",
+        "with the request's own uniform for it), constrained ones walked by their grammar. With "
+        "overlap scheduling a step runs overlapped only while no running request can draft.",
         ("NGRAM",),
     )
     speculative_num_draft_tokens: int = _f(

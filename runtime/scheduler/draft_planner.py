@@ -254,15 +254,22 @@ class DraftPlanner:
             corpus.clear()
 
     def _may_draft(self, r: Req, n: int) -> bool:
-        """Requests whose step (n tokens) ends at their sequence's end and whose next tokens
-        depend on the logits alone (no penalties, biases or pending min_new_tokens); greedy
-        ones, and sampled ones unless --speculative-greedy-only."""
-        sp = r.sampling_params
+        """Requests whose step (n tokens) ends at their sequence's end, with output to draft
+        from, whose kind drafts (`drafting_kind`)."""
         return (
             r.kv_len + n == r.seq_len
             and bool(r.output_ids)
             and not r.pending_sample
-            and r.value_checker is None  # its rollbacks and bans work one token at a time
+            and self.drafting_kind(r)
+        )
+
+    def drafting_kind(self, r: Req) -> bool:
+        """Requests whose next tokens depend on the logits alone (no penalties, biases or
+        pending min_new_tokens, no checked values); greedy ones, and sampled ones unless
+        --speculative-greedy-only."""
+        sp = r.sampling_params
+        return (
+            r.value_checker is None  # its rollbacks and bans work one token at a time
             and (sp.is_greedy or not self.cfg.speculative_greedy_only)
             and not sp.logit_bias
             and not sp.frequency_penalty

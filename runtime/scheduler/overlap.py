@@ -23,38 +23,34 @@ the token N+1 ran for it is stale: N+1 draws it but drops it (`LaunchedStep.stal
 token of a request that finished at N, and the next step runs the new tail as an extend.
 
 A step is synchronous (the step in flight is committed before it is planned) when the pool may
-be too short for the decodes, or when a waiting request may preempt a running one (retraction
-must see settled requests). Speculative decoding turns overlap off: its drafts need the previous
-step's tokens on the host.
+be too short for the decodes, when a waiting request may preempt a running one (retraction must
+see settled requests), or, with speculative decoding, while a running request may draft (a draft
+follows the sequence's last token, which must be on the host: those steps run one by one, the
+others overlap).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixgen.runtime.scheduler.scheduler import Scheduler
     from radixgen.server_args import ServerArgs
 
-logger = logging.getLogger(__name__)
-
 
 def overlap_enabled(args: ServerArgs, device: str) -> bool:
-    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing there);
-    off with speculative decoding (its drafts need the previous step's tokens on the host)."""
+    """Overlap scheduling: on by default on CUDA, on CPU only when asked (it hides nothing
+    there)."""
     sched = args.scheduler
     if sched.disable_overlap_schedule:
-        return False
-    if args.speculative.enabled:
-        if device.startswith("cuda"):
-            logger.info("overlap scheduling off: speculative decoding runs steps one by one")
         return False
     return device.startswith("cuda") or sched.enable_overlap_schedule
 
 
 def needs_sync(s: Scheduler) -> bool:
     """Whether this step must see every sampled token on the host before it is planned."""
+    if s.drafts is not None and any(s.drafts.drafting_kind(r) for r in s.running):
+        return True  # a draft follows the sequence's last token: it must be on the host
     planner = s.planner
     if planner.preemption_candidate() is not None:
         return True  # a preemption retracts, and retraction must see settled requests

@@ -532,11 +532,43 @@ def test_a_large_batch_switches_drafting_off():
         assert out[rid][0] == reference(prompt, n, copy_model)
 
 
+def test_under_overlap_only_steps_without_drafting_requests_overlap():
+    # greedy requests draft (their steps run one by one, the draft after the last token on the
+    # host); sampled ones under --speculative-greedy-only never draft: once only they are left,
+    # steps overlap. Outputs equal the reference either way.
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    spec = {**SPEC, "speculative_break_even_tokens": 100, "speculative_greedy_only": True}
+    outs = {}
+    for overlap in (False, True):
+        s, runner = make_scheduler(enable_overlap_schedule=overlap, **spec)
+        assert s.overlap is overlap
+        runner.predict = earliest_copy_model
+        submit(s, "greedy", prompt, max_new_tokens=12)
+        for i in range(3):
+            submit(s, f"sampled{i}", prompt, max_new_tokens=40, temperature=0.5, seed=i)
+        in_flight: list[bool] = []
+        real_step = s.step
+
+        def step(real_step=real_step, s=s, in_flight=in_flight):
+            out = real_step()
+            in_flight.append(s.inflight is not None)
+            return out
+
+        s.step = step
+        outs[overlap] = run_to_end(s)
+        assert s.draft_models.stats.spec_accepted_tokens > 0  # the greedy request drafted
+        if overlap:
+            assert sum(in_flight) > 10  # the sampled requests' steps, once it was done
+        assert not s.running and s.inflight is None
+        assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+    assert outs[True] == outs[False]
+    assert outs[True]["greedy"][0] == reference(prompt, 12, earliest_copy_model)
+
+
 def test_flags_are_checked():
     with pytest.raises(InvalidRequestError, match="NGRAM"):
         ServerArgs.from_kwargs(speculative_algorithm="EAGLE")
-    with pytest.raises(InvalidRequestError, match="overlap"):
-        ServerArgs.from_kwargs(speculative_algorithm="NGRAM", enable_overlap_schedule=True)
     with pytest.raises(InvalidRequestError, match="max_match"):
         ServerArgs.from_kwargs(
             speculative_algorithm="NGRAM",
