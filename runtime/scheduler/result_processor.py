@@ -47,8 +47,8 @@ class RequestLifecycle(Protocol):
     def fail(self, reqs: Sequence[Req], e: Exception) -> None:
         """Finish `reqs` with a 500 abort and free what they hold."""
 
-    def emit(self, req: Req) -> None:
-        """The request has something to send (or may have: the outbox decides)."""
+    def emit(self, reqs: list[Req]) -> None:
+        """These requests have something to send (or may have: the outbox decides)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,9 @@ class ResultProcessor:
         them and must drop it."""
         self.edited = set()
         batch = step.batch
-        settled = {id(r) for r in batch.reqs if r.finished}  # handled when they finished
+        # handled when they finished (only an overlapped step can hold such requests: an abort,
+        # or a finish at the commit of the step before it)
+        settled = {id(r) for r in batch.reqs if r.finished} if step.overlapped else set()
         try:
             try:
                 out = self.executor.resolve(step.sample) if step.sample is not None else None
@@ -101,8 +103,9 @@ class ResultProcessor:
                 self.drop_drafts(step)
                 raise
             finally:
-                for r in batch.sampling_reqs:
-                    r.pending_sample = False
+                if step.overlapped:
+                    for r in batch.sampling_reqs:
+                        r.pending_sample = False
             # NOTE: when verification raises it has dropped every draft itself
             verified = self.verifier.verify(batch, step.logits) if self.verifier is not None else []
             for row, v in verified:
@@ -118,6 +121,7 @@ class ResultProcessor:
         finally:
             self.free_branch_rows(step)
         plan = batch.plan
+        stepped: list[Req] = []
         for r, start, n in zip(plan.reqs, plan.starts, plan.extend_lens, strict=True):
             if id(r) in settled:
                 continue
@@ -128,7 +132,8 @@ class ResultProcessor:
                 # overlap the step launched since counts its tokens in kv_len too)
                 self.cache.cache_unfinished_req(r, start + n)
             r.steps_since_stream += 1
-            self.lifecycle.emit(r)
+            stepped.append(r)
+        self.lifecycle.emit(stepped)
         return self.edited
 
     def drop_drafts(self, step: LaunchedStep) -> None:

@@ -11,6 +11,7 @@ parent chain's (runtime/speculative/draft_tree.py); each draft node gets a logit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -42,7 +43,7 @@ class StepBatch:
     def reqs(self) -> tuple[Req, ...]:
         return self.plan.reqs
 
-    @property
+    @cached_property
     def sample_rows(self) -> list[int]:
         return [lay.sample_row for lay in self.layouts if lay.sample_row is not None]
 
@@ -55,7 +56,7 @@ class StepBatch:
             if lay.verify_rows is not None
         ]
 
-    @property
+    @cached_property
     def sampling_reqs(self) -> list[Req]:
         return [
             r for r, lay in zip(self.reqs, self.layouts, strict=True) if lay.sample_row is not None

@@ -496,8 +496,8 @@ class Scheduler:
             self.release(r)
             self.outbox.append(r)
 
-    def emit(self, req: Req) -> None:
-        self.outbox.append(req)
+    def emit(self, reqs: list[Req]) -> None:
+        self.outbox.extend(reqs)
 
     # --- containment --------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ class LaunchedStep:
     # requests whose token this step drops: the previous step's commit changed their sequence
     # after the token this step ran (jump-forward, a rollback), so its logits are stale
     stale: frozenset[int] = frozenset()
+    overlapped: bool = False  # committed after the next step's launch (its ids in `future_ids`)
 
     @property
     def plan(self) -> StepPlan:
@@ -72,6 +73,7 @@ class StepExecutor:
         self.future_ids = torch.zeros(
             self.req_to_token_pool.size, dtype=torch.long, device=self.req_to_token_pool.device
         )
+        self.future_written = False  # some step left its ids on the device (overlap)
 
     def launch(self, plan: StepPlan) -> LaunchedStep:
         """Allocate, build and launch the forward of `plan`. Tokens still in flight for its
@@ -91,17 +93,19 @@ class StepExecutor:
             fb = batch.forward
             # the rows whose last input token is still in flight (their requests' rows come
             # first: draft branches' pseudo-requests never wait for a token)
-            pending = [
-                (start + n - 1, row)
-                for r, row, start, n in zip(
-                    batch.reqs,
-                    fb.req_pool_indices_cpu[: len(batch.reqs)],
-                    fb.extend_start_loc,
-                    fb.extend_lens,
-                    strict=False,
-                )
-                if r.pending_sample
-            ]
+            pending: list[tuple[int, int]] = []
+            if self.future_written:  # a step left its ids on the device: inputs may be pending
+                pending = [
+                    (start + n - 1, row)
+                    for r, row, start, n in zip(
+                        batch.reqs,
+                        fb.req_pool_indices_cpu[: len(batch.reqs)],
+                        fb.extend_start_loc,
+                        fb.extend_lens,
+                        strict=False,
+                    )
+                    if r.pending_sample
+                ]
             if pending:
                 dev = self.future_ids.device
                 fb = fb.to_device(dev)
@@ -132,6 +136,7 @@ class StepExecutor:
         requests still running are marked `pending_sample`, for a step launched before this one
         is committed. `stale`: ids of requests whose sequence changed since the launch (their
         token is drawn but dropped: `LaunchedStep.stale`)."""
+        step.overlapped = keep_on_device
         # NOTE: before the next launch: a CUDA-graph replay reuses the memory of these logits
         record_input_logprobs(step.batch, step.logits)
         reqs = step.batch.sampling_reqs
@@ -161,6 +166,7 @@ class StepExecutor:
         self.future_ids[to_device([row for _, _, row in live], torch.long, dev)] = ids
         for _, r, _ in live:
             r.pending_sample = True
+        self.future_written = True
 
     @staticmethod
     def _grammar_mask(

@@ -67,10 +67,10 @@ class StepPlan:
     ) -> StepPlan:
         """The plan of (request, tokens) rows planned at the requests' current `kv_len`, with
         each row's draft (its main chain added to the row's tokens)."""
-        reqs = tuple(r for r, _ in rows)
-        starts = tuple(r.kv_len for r in reqs)
+        reqs, lens = zip(*rows, strict=True) if rows else ((), ())
+        starts = tuple([r.kv_len for r in reqs])
         if drafts is None or all(d is None for d in drafts):
-            return cls(reqs, starts, tuple(n for _, n in rows))
+            return cls(reqs, starts, lens)
         lens = tuple(n + draft_len(d) for (_, n), d in zip(rows, drafts, strict=True))
         return cls(reqs, starts, lens, tuple(drafts))
 
