@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Protocol
 from radixgen.finish_reason import FinishReason
 from radixgen.runtime.scheduler.containment import internal_error, log_internal_error
 from radixgen.runtime.scheduler.finish import check_finish
-from radixgen.runtime.scheduler.step_plan import is_prompt_chunk
 
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
@@ -113,7 +112,7 @@ class ResultProcessor:
             if out is not None:
                 # a request that finished before its token arrived drops the token, and so does
                 # one whose sequence changed after the token this step ran (stale)
-                self.accept_all(batch.sampling_reqs, out, skip=settled | step.stale)
+                self.accept_all(batch.sampling_reqs, out, skip=(settled | step.stale) or None)
         except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
             log_internal_error("the step's results", e)
             self.lifecycle.fail(batch.reqs, e)
@@ -123,13 +122,14 @@ class ResultProcessor:
         plan = batch.plan
         stepped: list[Req] = []
         for r, start, n in zip(plan.reqs, plan.starts, plan.extend_lens, strict=True):
-            if id(r) in settled:
+            if settled and id(r) in settled:
                 continue
             if r.finished:
                 self.lifecycle.release(r)
-            elif is_prompt_chunk(r, start, n) and r.req_pool_idx is not None:
-                # share the prompt (chunk) with later requests: what this step computed (under
-                # overlap the step launched since counts its tokens in kv_len too)
+            elif n > 1 and start < len(r.origin_input_ids) and r.req_pool_idx is not None:
+                # a prompt chunk ran (`is_prompt_chunk`, inlined in this per-request loop): share
+                # what this step computed with later requests (under overlap `kv_len` counts the
+                # next step's token too)
                 self.cache.cache_unfinished_req(r, start + n)
             r.steps_since_stream += 1
             stepped.append(r)

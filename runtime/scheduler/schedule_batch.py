@@ -94,8 +94,10 @@ def build_step_batch(
     if (
         branch_slots is None
         and plan.drafts is None
-        and all(n == 1 for n in plan.extend_lens)
-        and all(a + 1 == r.seq_len for r, a in zip(plan.reqs, plan.starts, strict=True))
+        and all(
+            n == 1 and a + 1 == r.seq_len
+            for r, a, n in zip(plan.reqs, plan.starts, plan.extend_lens, strict=True)
+        )
     ):
         return decode_step_batch(plan, out_cache_loc, req_to_token_pool)
     return general_step_batch(plan, out_cache_loc, req_to_token_pool, branch_slots)
