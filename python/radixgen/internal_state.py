@@ -110,9 +110,10 @@ class StepState:
     dp_attention_idle_forwards: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SchedulerCounters:
-    """Counters since start: the scheduler's `SchedulerStats`, field for field."""
+    """Counters since start. The scheduler counts into one (its `stats`); a `SchedulerState`
+    holds a copy taken when it was built."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -122,6 +123,9 @@ class SchedulerCounters:
     retractions: int = 0
     evicted_tokens: int = 0
     jump_forward_tokens: int = 0
+    # where the scheduler's time goes (seconds): whole steps, launching forwards (on CPU: the
+    # forward itself), and waiting for the device's sampled tokens. Host work per step is
+    # step - wait (a GPU), or step - forward (the CPU, where the forward runs inline).
     step_seconds: float = 0.0
     forward_seconds: float = 0.0
     device_wait_seconds: float = 0.0
@@ -179,11 +183,12 @@ class CacheTierState:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SpeculationState:
-    """Speculative decoding's counters since start (the scheduler's `SpecStats`): verified
-    request-steps, draft tokens proposed and accepted (those on a branch off the tree's main
-    chain apart too), steps that carried drafts, steps where drafting was switched off by size."""
+    """Speculative decoding's counters since start: verified request-steps, draft tokens
+    proposed and accepted (those on a branch off the tree's main chain apart too), steps that
+    carried drafts, steps where drafting was switched off by size. The draft models count into
+    one; a `SchedulerState` holds a copy."""
 
     spec_verify_steps: int = 0
     spec_verified_requests: int = 0
@@ -270,7 +275,7 @@ class SchedulerState:
     steps: StepState
     counters: SchedulerCounters
     tiers: CacheTierState = CacheTierState()
-    speculation: SpeculationState = SpeculationState()
+    speculation: SpeculationState = field(default_factory=SpeculationState)
     grammar: GrammarStats | None = None  # None: no grammar manager
     dp_size: int = 1  # replicas merged into this one (`summed`)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixgen.internal_state import SpeculationState
 from radixgen.runtime.scheduler.containment import log_internal_error
 from radixgen.runtime.scheduler.schedule_batch import pages_needed
 from radixgen.runtime.speculative.draft_tree import (
@@ -56,26 +57,11 @@ PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS = 4.5, 0.35, 0.25
 
 
 @dataclass
-class SpecStats:
-    """Counters since start (in /server_info): verified request-steps, draft tokens proposed and
-    accepted (accepted ones on a branch other than the tree's main chain counted apart too),
-    steps that carried drafts, and steps where drafting was switched off by size."""
-
-    spec_verify_steps: int = 0
-    spec_verified_requests: int = 0
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_branch_tokens: int = 0
-    spec_branch_accepted_tokens: int = 0
-    spec_skipped_steps: int = 0
-
-
-@dataclass
 class DraftModels:
     """What speculation learns as it runs, shared by the draft planner (which reads it) and the
     verifier (which teaches it): acceptance, step cost, the corpus of finished outputs."""
 
-    stats: SpecStats
+    stats: SpeculationState
     accept: AcceptanceModel
     corpus: SharedCorpus
     cost: StepCostModel  # steps without drafts
@@ -93,14 +79,14 @@ class DraftModels:
         fixed = cfg.speculative_break_even_tokens
         if fixed:  # a fixed rule: a step costs (fixed + rows) token-times, rows alike
             cost = StepCostModel(float(fixed), 1.0, 0.0, learn=False)
-            return cls(SpecStats(), AcceptanceModel(), corpus, cost, cost)
+            return cls(SpeculationState(), AcceptanceModel(), corpus, cost, cost)
         cost = StepCostModel(PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True)
         drafted = cost
         if graphs:
             # NOTE: a step with drafts runs eagerly (7x dearer on the H200 at batch 8). Without
             # graphs both kinds of step fit one line, and one model learns it from every step.
             drafted = StepCostModel(PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True)
-        return cls(SpecStats(), AcceptanceModel(), corpus, cost, drafted)
+        return cls(SpeculationState(), AcceptanceModel(), corpus, cost, drafted)
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """Teach the step-cost model one step's measured time (decode-like steps only)."""

@@ -21,11 +21,11 @@ from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, order_w
 from radixgen.runtime.scheduler.step_plan import StepPlan
 
 if TYPE_CHECKING:
+    from radixgen.internal_state import SchedulerCounters
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.scheduler.draft_planner import DraftPlanner
-    from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class StepPlanner:
         preemption: PreemptionPolicy,
         background_budget: BackgroundBudget,
         drafts: DraftPlanner | None,
-        stats: SchedulerStats,
+        stats: SchedulerCounters,
     ) -> None:
         self.config = config
         self.queues = queues
@@ -117,18 +117,6 @@ class StepPlanner:
         self.context_length = config.context_length
         self.new_token_ratio = config.new_token_ratio
         self._planning: list[Req] = []  # the request(s) being planned (whom a failure is for)
-
-    @property
-    def waiting(self) -> list[Req]:
-        return self.queues.waiting
-
-    @waiting.setter
-    def waiting(self, reqs: list[Req]) -> None:
-        self.queues.waiting = reqs
-
-    @property
-    def running(self) -> list[Req]:
-        return self.queues.running
 
     def plan(self, grammars: GrammarManager | None) -> StepPlan:
         """This step's plan. Raises `PlanningFailed` naming the request(s) it was planning."""
@@ -159,7 +147,9 @@ class StepPlanner:
         self._preempt_for_waiting()
         decodes: list[Req] = []
         extends: list[Req] = []
-        for r in self.running:  # NOTE: one pass (a hot loop: every running request, every step)
+        for (
+            r
+        ) in self.queues.running:  # NOTE: one pass (a hot loop: every running request, every step)
             pending = r.pending_len
             if pending == 1:
                 if not self._ends_with_pending_token(r):
@@ -182,7 +172,7 @@ class StepPlanner:
         # batch lines' prompt tokens this step: with interactive traffic about, what
         # --background-step-ms holds at the measured rate
         background = self.background_budget.tokens(
-            len(decodes), any(not r.background for r in self.running), time.monotonic()
+            len(decodes), any(not r.background for r in self.queues.running), time.monotonic()
         )
         if background is None or not self.chunk_size:  # nothing measured yet, or no chunking
             background = budget
@@ -191,7 +181,7 @@ class StepPlanner:
         # step that prefills an interactive request prefills no batch line (its TTFT is then its
         # own prefill, not the batch's), so a line's next chunk waits while one is waiting
         yield_to_interactive = any(r.background for r in extends) and any(
-            not r.background for r in (*extends, *self.waiting)
+            not r.background for r in (*extends, *self.queues.waiting)
         )
         for r in extends:
             if r.background and (yield_to_interactive or background <= 0):
@@ -213,8 +203,8 @@ class StepPlanner:
                 background -= n
             plan.append((r, n))
         # 3) admit waiting requests
-        self._planning = list(self.waiting)  # until one is picked: the queue's order failed
-        if budget > 0 and self.waiting:
+        self._planning = list(self.queues.waiting)  # until one is picked: the queue's order failed
+        if budget > 0 and self.queues.waiting:
             plan.extend(self._admit(budget, reserved, plan, background))
         # 4) a step that prefills an interactive request decodes no batch line either: it is
         # that request's time to first token, and it stays as short as the request alone
@@ -228,13 +218,13 @@ class StepPlanner:
 
     def preemption_candidate(self) -> Req | None:
         """The best waiting request when it outranks some running one, else None."""
-        if not (self.preemption.enabled and self.waiting and self.running):
+        if not (self.preemption.enabled and self.queues.waiting and self.queues.running):
             return None
-        ready = [r for r in self.waiting if not r.pending_sample]
+        ready = [r for r in self.queues.waiting if not r.pending_sample]
         if not ready:
             return None
         cand = min(ready, key=lambda r: (r.rank, 0 if r.retractions else 1, r.arrival_time))
-        return cand if self.preemption.victim(cand, self.running) is not None else None
+        return cand if self.preemption.victim(cand, self.queues.running) is not None else None
 
     def _preempt_for_waiting(self) -> None:
         """Retract lower-ranked running requests while the best waiting request cannot be
@@ -253,16 +243,16 @@ class StepPlanner:
         try:
             while True:
                 rows_full = (
-                    len(self.running) >= self.max_running
+                    len(self.queues.running) >= self.max_running
                     or self.req_to_token_pool.available_size() == 0
                 )
                 if not rows_full and self.free_tokens(self._admission_need(cand, need)):
                     return
-                victim = self.preemption.victim(cand, self.running)
+                victim = self.preemption.victim(cand, self.queues.running)
                 if victim is None:
                     return
                 if not rows_full:
-                    victims = [r for r in self.running if self.preemption.victim(cand, [r])]
+                    victims = [r for r in self.queues.running if self.preemption.victim(cand, [r])]
                     # their own KV and the cache nodes only they lock become free or evictable
                     # (an upper bound: a prefix another request locks stays)
                     held = sum(r.kv_len for r in victims)
@@ -277,7 +267,7 @@ class StepPlanner:
         """Slots admission asks for `cand` (as `_admit_into` counts them): its tokens, a decode
         token per running request, and the reservation for running requests' future tokens."""
         gone = {id(r) for r in without or ()}
-        running = [r for r in self.running if id(r) not in gone]
+        running = [r for r in self.queues.running if id(r) not in gone]
         if not running:
             return need  # alone, admission runs it without a reservation
         future = sum(self._future_tokens(r) for r in running) + self._future_tokens(cand)
@@ -312,7 +302,7 @@ class StepPlanner:
         finally:  # NOTE: also when planning fails part-way: an admitted request never waits twice
             if admitted:
                 ids = {id(r) for r, _ in admitted}
-                self.waiting = [r for r in self.waiting if id(r) not in ids]
+                self.queues.waiting = [r for r in self.queues.waiting if id(r) not in ids]
         return admitted
 
     def _admit_into(
@@ -328,14 +318,16 @@ class StepPlanner:
         tokens in all."""
         prefilling = [r for r, n in plan if n > 1]
         interactive = any(not r.background for r in prefilling)
-        future_tokens = sum(self._future_tokens(r) for r in self.running)
+        future_tokens = sum(self._future_tokens(r) for r in self.queues.running)
         loaded = False  # a match copied host-tier KV into the pool (HiCache)
         # NOTE: every running request steps together, so the running set holds at most
         # --max-loras-per-batch distinct adapters (the model runner's slots)
-        adapters = {r.lora_id for r in self.running if r.lora_id is not None}
+        adapters = {r.lora_id for r in self.queues.running if r.lora_id is not None}
         max_adapters = self.config.max_loras_per_batch
-        for req in order_waiting_queue(self.waiting, self.config.schedule_policy, self.cache):
-            if budget <= 0 or len(self.running) >= self.max_running:
+        for req in order_waiting_queue(
+            self.queues.waiting, self.config.schedule_policy, self.cache
+        ):
+            if budget <= 0 or len(self.queues.running) >= self.max_running:
                 break
             if self.req_to_token_pool.available_size() == 0:
                 break
@@ -368,10 +360,12 @@ class StepPlanner:
             self.cache.inc_lock_ref(match.last_node)  # protect the prefix from our own eviction
             future_tokens += self._future_tokens(req)
             # slots kept free for running requests' future tokens (fewer retractions)
-            future = int(future_tokens * self.new_token_ratio) if self.running or admitted else 0
+            future = (
+                int(future_tokens * self.new_token_ratio) if self.queues.running or admitted else 0
+            )
             try:
                 fits = self.free_tokens(reserved + need + future)
-                if not fits and not (self.running or admitted or plan):
+                if not fits and not (self.queues.running or admitted or plan):
                     fits = self.free_tokens(reserved + need)  # alone: run without the reservation
             except Exception:
                 self.cache.dec_lock_ref(match.last_node)  # not admitted: it holds no lock
@@ -406,7 +400,7 @@ class StepPlanner:
             if req.lora_id is not None:
                 adapters.add(req.lora_id)
             admitted.append((req, n))
-            self.running.append(req)
+            self.queues.running.append(req)
         if loaded:
             # NOTE: the pages a load filled for a request that was not admitted after all are
             # evictable cache again, but they may have taken room this step's planned tokens
@@ -444,11 +438,11 @@ class StepPlanner:
         `reason` names a preemption; without one the pool was short, so admissions reserve more
         for future tokens from now on."""
         self.cache.cache_finished_req(req)
-        self.running.remove(req)
+        self.queues.running.remove(req)
         req.reset_for_retract()  # NOTE: output_ids are kept, so a grammar's state stays valid
-        self.waiting.append(req)
+        self.queues.waiting.append(req)
         self.stats.retractions += 1
         if not reason:
             self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
         why = reason or "pool short"
-        logger.info("retracted %s (%s): %d running", req.rid, why, len(self.running))
+        logger.info("retracted %s (%s): %d running", req.rid, why, len(self.queues.running))

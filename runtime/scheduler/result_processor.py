@@ -22,6 +22,7 @@ from radixgen.runtime.scheduler.containment import internal_error, log_internal_
 from radixgen.runtime.scheduler.finish import check_finish
 
 if TYPE_CHECKING:
+    from radixgen.internal_state import SchedulerCounters
     from radixgen.runtime.constrained.grammar_manager import GrammarManager, JumpForwardEdit
     from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.scheduler.draft_verifier import DraftVerifier
     from radixgen.runtime.scheduler.interfaces import TextDecoder
     from radixgen.runtime.scheduler.req import Req
-    from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.runtime.scheduler.step_executor import LaunchedStep, StepExecutor
     from radixgen.runtime.scheduler.step_plan import StepRow
     from radixgen.runtime.speculative.verify import Verified
@@ -67,7 +67,7 @@ class ResultProcessor:
         verifier: DraftVerifier | None,
         tokenizer: TextDecoder,
         limits: TokenLimits,
-        stats: SchedulerStats,
+        stats: SchedulerCounters,
         lifecycle: RequestLifecycle,
     ) -> None:
         self.executor = executor

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from radixgen.errors import InvalidRequestError
@@ -54,7 +54,7 @@ from radixgen.runtime.scheduler.containment import (
     poll_one_by_one,
 )
 from radixgen.runtime.scheduler.dashboard_probe import DashboardProbe
-from radixgen.runtime.scheduler.draft_planner import DraftModels, DraftPlanner, SpecStats
+from radixgen.runtime.scheduler.draft_planner import DraftModels, DraftPlanner
 from radixgen.runtime.scheduler.draft_verifier import DraftVerifier
 from radixgen.runtime.scheduler.interfaces import StepRunner, TextDecoder
 from radixgen.runtime.scheduler.output_processor import collect_outputs, failure_output
@@ -87,26 +87,6 @@ class ModelLimits:
     eos_token_ids: list[int]
 
 
-@dataclass
-class SchedulerStats:
-    """Counters since start, reported by /server_info and the metrics."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    host_cached_tokens: int = 0  # of cached_tokens, copied back from the host tier (HiCache)
-    storage_cached_tokens: int = 0  # of cached_tokens, read back from the file tier (HiCache)
-    generated_tokens: int = 0
-    retractions: int = 0
-    evicted_tokens: int = 0
-    jump_forward_tokens: int = 0
-    # where the scheduler's time goes (seconds): whole steps, launching forwards (on CPU: the
-    # forward itself), and waiting for the device's sampled tokens. Host work per step is
-    # step - wait (a GPU), or step - forward (the CPU, where the forward runs inline).
-    step_seconds: float = 0.0
-    forward_seconds: float = 0.0
-    device_wait_seconds: float = 0.0
-
-
 class Scheduler:
     """Owns the request queues and runs the step pipeline: the `StepPlanner` returns a frozen
     `StepPlan`, the `StepExecutor` launches it, the `ResultProcessor` commits it; with overlap
@@ -137,7 +117,7 @@ class Scheduler:
         self.lora_unloading: set[str] = set()  # adapters unloaded once their requests finish
         self.outbox: list[Req] = []  # requests with something to send this step
         self.forward_steps = 0
-        self.stats = SchedulerStats()
+        self.stats = SchedulerCounters()  # counters since start
         self.probe = DashboardProbe()
         self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
         self.inflight: LaunchedStep | None = None  # launched, committed after the next launch
@@ -536,8 +516,7 @@ class Scheduler:
     # --- introspection ------------------------------------------------------------------------
 
     def internal_state(self) -> SchedulerState:
-        st = self.stats
-        spec = self.draft_models.stats if self.draft_models is not None else SpecStats()
+        spec = self.draft_models.stats if self.draft_models is not None else SpeculationState()
         return SchedulerState(
             queues=QueueState(
                 running_requests=len(self.running),
@@ -561,29 +540,9 @@ class Scheduler:
                 tp_comm_seconds=float(getattr(self.model_runner, "comm_seconds", 0.0)),
                 dp_attention_idle_forwards=int(getattr(self.model_runner, "idle_forwards", 0)),
             ),
-            counters=SchedulerCounters(
-                prompt_tokens=st.prompt_tokens,
-                cached_tokens=st.cached_tokens,
-                host_cached_tokens=st.host_cached_tokens,
-                storage_cached_tokens=st.storage_cached_tokens,
-                generated_tokens=st.generated_tokens,
-                retractions=st.retractions,
-                evicted_tokens=st.evicted_tokens,
-                jump_forward_tokens=st.jump_forward_tokens,
-                step_seconds=st.step_seconds,
-                forward_seconds=st.forward_seconds,
-                device_wait_seconds=st.device_wait_seconds,
-            ),
+            counters=replace(self.stats),
             tiers=self.cache.tier_state(),
-            speculation=SpeculationState(
-                spec_verify_steps=spec.spec_verify_steps,
-                spec_verified_requests=spec.spec_verified_requests,
-                spec_draft_tokens=spec.spec_draft_tokens,
-                spec_accepted_tokens=spec.spec_accepted_tokens,
-                spec_branch_tokens=spec.spec_branch_tokens,
-                spec_branch_accepted_tokens=spec.spec_branch_accepted_tokens,
-                spec_skipped_steps=spec.spec_skipped_steps,
-            ),
+            speculation=replace(spec),
             grammar=self.grammar_manager.stats() if self.grammar_manager is not None else None,
         )
 

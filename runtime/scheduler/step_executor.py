@@ -26,6 +26,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
 )
 
 if TYPE_CHECKING:
+    from radixgen.internal_state import SchedulerCounters
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from radixgen.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler
     from radixgen.runtime.scheduler.interfaces import StepRunner
     from radixgen.runtime.scheduler.req import Req
-    from radixgen.runtime.scheduler.scheduler import SchedulerStats
     from radixgen.runtime.scheduler.step_plan import StepPlan
 
 
@@ -62,7 +62,7 @@ class StepExecutor:
         self,
         model_runner: StepRunner,
         sampler: Sampler,
-        stats: SchedulerStats,
+        stats: SchedulerCounters,
     ) -> None:
         self.model_runner = model_runner
         self.kv_pool: TokenToKVPool = model_runner.kv_pool

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from grammar_cases import ALL_CASES, Case
+from step_helpers import count_steps_in_flight
 
 from radixgen.finish_reason import FinishReason
 from radixgen.io_struct import TokenizedGenerateReq, apply_delta
@@ -242,15 +243,7 @@ def xgrammar_on_overlapped(default_model_folder):
     )
     s = build_scheduler(args, default_model_folder)
     assert s.overlap
-    steps_in_flight = []
-    real_step = s.step
-
-    def step():
-        out = real_step()
-        steps_in_flight.append(s.inflight is not None)
-        return out
-
-    s.step = step
+    steps_in_flight = count_steps_in_flight(s)
     results = run_batch(s, "xgrammar", True, case_requests(s, ALL_CASES))
     return results, sum(steps_in_flight)
 

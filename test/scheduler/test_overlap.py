@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from step_helpers import count_steps_in_flight
 from toy_runner import make_scheduler, reference_output, submit
 
 from radixgen.finish_reason import FinishReason
@@ -96,20 +97,6 @@ def test_outputs_equal_the_synchronous_scheduler(workload: str):
         assert s.stats.retractions > 0
     assert not s.running and s.inflight is None and s.cache.protected_size() == 0
     assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
-
-
-def count_steps_in_flight(s: Scheduler) -> list[bool]:
-    """Wrap `s.step` to record, after each step, whether a step was left in flight."""
-    seen: list[bool] = []
-    real_step = s.step
-
-    def step():
-        out = real_step()
-        seen.append(s.inflight is not None)
-        return out
-
-    s.step = step
-    return seen
 
 
 class ForcingGrammar:

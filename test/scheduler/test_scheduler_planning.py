@@ -204,3 +204,15 @@ def test_paged_cache_matches_whole_pages():
     out = run_to_end(s)
     assert runner.batches[-3].prefix_lens == [28]  # 30 shared tokens -> 7 whole pages
     assert out["second"][0] == reference_output([*PROMPT[:30], 1, 1], 3)
+
+
+def test_internal_state_is_a_snapshot_of_the_counters():
+    """The scheduler counts into its own counters; a state it returned keeps its values."""
+    s, _ = make_scheduler()
+    submit(s, "a", PROMPT[:20], max_new_tokens=4)
+    s.step()
+    before = s.internal_state()
+    run_to_end(s)
+    assert before.counters.generated_tokens == 1
+    assert s.internal_state().counters.generated_tokens == 4
+    assert before.counters is not s.stats

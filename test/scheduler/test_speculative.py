@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from step_helpers import count_steps_in_flight
 from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
 
 from radixgen.errors import InvalidRequestError
@@ -547,15 +548,7 @@ def test_under_overlap_only_steps_without_drafting_requests_overlap():
         submit(s, "greedy", prompt, max_new_tokens=12)
         for i in range(3):
             submit(s, f"sampled{i}", prompt, max_new_tokens=40, temperature=0.5, seed=i)
-        in_flight: list[bool] = []
-        real_step = s.step
-
-        def step(real_step=real_step, s=s, in_flight=in_flight):
-            out = real_step()
-            in_flight.append(s.inflight is not None)
-            return out
-
-        s.step = step
+        in_flight = count_steps_in_flight(s)
         outs[overlap] = run_to_end(s)
         assert s.draft_models.stats.spec_accepted_tokens > 0  # the greedy request drafted
         if overlap:
