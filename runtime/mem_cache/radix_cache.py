@@ -219,7 +219,10 @@ class RadixCache(BasePrefixCache):
         assert row is not None
         kv_len = req.kv_len
         slots = self.req_to_token_pool.req_to_token[row, :kv_len].clone()
-        aligned = self._aligned(kv_len)
+        # NOTE: KV past the request's tokens (a step launched for a token that never arrived, a
+        # failed step's draft) is freed with the unaligned tail, never keyed
+        known = len(req.origin_input_ids) + len(req.output_ids)
+        aligned = self._aligned(min(kv_len, known))
         already = self.insert(req.all_ids[:aligned], slots[:aligned], req.cache_namespace)
         # duplicates of what the tree already held, and the unaligned tail, go back to the pool
         self.kv_pool.free(slots[req.cache_protected_len : already])

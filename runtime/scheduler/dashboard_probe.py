@@ -39,7 +39,8 @@ class DashboardProbe:
         self.finished: deque[RequestTimeline] = deque(maxlen=FINISHED_RING)
 
     def on_step(self, plan: StepPlan, sched: Scheduler) -> None:
-        """One forward step ran over `plan` (after its tokens were accepted)."""
+        """One forward step was launched over `plan` (synchronous: its tokens accepted too;
+        overlap: they are committed one step later)."""
         decodes = prefill_tokens = 0
         if plan.drafts is None:
             decodes = plan.extend_lens.count(1)

@@ -44,6 +44,7 @@ from radixgen.runtime.speculative.policy import (
 if TYPE_CHECKING:
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixgen.runtime.model_executor.forward_batch import ForwardBatch
     from radixgen.runtime.scheduler.req import Req
     from radixgen.runtime.scheduler.step_plan import StepPlan
     from radixgen.speculative_config import SpeculativeConfig
@@ -88,14 +89,15 @@ class DraftModels:
             drafted = StepCostModel(PRIOR_BASE_MS, PRIOR_ROW_MS, PRIOR_KEYS_MS, learn=True)
         return cls(SpeculationState(), AcceptanceModel(), corpus, cost, drafted)
 
-    def observe_step(self, plan: StepPlan, seconds: float) -> None:
-        """Teach the step-cost model one step's measured time (decode-like steps only)."""
-        lens = plan.extend_lens
+    def observe_step(self, batch: ForwardBatch, seconds: float) -> None:
+        """Teach the step-cost model one step's measured time (decode-like steps only), from the
+        rows that ran: the draft branches' pseudo-requests included."""
+        lens = batch.extend_lens
         rows = sum(lens)
         if rows > COST_MAX_ROWS or max(lens, default=0) > COST_MAX_EXTEND:
             return  # a prefill: its rows cost what a decode row does not
-        attended = sum(e * (p + (e + 1) / 2) for p, e in zip(plan.starts, lens, strict=True))
-        model = self.cost_drafted if plan.drafted else self.cost
+        attended = sum(e * (p + (e + 1) / 2) for p, e in zip(batch.prefix_lens, lens, strict=True))
+        model = self.cost if batch.draft_rows is None else self.cost_drafted
         model.observe(rows, attended, seconds * 1e3)
 
 
@@ -277,18 +279,24 @@ def allocate_branches(
     slots = kv_pool.alloc(sum(t.branch_tokens for t in trees))
     assert slots is not None, "planning reserved the branches' slots"
     rows: list[int] = []
-    at = 0
-    for t in trees:
-        t.slots = [-1] * (len(t) + 1)
-        t.branch_rows = []
-        for chain in t.chains[1:]:
-            row = req_to_token_pool.alloc()
-            assert row is not None, "planning reserved the branches' rows"
-            t.branch_rows.append(row)
-            rows.append(row)
-            for v in chain:
-                t.slots[v] = int(slots[at])
-                at += 1
+    try:
+        at = 0
+        for t in trees:
+            t.slots = [-1] * (len(t) + 1)
+            t.branch_rows = []
+            for chain in t.chains[1:]:
+                row = req_to_token_pool.alloc()
+                assert row is not None, "planning reserved the branches' rows"
+                t.branch_rows.append(row)
+                rows.append(row)
+                for v in chain:
+                    t.slots[v] = int(slots[at])
+                    at += 1
+    except Exception:
+        kv_pool.free(slots)
+        for row in rows:
+            req_to_token_pool.free(row)
+        raise
     return slots, rows
 
 

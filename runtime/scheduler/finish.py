@@ -8,6 +8,7 @@ the detokenizer then trims the matched text.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from radixgen.finish_reason import FinishReason
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
     from radixgen.runtime.scheduler.req import Req
 
 
-def check_finish(req: Req, eos_ids: list[int], context_length: int, tokenizer: TextDecoder) -> None:
+def check_finish(
+    req: Req, eos_ids: Collection[int], context_length: int, tokenizer: TextDecoder
+) -> None:
     sp = req.sampling_params
     tok = req.output_ids[-1]
     if not sp.ignore_eos and tok in eos_ids:

@@ -26,7 +26,9 @@ A step is synchronous (the step in flight is committed before it is planned) whe
 be too short for the decodes, when a waiting request may preempt a running one (retraction must
 see settled requests), or, with speculative decoding, while a running request may draft (a draft
 follows the sequence's last token, which must be on the host: those steps run one by one, the
-others overlap).
+others overlap; at `--speculative-max-verify-tokens` decoding requests or more no step drafts,
+so they overlap too). A step that carries drafts anyway (a request re-admitted with output) is
+committed at once.
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ def overlap_enabled(args: ServerArgs, device: str) -> bool:
 
 def needs_sync(s: Scheduler) -> bool:
     """Whether this step must see every sampled token on the host before it is planned."""
-    if s.drafts is not None and any(s.drafts.drafting_kind(r) for r in s.running):
+    decodes = [r for r in s.running if r.pending_len == 1]
+    drafts = s.drafts
+    if (
+        drafts is not None
+        and len(decodes) < drafts.cfg.speculative_max_verify_tokens  # else none is drafted
+        and any(drafts.drafting_kind(r) for r in s.running)
+    ):
         return True  # a draft follows the sequence's last token: it must be on the host
     planner = s.planner
     if planner.preemption_candidate() is not None:
         return True  # a preemption retracts, and retraction must see settled requests
-    decodes = [r for r in s.running if r.pending_len == 1]
     return bool(decodes) and not planner.free_tokens(planner.pages(decodes, 1) * s.page_size)

@@ -6,7 +6,8 @@ their grammars, jump-forward and value checks, finish checks, and then each requ
 The one place a step's results are committed, whichever mode launched it: a synchronous step is
 committed right after its launch, an overlapped one after the next step's launch. A request that
 finished (or was aborted) between the launch and the commit is left as it is; its token is
-dropped.
+dropped. (A step carrying drafts is always committed at once, so no released request has a
+draft to verify.)
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class ResultProcessor:
         self.verifier = verifier
         self.tokenizer = tokenizer
         self.limits = limits
-        self.eos_token_ids = list(limits.eos_token_ids)
         self.stats = stats
         self.lifecycle = lifecycle
         self.edited: set[int] = set()  # requests whose tail the current commit replaced
@@ -127,9 +127,8 @@ class ResultProcessor:
             if r.finished:
                 self.lifecycle.release(r)
             elif n > 1 and start < len(r.origin_input_ids) and r.req_pool_idx is not None:
-                # a prompt chunk ran (`is_prompt_chunk`, inlined in this per-request loop): share
-                # what this step computed with later requests (under overlap `kv_len` counts the
-                # next step's token too)
+                # a prompt chunk ran: share what this step computed with later requests (under
+                # overlap `kv_len` counts the next step's token too)
                 self.cache.cache_unfinished_req(r, start + n)
             r.steps_since_stream += 1
             stepped.append(r)
@@ -196,8 +195,13 @@ class ResultProcessor:
             edit = None
         finally:
             self.verifier.keep_kv(row, v.path[: max(appended - 1, 0)])
-        if edit is not None:
+        if edit is None:
+            return
+        try:
             self._apply_jump(r, edit)
+        except Exception as e:  # NOTE: fail this request only (released by the caller)
+            log_internal_error(f"applying the jump-forward of request {r.rid}", e)
+            r.finish(internal_error(e))
 
     def _append_token(
         self, r: Req, tok: int, lp: float | None, top: list[tuple[float, int]] | None
@@ -216,7 +220,7 @@ class ResultProcessor:
             self.grammars.accept(r, tok)
             if r.value_checker is not None and not r.finished and self._check_values(r):
                 return
-        check_finish(r, self.eos_token_ids, self.limits.context_length, self.tokenizer)
+        check_finish(r, self.limits.eos_token_ids, self.limits.context_length, self.tokenizer)
 
     # --- jump-forward and the checked layer ---------------------------------------------------
 

@@ -402,7 +402,10 @@ class Scheduler:
         launched = self._launch_contained(plan) if plan else None
         edited = self._commit_inflight()  # the previous step's tokens, after this step's launch
         if launched is not None:
-            self._sample_and_commit(launched, overlapped, edited)
+            # NOTE: a step carrying drafts is committed at once even when overlapped (a request
+            # re-admitted with output may draft in an overlapped step): its verification must not
+            # meet a request released since its launch
+            self._sample_and_commit(launched, overlapped and not launched.plan.drafted, edited)
         if plan:
             self._after_step(plan)
         out = self._collect_outputs()
@@ -439,7 +442,7 @@ class Scheduler:
             return
         self.results.commit(step)
         if self.draft_models is not None:
-            self.draft_models.observe_step(step.plan, time.perf_counter() - step.started)
+            self.draft_models.observe_step(step.batch.forward, time.perf_counter() - step.started)
 
     def _commit_inflight(self) -> set[int]:
         step, self.inflight = self.inflight, None

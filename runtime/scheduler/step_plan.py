@@ -4,7 +4,8 @@ process).
 The planner returns a frozen `StepPlan`; the executor launches it (`step_executor.py`) and the
 result processor commits its results (`result_processor.py`). Everything a step needs beyond a
 request's own state travels in the plan, so the request keeps request state only and a step's
-rows are never changed after planning. The plan is stored by column (tuples built in one pass
+rows are never changed after planning (the plan is frozen shallowly: the launch records the KV
+slots and spare rows of each draft tree's branches in its `StepDraft`). The plan is stored by column (tuples built in one pass
 each): at batch 256 a plan is made every step, and an object per row would cost more than the
 rest of planning a decode step.
 """
@@ -38,18 +39,9 @@ class StepRow(NamedTuple):
         """One real token (a decode, drafts aside)."""
         return self.extend_len - self.draft_len == 1
 
-    @property
-    def prompt_chunk(self) -> bool:
-        """It runs part of its prompt: the prompt (chunk) is cached for later requests."""
-        return is_prompt_chunk(self.req, self.start, self.extend_len)
-
 
 def draft_len(draft: StepDraft | None) -> int:
     return len(draft.chains[0]) if draft is not None and draft.chains else 0
-
-
-def is_prompt_chunk(req: Req, start: int, extend_len: int) -> bool:
-    return extend_len > 1 and start < len(req.origin_input_ids)
 
 
 @dataclass(frozen=True)

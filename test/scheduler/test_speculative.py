@@ -9,6 +9,8 @@ pool pressure; `debug_invariants` checks the KV accounting after every step.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,7 +20,7 @@ from toy_runner import VOCAB, make_scheduler, next_token, run_to_end, submit
 
 from radixgen.errors import InvalidRequestError
 from radixgen.finish_reason import FinishReason
-from radixgen.io_struct import AbortReq
+from radixgen.io_struct import AbortReq, TokenizedGenerateReq
 from radixgen.runtime.speculative.draft_tree import CandidateTree, step_draft, walk_grammar
 from radixgen.runtime.speculative.ngram import Candidate, NgramIndex, SharedCorpus, continuation
 from radixgen.runtime.speculative.policy import (
@@ -30,6 +32,7 @@ from radixgen.runtime.speculative.policy import (
     select_drafts,
     select_nodes,
 )
+from radixgen.sampling_params import SamplingParams
 from radixgen.server_args import ServerArgs
 
 # a fixed cost rule (the toy runner's step times say nothing about a real model's)
@@ -557,6 +560,49 @@ def test_under_overlap_only_steps_without_drafting_requests_overlap():
         assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
     assert outs[True] == outs[False]
     assert outs[True]["greedy"][0] == reference(prompt, 12, earliest_copy_model)
+
+
+def test_a_step_carrying_drafts_is_never_left_in_flight():
+    # a greedy request preempted by a sampled (never drafting) one is re-admitted with output
+    # in an overlapped step and drafts there: that step is committed at once, and the outputs and
+    # the KV accounting (debug_invariants) are as without overlap
+    a, b, c = list(range(10, 22)), list(range(22, 34)), list(range(34, 46))
+    prompt = [7, 1, *a, 7, 1, *b, 7, 1, *c, 7]
+    flags = {
+        **SPEC,
+        "speculative_break_even_tokens": 100,
+        "speculative_greedy_only": True,
+        "enable_priority_scheduling": True,
+        "max_running_requests": 1,
+    }
+    outs = {}
+    for overlap in (False, True):
+        s, runner = make_scheduler(enable_overlap_schedule=overlap, **flags)
+        runner.predict = earliest_copy_model
+        submit(s, "greedy", prompt, max_new_tokens=60)
+        for _ in range(2):
+            s.step()
+        sp = SamplingParams.from_dict({"max_new_tokens": 12, "temperature": 0.5})
+        s.add_request(
+            TokenizedGenerateReq(
+                "sampled", [3, *prompt], sp, arrival_time=time.time(), priority=100
+            )
+        )
+        drafted_in_flight: list[bool] = []
+        real_step = s.step
+
+        def step(real_step=real_step, s=s, seen=drafted_in_flight):
+            out = real_step()
+            seen.append(s.inflight is not None and s.inflight.plan.drafted)
+            return out
+
+        s.step = step
+        outs[overlap] = run_to_end(s)
+        assert s.stats.retractions == 1  # the greedy request was preempted
+        assert not any(drafted_in_flight)
+        assert s.draft_models.stats.spec_accepted_tokens > 0
+        assert s.kv_pool.available_size() + s.cache.evictable_size() == s.kv_pool.size
+    assert outs[True] == outs[False]
 
 
 def test_flags_are_checked():
