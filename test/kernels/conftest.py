@@ -7,6 +7,7 @@ from __future__ import annotations
 import platform
 
 import pytest
+import strict_compiles
 
 from radixgen.kernels.cpu import NativeBuildError, NativeKernels, load_kernels_for_isa
 from radixgen.kernels.cpu.isa import VARIANTS, why_not_runnable
@@ -24,3 +25,21 @@ def native(request: pytest.FixtureRequest) -> NativeKernels:
         return load_kernels_for_isa(request.param)
     except NativeBuildError as e:  # no compiler: the module's own skip says so
         pytest.skip(str(e))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the strict compiles the selected tests of test_native_build.py will check, at the
+    lowest priority, so they run beside the rest of the suite (strict_compiles.py)."""
+    wanted = {
+        str(item.callspec.params["isa"])
+        for item in session.items
+        if item.path.name == "test_native_build.py"
+        and hasattr(item, "callspec")
+        and "isa" in item.callspec.params
+    }
+    if wanted:
+        strict_compiles.start(wanted)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    strict_compiles.stop_all()

@@ -5,20 +5,15 @@ from __future__ import annotations
 import dataclasses
 import platform
 import re
-import shutil
 import subprocess
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
+import strict_compiles
 
 from radixgen.kernels.cpu import build
 from radixgen.kernels.cpu.isa import BY_NAME, VARIANTS, chosen_isa
 from radixgen.utils import cache_root
-
-STRICT = ("-Wall", "-Wextra", "-Werror", "-Wmissing-prototypes")
 
 
 @pytest.fixture(scope="module")
@@ -34,71 +29,20 @@ BUILDS = [
     pytest.param(v.name, marks=() if v.name == chosen_isa()[0] else pytest.mark.slow)
     for v in VARIANTS
 ]
-PARALLEL_COMPILES = 2  # each compile is one single-threaded cc1 at a time: two use both cores
-
-
-def variant_command(compiler: build.Compiler, isa: str, out: Path) -> list[str] | str:
-    """The loader's compile of variant `isa` with the strict warnings, or why it cannot run."""
-    machine = BY_NAME[isa].machine
-    if machine != platform.machine():  # the other architecture's variant: cross-compiled
-        cross = shutil.which(f"{machine}-linux-gnu-gcc")
-        if cross is None:
-            return f"{isa} is for {machine}: needs {machine}-linux-gnu-gcc to cross-compile"
-        compiler = build.Compiler(cross, cross, "cross")
-    return build.compile_command(compiler, out, (*build.variant_cflags(isa), *STRICT))
-
-
-@pytest.fixture(scope="module")
-def compiles(
-    request: pytest.FixtureRequest,
-    compiler: build.Compiler,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]] | str]]:
-    """Every selected compile of this module, started at once two at a time (the suite runs one
-    test at a time: the second core would idle through minutes of compiles). name -> its
-    running compile, or why it is skipped."""
-    wanted = {
-        str(p)
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec")
-        for key, p in item.callspec.params.items()
-        if key == "isa"
-    }
-    jobs: dict[str, Future[subprocess.CompletedProcess[str]] | str] = {}
-    with ThreadPoolExecutor(PARALLEL_COMPILES) as pool:
-        for name in [v.name for v in VARIANTS]:
-            if name not in wanted:
-                continue
-            folder = tmp_path_factory.mktemp(f"build-{name}")
-            cmd = variant_command(compiler, name, folder / "kernels.so")
-            jobs[name] = cmd if isinstance(cmd, str) else pool.submit(
-                subprocess.run, cmd, capture_output=True, text=True, cwd=folder
-            )  # fmt: skip
-        yield jobs
-        for job in jobs.values():  # a failed test leaves its compile to finish, not to leak
-            if not isinstance(job, str):
-                job.cancel()
-
-
-def compiled(compiles: dict[str, Any], name: str) -> subprocess.CompletedProcess[str]:
-    job = compiles[name]
-    if isinstance(job, str):
-        pytest.skip(job)
-    result: subprocess.CompletedProcess[str] = job.result()
-    return result
 
 
 @pytest.mark.parametrize("isa", BUILDS)
-def test_sources_build_warning_free_with_the_production_flags(
-    compiles: dict[str, Any], isa: str
-) -> None:
+def test_sources_build_warning_free_with_the_production_flags(isa: str) -> None:
     """Every variant with the flags the loader uses: this machine's architecture's with its
     compiler, the other's with Debian's cross compiler where installed (install.sh's test
     extras install it). -Wmissing-prototypes: every exported function has its prototype in
-    radixgen_kernels.h."""
-    proc = compiled(compiles, isa)
-    assert proc.returncode == 0, proc.stderr
-    assert (Path(proc.args[proc.args.index("-o") + 1])).exists()
+    radixgen_kernels.h. The compiles started when the session was collected (strict_compiles)."""
+    job = strict_compiles.job(isa)
+    if isinstance(job, str):
+        pytest.skip(job)
+    code, messages = job.wait()
+    assert code == 0, messages
+    assert job.output.exists()
 
 
 # CPUs the AVX-512 variants run on, by the variant their build is: the loader compiles a
