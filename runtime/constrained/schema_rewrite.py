@@ -9,7 +9,9 @@ backends compile the rewritten schema). Each rewrite keeps the set of valid inst
   none, so it stays refused);
 - `dependencies`, `dependentRequired`, `dependentSchemas`: per trigger, "absent, or present
   with the dependency";
-- `if`/`then`/`else`: `(if and then) or (not if and else)`, when `not if` has a positive form.
+- `if`/`then`/`else`: `(if and then) or (not if and else)`, when `not if` has a positive form;
+- `$ref`s to another resource of the same bundle (`$id`, anchors): root pointers; before
+  2019-09, the keywords a `$ref` overrides dropped (schema_bundle.py).
 
 The node's other keywords are merged into each resulting `anyOf` branch (`merge_schemas`), so
 no `allOf` and no `anyOf` beside other keywords is left for xgrammar to ignore (a merge that
@@ -28,6 +30,7 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.json_types import JSONValue
+from radixgen.runtime.constrained.schema_bundle import drop_ignored_ref_siblings, localize_refs
 from radixgen.runtime.constrained.schema_merge import (
     UNSATISFIABLE,
     canonical,
@@ -84,16 +87,20 @@ class RewrittenSchema:
 
 def rewrite_schema(schema: JSONValue) -> RewrittenSchema:
     """The schema with every rewritable keyword rewritten; a 400 past MAX_BRANCHES."""
+    schema, bundled = localize_refs(schema)
+    schema, unsiblinged = drop_ignored_ref_siblings(schema)
+    done = ("$ref:bundle",) * bundled + ("$ref:siblings",) * unsiblinged
     if not _uses(schema, REWRITTEN_KEYWORDS) and not _has_sibling_keywords(schema):
-        return RewrittenSchema(schema, ())
+        return RewrittenSchema(schema, done)
     declared = str(schema.get("$schema", "")) if isinstance(schema, dict) else ""
     if ("draft-03" in declared or "draft-04" in declared) and _uses(schema, {"const"}):
-        return RewrittenSchema(schema, ())  # `const` is no keyword there: merging would read it
+        return RewrittenSchema(schema, done)  # `const` is no keyword there: merging would read it
     rewriter = _Rewriter(_ref_targets(schema), _keywords_of_draft(declared), "draft-04" in declared)
+    rewriter.root = schema
     out = rewriter.node("", schema)
     if not rewriter.used:
-        return RewrittenSchema(schema, ())  # nothing rewritten: the same object
-    return RewrittenSchema(out, tuple(sorted(rewriter.used)))
+        return RewrittenSchema(schema, done)  # nothing rewritten: the same object (or bundled)
+    return RewrittenSchema(out, tuple(sorted({*rewriter.used, *done})))
 
 
 def rewrite_spec(spec: str) -> tuple[str, tuple[str, ...]]:
@@ -158,6 +165,75 @@ def _sibling_key(s: dict[str, Any]) -> str | None:
     return keys[0]
 
 
+def _types_within(root: Any, branches: Any, declared: Any) -> bool:
+    """Whether every branch's instances provably have a type of `declared` (a `type` value)."""
+    allowed = {declared} if isinstance(declared, str) else set(declared or ())
+    if not isinstance(branches, list) or not allowed:
+        return False
+    for branch in branches:
+        types = _upper_types(root, branch, 0)
+        if types is None or any(
+            t not in allowed and not (t == "integer" and "number" in allowed) for t in types
+        ):
+            return False
+    return True
+
+
+def _upper_types(root: Any, s: Any, depth: int) -> set[str] | None:
+    """A set of JSON types holding every instance of `s` (None: not known)."""
+    if not isinstance(s, dict) or depth > 8:
+        return set() if s is False else None
+    declared = s.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
+        return set(declared)
+    if "const" in s:
+        return {_json_type(s["const"])}
+    if isinstance(s.get("enum"), list):
+        return {_json_type(v) for v in s["enum"]}
+    ref = s.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        return _upper_types(root, _pointer(root, ref), depth + 1)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list):
+            parts = [_upper_types(root, b, depth + 1) for b in s[key]]
+            if all(p is not None for p in parts):
+                return set().union(*(p for p in parts if p is not None))
+    if isinstance(s.get("allOf"), list):
+        for b in s["allOf"]:
+            known = _upper_types(root, b, depth + 1)
+            if known is not None:
+                return known
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):  # 1.0 is an integer from draft 6 on, not in draft 4
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "object")
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
+    node = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
 def _keywords_of_draft(declared: str) -> frozenset[str]:
     """The rewritten keywords the declared draft defines (others it ignores: left as written).
 
@@ -197,6 +273,7 @@ class _Rewriter:
         self.keywords = keywords  # the rewritten keywords this schema's draft defines
         self.draft4 = draft4
         self.used: set[str] = set()
+        self.root: Any = None  # the whole schema, where a branch's $ref is looked up
 
     def node(self, path: str, schema: Any) -> Any:
         """The schema at `path` (a JSON pointer) with its subschemas, then itself, rewritten."""
@@ -247,7 +324,16 @@ class _Rewriter:
         top = {k: v for k, v in s.items() if k in _KEPT_AT_NODE}
         rest = {k: v for k, v in s.items() if k not in _KEPT_AT_NODE and k != key}
         if any(merge_schemas(rest, b) is None for b in s[key]):
-            return s
+            if "type" not in rest or not _types_within(self.root, s[key], rest["type"]):
+                return s
+            # every branch already has one of these types: the keyword adds nothing (a $ref
+            # branch takes no merge, and the backends refuse a keyword beside its anyOf)
+            rest = {k: v for k, v in rest.items() if k != "type"}
+            if rest and any(merge_schemas(rest, b) is None for b in s[key]):
+                return s
+            self.used.add("type:implied")
+            if not rest:
+                return {**top, key: s[key]}
         try:
             if key == "anyOf":
                 branches: Branches = []

@@ -228,27 +228,69 @@ def close_objects(schema: Any, part: bool = False) -> Any:
     token limit. It only narrows what is allowed (every output still validates), and it is
     skipped where it could exclude every instance: beside allOf/anyOf/oneOf/$ref, in an allOf
     branch or an anyOf/oneOf branch of a schema with its own properties (`part`: another part
-    may declare the keys), with patternProperties, or when a required name is not declared.
+    may declare the keys), in a subschema a `$ref` in such a branch names (closing
+    `{"allOf": [{"$ref": "#/definitions/person"}, {"required": ["club"]}]}`'s person would
+    leave no instance), with patternProperties, or when a required name is not declared.
     """
+    return _close(schema, part, "#", _part_refs(schema))
+
+
+def _part_refs(root: Any) -> frozenset[str]:
+    """The local pointers a `$ref` in a part position names (and those they name in turn)."""
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in ("enum", "const", "default", "examples"):
+                continue
+            if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+                if key == "allOf" or isinstance(node.get("properties"), dict):
+                    found.update(
+                        b["$ref"]
+                        for b in value
+                        if isinstance(b, dict) and isinstance(b.get("$ref"), str)
+                    )
+            stack.append(value)
+    todo = list(found)
+    while todo:  # a named subschema that is itself a $ref: what that names is a part too
+        ref = todo.pop()
+        target = _resolve(root, ref) if ref.startswith("#") else None
+        if isinstance(target, dict):
+            named = target.get("$ref")
+            if isinstance(named, str) and named not in found:
+                found.add(named)
+                todo.append(named)
+    return frozenset(found)
+
+
+def _close(schema: Any, part: bool, pointer: str, shared_refs: frozenset[str]) -> Any:
     if isinstance(schema, list):
-        return [close_objects(s) for s in schema]
+        return [_close(s, False, f"{pointer}/{i}", shared_refs) for i, s in enumerate(schema)]
     if not isinstance(schema, dict):
         return schema
+    part = part or pointer in shared_refs
     out: dict[str, Any] = {}
     for key, value in schema.items():
+        here = f"{pointer}/{_escape(key)}"
         if key in ("enum", "const", "default", "examples"):
             out[key] = value
         elif key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
             out[key] = (
-                {k: close_objects(v) for k, v in value.items()}
+                {k: _close(v, False, f"{here}/{_escape(k)}", shared_refs) for k, v in value.items()}
                 if isinstance(value, dict)
                 else value
             )
         elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
             shared = key == "allOf" or isinstance(schema.get("properties"), dict)
-            out[key] = [close_objects(v, part=shared) for v in value]
+            out[key] = [_close(v, shared, f"{here}/{i}", shared_refs) for i, v in enumerate(value)]
         else:
-            out[key] = close_objects(value)
+            out[key] = _close(value, False, here, shared_refs)
     props = schema.get("properties")
     required = list_field(schema, "required")
     is_object = schema.get("type") == "object" or (isinstance(props, dict) and "type" not in schema)
@@ -261,6 +303,10 @@ def close_objects(schema: Any, part: bool = False) -> Any:
     ):
         out["additionalProperties"] = False
     return out
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
 
 
 def drop_false_properties(schema: Any) -> Any:

@@ -170,6 +170,74 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         },
         ["dependentRequired"],
     ),
+    # $refs to another resource of the same bundle (schema_bundle.py)
+    "ref-bundle-root-id": (
+        {
+            "$schema": DRAFT7,
+            "$id": "https://example.com/s/root.json",
+            "definitions": {"small": {**INT, "maximum": 3}},
+            **_obj(
+                {
+                    "a": {"$ref": "https://example.com/s/root.json#/definitions/small"},
+                    "b": {"$ref": "root.json#/definitions/small"},
+                }
+            ),
+        },
+        ["$ref:bundle"],
+    ),
+    "ref-bundle-embedded": (
+        {
+            "$schema": DRAFT7,
+            "$id": "https://example.com/s/root.json",
+            "definitions": {
+                "n": STR,  # a decoy: the pointer inside pair.json names pair.json's own `n`
+                "color": {"$id": "color.json", "type": "string", "enum": ["red", "blue"]},
+                "pair": {
+                    "$id": "https://example.com/t/pair.json",
+                    "anyOf": [{"$ref": "#/definitions/n"}, {"type": "null"}],
+                    "definitions": {"n": {**INT, "maximum": 3}},
+                },
+            },
+            **_obj({"a": {"$ref": "color.json"}, "b": {"$ref": "../t/pair.json"}}),
+        },
+        ["$ref:bundle"],
+    ),
+    "ref-bundle-anchor": (
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$defs": {"s": {"$anchor": "small", **INT, "maximum": 2}},
+            **_obj({"a": {"$ref": "#small"}, "b": STR}, required=["a"]),
+        },
+        ["$ref:bundle"],
+    ),
+    "ref-bundle-plain-name-id": (
+        {
+            "$schema": DRAFT4,
+            "definitions": {"s": {"id": "#small", **INT, "maximum": 2}},
+            **_obj({"a": {"$ref": "#small"}, "id": STR}, required=["a"]),
+        },
+        ["$ref:bundle"],
+    ),
+    # before 2019-09 a $ref overrides the keywords beside it (they were a gap of both backends)
+    "ref-siblings-draft7": (
+        {
+            "$schema": DRAFT7,
+            "definitions": {"small": {**INT, "maximum": 3}},
+            **_obj(
+                {"a": {"$ref": "#/definitions/small", "type": "string", "minimum": 10}, "b": STR}
+            ),
+        },
+        ["$ref:siblings"],
+    ),
+    # a `type` every branch already has: dropped (a $ref branch takes no merge)
+    "type-implied-by-ref-branches": (
+        {
+            "definitions": {"p": {**INT, "maximum": 2}, "q": {**STR, "enum": ["a", "b"]}},
+            "type": ["integer", "string"],
+            "anyOf": [{"$ref": "#/definitions/p"}, {"$ref": "#/definitions/q"}],
+        },
+        ["type:implied"],
+    ),
 }
 
 # forms with no exact positive rewrite: still refused, naming the keyword

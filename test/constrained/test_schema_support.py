@@ -339,3 +339,15 @@ def test_llguidance_closes_objects_only_where_that_keeps_instances(backends, enc
     assert serves(open_required, '{"a":1,"b":2}')
     parts = {"allOf": [_obj({"a": _INT}, required=["a"]), _obj({"b": _INT}, required=["b"])]}
     assert serves(parts, '{"a":1,"b":2}')
+    # a part named by $ref stays open too (JSONSchemaBench's Github_easy/o58616 was refused as
+    # "unsatisfiable": its person definition was closed, and the other part requires a club)
+    named = {
+        "definitions": {
+            "person": _obj({"a": _INT}, required=["a"]),
+            "alias": {"$ref": "#/definitions/person"},
+        },
+        "type": "object",
+        "allOf": [{"$ref": "#/definitions/alias"}, _obj({"b": _INT}, required=["b"])],
+    }
+    assert serves(named, '{"a":1,"b":2}')
+    assert not serves(named, '{"b":2}')
