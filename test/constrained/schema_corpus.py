@@ -15,6 +15,7 @@ Imported by the grammar tests and by benchmark/bench_schema_corpus.py (by path).
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,30 @@ MADE_HERE: list[CorpusSchema] = [
         invalid=[{"tags": ["a", "a"]}],
     ),
 ]
+
+
+def jsonschemabench(folder: Path, sample: int, seed: int) -> list[CorpusSchema]:
+    """A seeded sample of JSONSchemaBench from a fetched copy (never committed): `folder` holds
+    its MaskBench files (`maskbench/data/<Set>---<name>.json`: the schema with its valid and
+    invalid instances) or the plain per-set schemas (`data/<Set>/<name>.json`)."""
+    if (folder / "maskbench" / "data").is_dir():
+        folder = folder / "maskbench" / "data"
+    paths = sorted(folder.rglob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no JSONSchemaBench schema under {folder}")
+    chosen = sorted(random.Random(seed).sample(paths, min(sample, len(paths))))
+    out = []
+    for path in chosen:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and "schema" in doc and "tests" in doc:
+            name = path.stem.replace("---", "/")
+            item = CorpusSchema(f"jsb/{name}", doc["schema"])
+            for test in doc["tests"]:
+                (item.valid if test["valid"] else item.invalid).append(test["data"])
+        else:
+            item = CorpusSchema(f"jsb/{path.parent.name}/{path.stem}", doc)
+        out.append(item)
+    return out
 
 
 def corpus() -> list[CorpusSchema]:
