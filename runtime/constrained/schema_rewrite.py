@@ -165,9 +165,10 @@ def _sibling_key(s: dict[str, Any]) -> str | None:
     return keys[0]
 
 
-def _types_within(root: Any, branches: Any, declared: Any) -> bool:
+def _types_within(root: JSONValue, branches: JSONValue, declared: JSONValue) -> bool:
     """Whether every branch's instances provably have a type of `declared` (a `type` value)."""
-    allowed = {declared} if isinstance(declared, str) else set(declared or ())
+    names = [declared] if isinstance(declared, str) else declared
+    allowed = {t for t in names if isinstance(t, str)} if isinstance(names, list) else set()
     if not isinstance(branches, list) or not allowed:
         return False
     for branch in branches:
@@ -179,7 +180,7 @@ def _types_within(root: Any, branches: Any, declared: Any) -> bool:
     return True
 
 
-def _upper_types(root: Any, s: Any, depth: int) -> set[str] | None:
+def _upper_types(root: JSONValue, s: JSONValue, depth: int) -> set[str] | None:
     """A set of JSON types holding every instance of `s` (None: not known)."""
     if not isinstance(s, dict) or depth > 8:
         return set() if s is False else None
@@ -187,28 +188,31 @@ def _upper_types(root: Any, s: Any, depth: int) -> set[str] | None:
     if isinstance(declared, str):
         return {declared}
     if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
-        return set(declared)
+        return {t for t in declared if isinstance(t, str)}
     if "const" in s:
         return {_json_type(s["const"])}
-    if isinstance(s.get("enum"), list):
-        return {_json_type(v) for v in s["enum"]}
+    enum = s.get("enum")
+    if isinstance(enum, list):
+        return {_json_type(v) for v in enum}
     ref = s.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         return _upper_types(root, _pointer(root, ref), depth + 1)
     for key in ("anyOf", "oneOf"):
-        if isinstance(s.get(key), list):
-            parts = [_upper_types(root, b, depth + 1) for b in s[key]]
+        branches = s.get(key)
+        if isinstance(branches, list):
+            parts = [_upper_types(root, b, depth + 1) for b in branches]
             if all(p is not None for p in parts):
                 return set().union(*(p for p in parts if p is not None))
-    if isinstance(s.get("allOf"), list):
-        for b in s["allOf"]:
+    every = s.get("allOf")
+    if isinstance(every, list):
+        for b in every:
             known = _upper_types(root, b, depth + 1)
             if known is not None:
                 return known
     return None
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: JSONValue) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -217,10 +221,12 @@ def _json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):  # 1.0 is an integer from draft 6 on, not in draft 4
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "object")
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
-def _pointer(root: Any, ref: str) -> Any:
+def _pointer(root: JSONValue, ref: str) -> JSONValue:
     """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
     node = root
     for raw in ref[1:].split("/")[1:] if ref != "#" else []:
@@ -273,7 +279,7 @@ class _Rewriter:
         self.keywords = keywords  # the rewritten keywords this schema's draft defines
         self.draft4 = draft4
         self.used: set[str] = set()
-        self.root: Any = None  # the whole schema, where a branch's $ref is looked up
+        self.root: JSONValue = None  # the whole schema, where a branch's $ref is looked up
 
     def node(self, path: str, schema: Any) -> Any:
         """The schema at `path` (a JSON pointer) with its subschemas, then itself, rewritten."""

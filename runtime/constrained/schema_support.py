@@ -235,7 +235,7 @@ def close_objects(schema: Any, part: bool = False) -> Any:
     return _close(schema, part, "#", _part_refs(schema))
 
 
-def _part_refs(root: Any) -> frozenset[str]:
+def _part_refs(root: JSONValue) -> frozenset[str]:
     """The local pointers a `$ref` in a part position names (and those they name in turn)."""
     found: set[str] = set()
     stack = [root]
@@ -251,11 +251,10 @@ def _part_refs(root: Any) -> frozenset[str]:
                 continue
             if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
                 if key == "allOf" or isinstance(node.get("properties"), dict):
-                    found.update(
-                        b["$ref"]
-                        for b in value
-                        if isinstance(b, dict) and isinstance(b.get("$ref"), str)
-                    )
+                    for b in value:
+                        ref = b.get("$ref") if isinstance(b, dict) else None
+                        if isinstance(ref, str):
+                            found.add(ref)
             stack.append(value)
     todo = list(found)
     while todo:  # a named subschema that is itself a $ref: what that names is a part too
@@ -269,13 +268,13 @@ def _part_refs(root: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def _close(schema: Any, part: bool, pointer: str, shared_refs: frozenset[str]) -> Any:
+def _close(schema: JSONValue, part: bool, pointer: str, shared_refs: frozenset[str]) -> JSONValue:
     if isinstance(schema, list):
         return [_close(s, False, f"{pointer}/{i}", shared_refs) for i, s in enumerate(schema)]
     if not isinstance(schema, dict):
         return schema
     part = part or pointer in shared_refs
-    out: dict[str, Any] = {}
+    out: dict[str, JSONValue] = {}
     for key, value in schema.items():
         here = f"{pointer}/{_escape(key)}"
         if key in ("enum", "const", "default", "examples"):
