@@ -124,7 +124,7 @@ ANY_BUDGET: dict[str, tuple[int, str]] = {
     "radixgen.runtime.constrained.schema_checks": (25, SCHEMA),
     "radixgen.runtime.constrained.schema_merge": (29, SCHEMA),
     "radixgen.runtime.constrained.schema_rewrite": (38, SCHEMA),
-    "radixgen.runtime.constrained.schema_support": (29, SCHEMA),
+    "radixgen.runtime.constrained.schema_support": (27, SCHEMA),
     "radixgen.runtime.constrained.value_checker": (5, CHECKED_VALUES),
     "radixgen.runtime.constrained.xgrammar_backend": (1, BACKEND_OPTIONS),
     "radixgen.runtime.dashboard.traces": (10, DASHBOARD),

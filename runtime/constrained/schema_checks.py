@@ -21,10 +21,10 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.json_types import JSONValue
+from radixgen.runtime.constrained.schema_merge import resolve_pointer
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 from radixgen.runtime.constrained.schema_support import (
     _one_of_disjoint,
-    _resolve,
     _validation_keys,
     backend_gaps,
     schema_plan,
@@ -118,7 +118,7 @@ def _walk(root: dict[str, Any]) -> Iterator[dict[str, Any]]:
         stack.extend(_children(s))
         ref = s.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            stack.append(_resolve(root, ref))
+            stack.append(resolve_pointer(root, ref))
 
 
 def _any_checked(root: dict[str, Any]) -> bool:
@@ -198,7 +198,7 @@ class _Finder:
         found = bool(checked_here(self.root, s)) or any(self.needs(c) for c in _children(s))
         ref = s.get("$ref")
         if not found and isinstance(ref, str) and ref.startswith("#"):
-            found = self.needs(_resolve(self.root, ref))
+            found = self.needs(resolve_pointer(self.root, ref))
         self._needs[id(s)] = found
         return found
 
@@ -213,7 +213,7 @@ class _Finder:
             out |= self.keywords(c, seen)
         ref = s.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            out |= self.keywords(_resolve(self.root, ref), seen)
+            out |= self.keywords(resolve_pointer(self.root, ref), seen)
         return out
 
     def collect(self, s: Any, path: tuple[PathStep, ...], refs: frozenset[str]) -> None:
@@ -225,7 +225,7 @@ class _Finder:
             if _validation_keys(s) - {"$ref"} or not ref.startswith("#") or ref in refs:
                 self._add(s, path)
             else:
-                self.collect(_resolve(self.root, ref), path, refs | {ref})
+                self.collect(resolve_pointer(self.root, ref), path, refs | {ref})
             return
         if checked_here(self.root, s) or any(self.needs(c) for c in _in_place(s)):
             self._add(s, path)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
+
+from radixgen.json_types import JSONValue
 
 _ANNOTATIONS = frozenset(
     {"$schema", "$id", "id", "$comment", "title", "description", "default", "examples"}
@@ -246,3 +249,33 @@ def canonical(v: Any) -> str:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def schema_objects(root: JSONValue) -> Iterator[dict[str, JSONValue]]:
+    """Every JSON object of a schema document, subschemas and keyword maps alike (what `enum`,
+    `const`, `default` and `examples` hold is instance data: not walked)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            yield node
+            stack.extend(v for k, v in node.items() if k not in _INSTANCE_DATA)
+
+
+_INSTANCE_DATA = frozenset({"enum", "const", "default", "examples"})
+
+
+def resolve_pointer(root: JSONValue, ref: str) -> JSONValue:
+    """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
+    node = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

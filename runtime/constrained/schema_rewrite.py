@@ -37,6 +37,8 @@ from radixgen.runtime.constrained.schema_merge import (
     dict_field,
     is_json_type,
     merge_schemas,
+    resolve_pointer,
+    schema_objects,
 )
 
 # anyOf branches one node may grow to; beyond it the request is refused naming the bound
@@ -196,7 +198,7 @@ def _upper_types(root: JSONValue, s: JSONValue, depth: int) -> set[str] | None:
         return {_json_type(v) for v in enum}
     ref = s.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
-        return _upper_types(root, _pointer(root, ref), depth + 1)
+        return _upper_types(root, resolve_pointer(root, ref), depth + 1)
     for key in ("anyOf", "oneOf"):
         branches = s.get(key)
         if isinstance(branches, list):
@@ -226,20 +228,6 @@ def _json_type(value: JSONValue) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def _pointer(root: JSONValue, ref: str) -> JSONValue:
-    """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
-    node = root
-    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _keywords_of_draft(declared: str) -> frozenset[str]:
     """The rewritten keywords the declared draft defines (others it ignores: left as written).
 
@@ -258,16 +246,10 @@ def _keywords_of_draft(declared: str) -> frozenset[str]:
 def _ref_targets(root: Any) -> set[str]:
     """Every local $ref's JSON pointer (without the '#')."""
     found: set[str] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                found.add(ref[1:])
-            stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default"))
+    for node in schema_objects(root):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            found.add(ref[1:])
     return found
 
 

@@ -18,7 +18,13 @@ from typing import Any
 from radixgen.errors import GrammarError
 from radixgen.json_types import JSONValue
 from radixgen.runtime.constrained.grammar_spec import subschemas
-from radixgen.runtime.constrained.schema_merge import dict_field, is_json_type, list_field
+from radixgen.runtime.constrained.schema_merge import (
+    dict_field,
+    is_json_type,
+    list_field,
+    resolve_pointer,
+    schema_objects,
+)
 from radixgen.runtime.constrained.schema_rewrite import rewrite_schema
 
 # keywords that constrain one JSON type only (xgrammar drops them when "type" is absent)
@@ -142,7 +148,7 @@ def schema_features(root: JSONValue) -> list[SchemaGap]:
         ref = schema.get("$ref")
         if isinstance(ref, str) and ref.startswith("#") and ref not in seen:
             seen.add(ref)
-            stack.append((ref[1:], _resolve(root, ref)))
+            stack.append((ref[1:], resolve_pointer(root, ref)))
         stack.extend(reversed(_children(path, schema)))
     return found
 
@@ -238,28 +244,20 @@ def close_objects(schema: Any, part: bool = False) -> Any:
 def _part_refs(root: JSONValue) -> frozenset[str]:
     """The local pointers a `$ref` in a part position names (and those they name in turn)."""
     found: set[str] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
-        for key, value in node.items():
-            if key in ("enum", "const", "default", "examples"):
-                continue
-            if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
-                if key == "allOf" or isinstance(node.get("properties"), dict):
-                    for b in value:
-                        ref = b.get("$ref") if isinstance(b, dict) else None
-                        if isinstance(ref, str):
-                            found.add(ref)
-            stack.append(value)
+    for node in schema_objects(root):
+        for key in ("allOf", "anyOf", "oneOf"):
+            parts = node.get(key)
+            if isinstance(parts, list) and (
+                key == "allOf" or isinstance(node.get("properties"), dict)
+            ):
+                for b in parts:
+                    ref = b.get("$ref") if isinstance(b, dict) else None
+                    if isinstance(ref, str):
+                        found.add(ref)
     todo = list(found)
     while todo:  # a named subschema that is itself a $ref: what that names is a part too
         ref = todo.pop()
-        target = _resolve(root, ref) if ref.startswith("#") else None
+        target = resolve_pointer(root, ref) if ref.startswith("#") else None
         if isinstance(target, dict):
             named = target.get("$ref")
             if isinstance(named, str) and named not in found:
@@ -354,20 +352,6 @@ def _listing(gaps: list[SchemaGap]) -> str:
     return ", ".join(shown) + more
 
 
-def _resolve(root: Any, ref: str) -> Any:
-    """The subschema a local "#/a/b" pointer names (None when it names nothing)."""
-    node = root
-    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _validation_keys(schema: dict[str, Any]) -> set[str]:
     return {k for k in schema if k not in _ANNOTATIONS}
 
@@ -453,7 +437,7 @@ def _deref(root: Any, s: Any, depth: int = 0) -> Any:
     while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 16:
         if not s["$ref"].startswith("#") or _validation_keys(s) - {"$ref"}:
             return s
-        s, depth = _resolve(root, s["$ref"]), depth + 1
+        s, depth = resolve_pointer(root, s["$ref"]), depth + 1
     return s
 
 
