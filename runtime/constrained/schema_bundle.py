@@ -21,6 +21,7 @@ import copy
 from urllib.parse import unquote, urldefrag, urljoin
 
 from radixgen.json_types import JSONObject, JSONValue
+from radixgen.runtime.constrained.schema_merge import schema_objects
 
 # keywords whose value is a map of name -> subschema, a list of subschemas, or a subschema
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -212,3 +213,52 @@ def drop_ignored_ref_siblings(schema: JSONValue) -> tuple[JSONValue, bool]:
         for k in keys:
             del node[k]
     return out, True
+
+
+def drop_unreachable_remote_definitions(schema: JSONValue) -> tuple[JSONValue, bool]:
+    """The schema without the root `definitions` / `$defs` entries no local `$ref` reaches,
+    when one of them refers to another document, and whether any was dropped.
+
+    A definition nothing refers to validates nothing, but the backends resolve every `$ref` of
+    the document when they compile it, and a reference to a document they cannot fetch fails
+    the whole schema (a SchemaStore definition served on its own carries all its siblings). Run
+    after `localize_refs`, so a reference inside the bundle is a local pointer by then."""
+    if not isinstance(schema, dict):
+        return schema, False
+    maps = [k for k in ("definitions", "$defs") if isinstance(schema.get(k), dict)]
+    if not maps or _Bundle(schema).dynamic:
+        return schema, False
+    entries = {(k, name): sub for k in maps for name, sub in _entries(schema[k])}
+    reached: set[tuple[str, str]] = set()
+    todo: list[JSONValue] = [{k: v for k, v in schema.items() if k not in maps}]
+    while todo:
+        for node in schema_objects(todo.pop()):
+            ref = node.get("$ref")
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                continue
+            parts = ref[2:].split("/")
+            if len(parts) == 1 and parts[0] in maps:
+                return schema, False  # the whole map is named: every entry may be reached
+            if len(parts) >= 2:
+                key = (parts[0], parts[1].replace("~1", "/").replace("~0", "~"))
+                if key in entries and key not in reached:
+                    reached.add(key)
+                    todo.append(entries[key])
+    unreached = [key for key in entries if key not in reached]
+    if not any(_remote_ref(entries[key]) for key in unreached):
+        return schema, False
+    out = dict(schema)
+    for k in maps:
+        out[k] = {n: v for n, v in _entries(schema[k]) if (k, n) in reached}
+    return out, True
+
+
+def _entries(value: JSONValue) -> list[tuple[str, JSONValue]]:
+    return list(value.items()) if isinstance(value, dict) else []
+
+
+def _remote_ref(root: JSONValue) -> bool:
+    return any(
+        isinstance(node.get("$ref"), str) and not str(node.get("$ref")).startswith("#")
+        for node in schema_objects(root)
+    )

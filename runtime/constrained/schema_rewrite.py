@@ -11,7 +11,8 @@ backends compile the rewritten schema). Each rewrite keeps the set of valid inst
   with the dependency";
 - `if`/`then`/`else`: `(if and then) or (not if and else)`, when `not if` has a positive form;
 - `$ref`s to another resource of the same bundle (`$id`, anchors): root pointers; before
-  2019-09, the keywords a `$ref` overrides dropped (schema_bundle.py).
+  2019-09, the keywords a `$ref` overrides dropped; root definitions no `$ref` reaches dropped
+  when one refers to another document (schema_bundle.py).
 
 The node's other keywords are merged into each resulting `anyOf` branch (`merge_schemas`), so
 no `allOf` and no `anyOf` beside other keywords is left for xgrammar to ignore (a merge that
@@ -30,7 +31,11 @@ from typing import Any
 
 from radixgen.errors import GrammarError
 from radixgen.json_types import JSONValue
-from radixgen.runtime.constrained.schema_bundle import drop_ignored_ref_siblings, localize_refs
+from radixgen.runtime.constrained.schema_bundle import (
+    drop_ignored_ref_siblings,
+    drop_unreachable_remote_definitions,
+    localize_refs,
+)
 from radixgen.runtime.constrained.schema_merge import (
     UNSATISFIABLE,
     canonical,
@@ -91,7 +96,9 @@ def rewrite_schema(schema: JSONValue) -> RewrittenSchema:
     """The schema with every rewritable keyword rewritten; a 400 past MAX_BRANCHES."""
     schema, bundled = localize_refs(schema)
     schema, unsiblinged = drop_ignored_ref_siblings(schema)
+    schema, pruned = drop_unreachable_remote_definitions(schema)
     done = ("$ref:bundle",) * bundled + ("$ref:siblings",) * unsiblinged
+    done += ("definitions:unreachable",) * pruned
     if not _uses(schema, REWRITTEN_KEYWORDS) and not _has_sibling_keywords(schema):
         return RewrittenSchema(schema, done)
     declared = str(schema.get("$schema", "")) if isinstance(schema, dict) else ""

@@ -229,6 +229,17 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         },
         ["$ref:siblings"],
     ),
+    # a definition nothing refers to, which refers to a document no backend fetches: dropped
+    "definitions-unreachable-remote": (
+        {
+            "definitions": {
+                "used": {**INT, "maximum": 3},
+                "unused": {"$ref": "https://example.com/other.json#/definitions/x"},
+            },
+            **_obj({"a": {"$ref": "#/definitions/used"}, "b": STR}),
+        },
+        ["definitions:unreachable"],
+    ),
     # a `type` every branch already has: dropped (a $ref branch takes no merge)
     "type-implied-by-ref-branches": (
         {
