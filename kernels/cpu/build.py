@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,22 +114,40 @@ def compile_command(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAG
 
 def build_library(compiler: Compiler, out: Path, cflags: Sequence[str] = CFLAGS) -> str:
     """Compile into a temporary file beside `out`, then rename it into place (atomic: a
-    concurrent loader sees no library or a whole one). Returns the compiler's warnings."""
+    concurrent loader sees no library or a whole one). Returns the compiler's warnings.
+
+    Each source is compiled on its own, as many at once as this process may use cores (the
+    first start waits for this: one compiler run over all sources took ~24 s on 2 AVX2 cores,
+    ~65 s for the AVX-512 variants), then the objects are linked."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = compile_command(compiler, tmp_out, cflags)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise NativeBuildError(f"C compiler {compiler.path} does not run: {e}") from e
-        if proc.returncode != 0:
-            raise NativeBuildError(
-                f"compiling the native kernels failed (exit {proc.returncode}): "
-                f"{' '.join(cmd)}\n{proc.stderr.strip()}"
-            )
+        compile_only = [f for f in cflags if f != "-shared"]
+        jobs = [
+            [compiler.path, *compile_only, "-c", str(SOURCE_DIR / name), "-o", f"{tmp}/{i}.o"]
+            for i, name in enumerate(SOURCES)
+        ]
+        link = [compiler.path, *cflags, *(j[-1] for j in jobs), "-o", str(tmp_out), *LDLIBS]
+        workers = max(1, min(len(jobs), len(os.sched_getaffinity(0))))
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda cmd: _run(compiler, cmd), jobs))
+        if all(proc.returncode == 0 for _, proc in results):
+            results.append(_run(compiler, link))
+        for cmd, proc in results:
+            if proc.returncode != 0:
+                raise NativeBuildError(
+                    f"compiling the native kernels failed (exit {proc.returncode}): "
+                    f"{' '.join(cmd)}\n{proc.stderr.strip()}"
+                )
         os.replace(tmp_out, out)
-    return proc.stderr.strip()
+    return "\n".join(proc.stderr.strip() for _, proc in results if proc.stderr.strip())
+
+
+def _run(compiler: Compiler, cmd: list[str]) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    try:
+        return cmd, subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise NativeBuildError(f"C compiler {compiler.path} does not run: {e}") from e
 
 
 def open_library(isa: str) -> ctypes.CDLL:
