@@ -10,7 +10,6 @@ test/kernels/conftest.py starts them; test_native_build.py checks each one's res
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
@@ -57,10 +56,6 @@ def variant_command(compiler: build.Compiler, isa: str, out: Path) -> list[str] 
     return build.compile_command(compiler, out, (*build.variant_cflags(isa), *STRICT))
 
 
-def _lowest_priority() -> None:
-    os.nice(19)
-
-
 def start(names: set[str]) -> None:
     """Start the compiles of these variants (each once per session), all at once: the scheduler
     gives them only the idle time of both cores."""
@@ -80,14 +75,14 @@ def start(names: set[str]) -> None:
         if isinstance(command, str):
             _jobs[name] = command
             continue
+        nice = shutil.which("nice")  # not preexec_fn: unsafe in a process with threads (torch)
         with (folder / "stderr.txt").open("wb") as stderr:
             process = subprocess.Popen(
-                command,
+                [nice, "-n", "19", *command] if nice else command,
                 cwd=folder,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_lowest_priority,
             )
         _jobs[name] = StrictCompile(command, folder, process)
 
