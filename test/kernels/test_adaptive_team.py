@@ -101,6 +101,9 @@ def test_the_quantized_gemm_reports_its_regions_and_gives_the_same_result_alone(
         team.team_reset()
         on_team = team.linear_quant(x, w, torch.float32)
         assert team.team_stats().timed == 1  # the kernel timed its region
+        # its real timing is left out of the made-up window: on a busy machine that region
+        # reads as late too, and the window then closes one report early
+        team.team_reset()
         window(team, T)  # contended: the next regions run alone
         assert team.team_threads() == 1
         alone = team.linear_quant(x, w, torch.float32)
