@@ -12,7 +12,7 @@ embedding model skips the pooler (a CLS-only head sentence-transformers does not
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -149,18 +149,22 @@ class BertModel(nn.Module):
         """[B, L] right-padded ids and mask (1 on real tokens), optional segment ids -> [B, L, H]
         final states."""
         x: torch.Tensor = self.embeddings(input_ids, token_types)
+        b, n, h = x.shape
         key_mask = mask.bool()[:, None, None, :]
+        x = x.reshape(b * n, h)  # the layers work on rows; attention views them per sequence
         for layer in self.layers:
-            x = layer(x, key_mask)
-        return x
+            x = layer(x, key_mask, (b, n))
+        return x.view(b, n, h)
 
     @torch.inference_mode()
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """A cross-encoder's logits [B, num_labels] from `forward`'s states."""
         return self.head.forward(hidden)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Every parameter exactly once with its exact shape; anything else names the tensor."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], pack: bool = True) -> None:
+        """Every parameter exactly once with its exact shape; anything else names the tensor.
+        Then each layer lays its weights out for its GEMMs (`PostNormEncoderLayer.prepack`;
+        pack=False keeps plain F.linear, the oracle the packed path is tested against)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for raw_name, tensor in weights:
@@ -185,3 +189,5 @@ class BertModel(nn.Module):
         missing = sorted(set(params) - loaded)
         if missing:
             raise _bad(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        for layer in self.layers:
+            cast(PostNormEncoderLayer, layer).prepack(pack)

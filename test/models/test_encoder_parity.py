@@ -119,6 +119,12 @@ def test_token_states_match_transformers(arch: str, tmp_path: Path) -> None:
     # each sequence alone gives its batched states
     alone = ours(ids[2:3, : lengths[2]], mask[2:3, : lengths[2]])
     torch.testing.assert_close(alone[0], got[2, : lengths[2]], rtol=1e-5, atol=1e-6)
+    # the unpacked path (F.linear: CUDA, bf16, no oneDNN) gives the same states
+    assert all(layer.up_gemm.packed for layer in ours.layers), "float32 CPU layers run oneDNN"
+    plain = BertModel.create(cfg, torch.float32, "cpu")
+    plain.load_weights(iter_weights(tmp_path), pack=False)
+    assert not any(layer.up_gemm.packed for layer in plain.layers)
+    torch.testing.assert_close(plain(ids, mask), got, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
