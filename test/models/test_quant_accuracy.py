@@ -1,5 +1,11 @@
-"""The default model kept quantized (Q4_1 blocks, Q8_0 embedding and head) against today's
-dequantized bf16 path: greedy agreement on 12 varied prompts and the mean |logprob| gap."""
+"""The default model kept quantized (Q4_1 blocks, Q8_0 embedding and head) against the
+dequantized float32 path: greedy agreement on 12 varied prompts and the mean |logprob| gap.
+
+float32 is issue 29's oracle (the quantized path must agree with it on the first 16 tokens for
+at least 10 of 12 prompts) and the exact model; it is also fast on every CPU, where the dense bf16
+path this test first compared against runs emulated on CPUs without AVX512-BF16 (27 of the
+test's 31 s on an AVX2 EPYC). Measured there: 11/12 agree with float32, mean gap 0.0088 (10/12
+and 0.0132 against dense bf16)."""
 
 from __future__ import annotations
 
@@ -53,19 +59,17 @@ def _logprobs(runner: ModelRunner, prompt: list[int], tokens: list[int]) -> torc
     return lp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def test_quantized_default_model_agrees_with_the_bf16_path(default_model_folder, chat_prompt):
+def test_quantized_default_model_agrees_with_the_float32_path(default_model_folder, chat_prompt):
     from radixgen.runtime.text.tokenizer import Tokenizer
 
     tok = Tokenizer(default_model_folder)
     prompts = [tok.encode(chat_prompt(m), add_special_tokens=False) for m in MESSAGES]
 
-    def runner(quantization: str) -> ModelRunner:
-        args = ServerArgs.from_kwargs(
-            dtype="bfloat16", max_total_tokens=4096, quantization=quantization
-        )
+    def runner(quantization: str, dtype: str) -> ModelRunner:
+        args = ServerArgs.from_kwargs(dtype=dtype, max_total_tokens=4096, quantization=quantization)
         return ModelRunner(default_model_folder, args, context_length=1024)
 
-    dense, quant = runner("unquant"), runner("gguf")
+    dense, quant = runner("unquant", "float32"), runner("gguf", "bfloat16")
     assert quant.quantization == "gguf"
     want, got = _greedy(dense, prompts), _greedy(quant, prompts)
     agree = sum(w == g for w, g in zip(want, got, strict=True))
