@@ -325,8 +325,9 @@ class SchedulerState:
 @dataclass(frozen=True, slots=True)
 class EmbeddingSchedulerState:
     """An embedding server's scheduler (`EmbeddingScheduler.internal_state()`): its queue,
-    steps and counters, and the model's vector width and input limit. It runs nothing and caches
-    nothing, so `running_requests` and `cached_tokens` stay 0."""
+    steps and counters, and the model's vector width and input limit. Nothing runs between
+    steps, so `running_requests` stays 0; `cached_tokens` counts the prompt tokens a decoder
+    embedder reused from its radix tree (0 for an encoder)."""
 
     waiting_requests: int
     forward_steps: int

@@ -3,13 +3,20 @@ Qwen3-Reranker kind) on our decoder stack: last-token pooling, or the answer tok
 one prefill (scheduler process).
 
 The model is loaded by a `ModelRunner` (the same weights, kernels and paged attention as a
-generation server); each batch borrows request rows and KV slots for its prefill and gives them
-back at once: nothing is kept, so there is no prefix reuse yet. The hidden state read is the
-last token's after the final norm, the one transformers' `last_hidden_state` gives.
+generation server); each batch borrows request rows for its prefill. Prompts of such models
+share long prefixes: an embedder's task instruction before every query, a reranker's template
+and query before every document. So a radix tree (`RadixCache`, as the generation scheduler's)
+keeps the KV of what was embedded while the pool has room: a prompt reuses its longest cached
+prefix and prefills only the rest; within one batch, prompts that share more with each other
+than with the tree wait for a second pass, after the first has cached one of them (a rerank
+request's documents all follow one query). Unlocked entries are evicted LRU when a batch needs
+slots; `--disable-radix-cache` keeps nothing. The hidden state read is the last token's after
+the final norm, the one transformers' `last_hidden_state` gives.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -17,6 +24,7 @@ import torch
 
 from radixgen.errors import InvalidRequestError
 from radixgen.runtime.layers.pooling import finish_vector
+from radixgen.runtime.mem_cache.radix_cache import RadixCache, TreeNode, common_prefix_len
 from radixgen.runtime.model_executor.embedding_runner import EmbeddingJob
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.model_runner import ModelRunner
@@ -25,6 +33,10 @@ from radixgen.runtime.models.sentence_config import PoolingConfig
 from radixgen.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# a prompt sharing at least this many more tokens with another of its batch than with the tree
+# waits for a second forward pass (which then reuses them); fewer are not worth the extra pass
+MIN_SHARED_TOKENS = 32
 
 
 class DecoderEmbeddingRunner:
@@ -54,6 +66,11 @@ class DecoderEmbeddingRunner:
         self.dtype = self.runner.dtype
         own = self.pooling.max_seq_length
         self.max_input_tokens = min(context, own or context, self.runner.kv_pool.size)
+        runner = self.runner
+        self.cache: RadixCache | None = None
+        if not args.cache.disable_radix_cache:
+            self.cache = RadixCache(runner.req_to_token_pool, runner.kv_pool, args.cache.page_size)
+        self.cached_tokens = 0  # prompt tokens served from the tree, since the start
         logger.info(
             "%s: last-token pooling%s, inputs up to %d tokens",
             self.arch.architecture,
@@ -104,29 +121,79 @@ class DecoderEmbeddingRunner:
         pair = logits[:, list(self.answer_ids)].cpu()
         return list(torch.softmax(pair, dim=-1)[:, :1])
 
+    def flush_cache(self) -> int:
+        """Drop every cached prefix (none is locked between batches); returns the tokens freed."""
+        return 0 if self.cache is None else self.cache.evict(self.cache.evictable_size())
+
     def _last_states(self, seqs: list[list[int]]) -> torch.Tensor:
         """[B, H] in the model dtype: each sequence's last hidden state (after the final norm),
-        from one prefill of them all."""
-        runner = self.runner
+        from one prefill of them all, or two (see the module docstring)."""
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        for indices in self._passes(seqs):
+            hidden = self._prefill([seqs[i] for i in indices])
+            for row, i in enumerate(indices):
+                out[i] = hidden[row]
+        return torch.stack([h for h in out if h is not None])
+
+    def _passes(self, seqs: list[list[int]]) -> list[list[int]]:
+        """The batch's indices per forward pass: a sequence that shares MIN_SHARED_TOKENS more
+        with its lexicographic predecessor than the tree holds of it goes second (sorted order
+        puts each sequence next to the ones it shares most with)."""
+        if self.cache is None or len(seqs) < 2:
+            return [list(range(len(seqs)))]
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+        first, second = [order[0]], []
+        for prev, i in itertools.pairwise(order):
+            shared = common_prefix_len(seqs[prev][:-1], seqs[i][:-1])
+            cached = len(self.cache.match_prefix(seqs[i][:-1]).indices) if shared else 0
+            (second if shared - cached >= MIN_SHARED_TOKENS else first).append(i)
+        return [first, second] if second else [first]
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        """n fresh KV slots, evicting cached prefixes (least recently used first) for room."""
+        pool = self.runner.kv_pool
+        locs = pool.alloc(n)
+        if locs is None and self.cache is not None:
+            self.cache.evict(n + pool.page_size - pool.available_size())  # whole pages
+            locs = pool.alloc(n)
+        if locs is None:
+            raise RuntimeError("the KV pool is short for an embedding batch")
+        return locs
+
+    def _prefill(self, seqs: list[list[int]]) -> torch.Tensor:
+        """[B, H]: one extend of the sequences over their cached prefixes (each keeps at least
+        its last token to compute); afterwards their KV goes into the tree, or back."""
+        runner, cache = self.runner, self.cache
         rows: list[int] = []
-        slots: list[torch.Tensor] = []
+        matches: list[tuple[torch.Tensor, TreeNode | None]] = []  # (prefix slots, locked node)
+        fresh: list[torch.Tensor] = []
         try:
             for seq in seqs:
+                if cache is not None:
+                    match = cache.match_prefix(seq[:-1])
+                    cache.inc_lock_ref(match.last_node)
+                    matches.append((match.indices, match.last_node))
+                else:
+                    matches.append((torch.empty(0, dtype=torch.long), None))
+            for seq, (prefix, _) in zip(seqs, matches, strict=True):
                 row = runner.req_to_token_pool.alloc()
-                locs = runner.kv_pool.alloc(len(seq))
-                if row is None or locs is None:
-                    raise RuntimeError("the KV pool is short for an embedding batch")
+                if row is None:
+                    raise RuntimeError("no request row is free for an embedding batch")
                 rows.append(row)
-                slots.append(locs)
-                runner.req_to_token_pool.write_row(row, 0, locs)
-            lens = [len(s) for s in seqs]
+                fresh.append(self._alloc(len(seq) - len(prefix)))
+                runner.req_to_token_pool.write_row(row, 0, prefix)
+                runner.req_to_token_pool.write_row(row, len(prefix), fresh[-1])
+            prefix_lens = [len(prefix) for prefix, _ in matches]
+            lens = [len(s) - p for s, p in zip(seqs, prefix_lens, strict=True)]
             starts = [sum(lens[:i]) for i in range(len(seqs))]
             batch = ForwardBatch(
-                torch.tensor([t for s in seqs for t in s]),
-                torch.cat([torch.arange(n) for n in lens]),
-                torch.cat(slots),
+                torch.tensor([t for s, p in zip(seqs, prefix_lens, strict=True) for t in s[p:]]),
+                torch.cat(
+                    [torch.arange(p, len(s)) for s, p in zip(seqs, prefix_lens, strict=True)]
+                ),
+                torch.cat(fresh),
                 rows,
-                [0] * len(seqs),
+                prefix_lens,
                 lens,
                 starts,
                 torch.tensor([s + n - 1 for s, n in zip(starts, lens, strict=True)]),
@@ -134,9 +201,28 @@ class DecoderEmbeddingRunner:
             batch.attn_backend = runner.attn_backend
             runner.attn_backend.init_forward_metadata(batch)
             hidden: torch.Tensor = runner.model(batch.input_ids, batch.positions, batch)
+            self.cached_tokens += sum(prefix_lens)
+            if cache is not None:
+                for i, (seq, (prefix, _)) in enumerate(zip(seqs, matches, strict=True)):
+                    locs = fresh[i]
+                    fresh[i] = prefix[:0]  # the tree holds them now, or `_keep` frees them
+                    self._keep(seq, torch.cat((prefix, locs)), len(prefix))
             return hidden.cpu()
         finally:
-            for locs in slots:
+            for locs in fresh:
                 runner.kv_pool.free(locs)
             for row in rows:
                 runner.req_to_token_pool.free(row)
+            if cache is not None:
+                for _, node in matches:
+                    cache.dec_lock_ref(node)
+
+    def _keep(self, seq: list[int], slots: torch.Tensor, matched: int) -> None:
+        """Insert a computed sequence into the tree (whole pages); free what it already held
+        beyond the prefix this sequence matched, and the unaligned tail."""
+        assert self.cache is not None
+        pool = self.runner.kv_pool
+        aligned = len(seq) - len(seq) % self.cache.page_size
+        already = self.cache.insert(seq[:aligned], slots[:aligned])
+        pool.free(slots[matched:already])
+        pool.free(slots[aligned:])

@@ -82,6 +82,12 @@ class EmbeddingRunner:
             self.max_input_tokens,
         )
 
+    cached_tokens = 0  # an encoder sees its whole input at once: no prefix is ever reused
+
+    def flush_cache(self) -> int:
+        """Nothing is cached (the `DecoderEmbeddingRunner` contract); 0 tokens freed."""
+        return 0
+
     @property
     def max_input_tokens(self) -> int:
         """The longest input served: the sentence-transformers limit, else the position table."""

@@ -4,8 +4,9 @@ process).
 Every step takes the waiting requests in arrival order up to `--max-prefill-tokens` input
 tokens (at least one request), runs them as one batch through the runner (`EmbeddingRunner`
 for encoders, `DecoderEmbeddingRunner` for decoders), and answers each with its vector (a
-reranker's: its score): no KV is kept, so nothing outlives the step and there is nothing
-to retract or cache. Requests arriving while a step runs wait for the next one (continuous
+reranker's: its score): nothing outlives the step but a decoder runner's radix tree of
+prompt prefixes (`DecoderEmbeddingRunner`; `/flush_cache` empties it), so there is nothing to
+retract. Requests arriving while a step runs wait for the next one (continuous
 batching at request granularity). A failure is contained to the step's requests (500s).
 """
 
@@ -90,7 +91,9 @@ class EmbeddingScheduler:
             self.waiting = deque(r for r in self.waiting if r.rid != msg.rid)
 
     def _on_flush_cache(self, msg: FlushCacheReq) -> FlushCacheOut:
-        return FlushCacheOut(True, "an embedding server keeps no cache", request_id=msg.request_id)
+        """A decoder embedder drops its cached prefixes (an encoder keeps none)."""
+        freed = self.runner.flush_cache()
+        return FlushCacheOut(True, f"freed {freed} cached tokens", request_id=msg.request_id)
 
     def _on_internal_state(self, msg: GetInternalStateReq) -> GetInternalStateOut:
         return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
@@ -169,6 +172,7 @@ class EmbeddingScheduler:
             prompt_tokens=self.prompt_tokens,
             embedding_dim=self.runner.hidden_size,
             max_input_tokens=self.runner.max_input_tokens,
+            cached_tokens=self.runner.cached_tokens,
         )
 
 

@@ -1,6 +1,7 @@
 """A decoder served as a yes/no reranker (--reranker-tokens yes,no; the default SmolLM2 folder
 in float32, with the default Qwen3-Reranker prompt): /v1/rerank's scores are transformers'
-p(yes) / (p(yes) + p(no)) at the answer position, and ordered as they are."""
+p(yes) / (p(yes) + p(no)) at the answer position, and ordered as they are, with the shared
+template and query reused from the radix tree."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def test_scores_match_transformers(decoder_rerank_server, default_model_folder):
             assert [item["index"] for item in results] == sorted(
                 range(len(docs)), key=lambda i: -want[i]
             )
+        # each set's later documents reused the template and query from the radix tree
+        state = client.get("/server_info").json()["internal_states"][0]
+        assert state["cached_tokens"] > 0, state
+        flushed = client.post("/flush_cache")
+        assert flushed.status_code == 200 and "Cache flushed" in flushed.text, flushed.text
         emb = client.post("/v1/embeddings", json={"input": "hello"})
         assert emb.status_code == 400 and "/v1/rerank" in emb.json()["error"]["message"]
         cut = client.post("/v1/rerank", json={"query": "q", "documents": ["d"], "truncate": True})

@@ -1,5 +1,7 @@
 """Decoder embedding models on our decoder stack: last-token pooling of one prefill matches
-transformers' last hidden state (tiny random Llama and Qwen2 built here), batched as alone."""
+transformers' last hidden state (tiny random Llama and Qwen2 built here), batched as alone; with
+the radix tree, prompts that share a prefix reuse its KV and give the vectors (and reranker
+scores) of a runner that keeps nothing, through eviction when the pool is small."""
 
 from __future__ import annotations
 
@@ -38,8 +40,110 @@ def test_last_token_pooling_matches_transformers(variant: str, tmp_path: Path) -
     # Matryoshka: the first 8 values, normalised again
     short = runner.embed([EmbeddingJob(seqs[0], 8)])[0]
     torch.testing.assert_close(short, torch.nn.functional.normalize(batched[0, :8], dim=-1))
-    # nothing is kept: every row and slot went back
+    # what is kept is the tree's, unlocked; a flush gives every slot back
+    _check_accounting(runner)
+    runner.flush_cache()
     assert runner.runner.kv_pool.available_size() == runner.runner.kv_pool.size
+
+
+def _check_accounting(runner: DecoderEmbeddingRunner) -> None:
+    """Between batches: every slot is free or held, unlocked, by the tree."""
+    pool, cache = runner.runner.kv_pool, runner.cache
+    held = 0 if cache is None else cache.evictable_size()
+    assert cache is None or cache.protected_size() == 0
+    assert pool.available_size() + held == pool.size
+    if cache is not None:
+        cache.check_invariants()
+        in_tree = {int(i) for t in cache.cached_slots() for i in t.tolist()}
+        assert len(in_tree) == held and not in_tree & pool.free_slot_set()
+
+
+def _shared_prefix_prompts(prefix_len: int, seed: int) -> list[list[int]]:
+    """An instruction-like prefix, then suffixes of different lengths (one twice, one empty but
+    for its last token), in an order the sort does not keep."""
+    prefix = random_ids(prefix_len, seed)
+    tails = [random_ids(n, seed + 1 + n) for n in (9, 1, 23, 4, 9)]
+    return [prefix + t for t in tails] + [random_ids(12, seed + 99)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_shared_prefixes_reuse_kv_and_give_the_vectors_without_reuse(
+    page_size: int, tmp_path: Path
+) -> None:
+    hf = build_hf_model(tiny_config("llama_gqa"))
+    folder = save_hf_model(hf, tmp_path)
+    kw = dict(dtype="float32", max_total_tokens=4096, page_size=page_size)
+    cached = DecoderEmbeddingRunner(folder, ServerArgs.from_kwargs(**kw), None)
+    plain = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(**kw, disable_radix_cache=True), None
+    )
+    assert cached.cache is not None and plain.cache is None
+    seqs = _shared_prefix_prompts(60, 1)
+    jobs = [EmbeddingJob(s) for s in seqs]
+    want = torch.stack(plain.embed(jobs))
+    got = torch.stack(cached.embed(jobs))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # one pass computes the first of the five in sorted order; the other four reuse its prefix
+    # (the page-aligned part of it), the duplicate all but its last token
+    aligned = 60 - 60 % page_size
+    assert cached.cached_tokens >= 4 * aligned, cached.cached_tokens
+    assert plain.cached_tokens == 0
+    _check_accounting(cached)
+    # asked again, each reuses all but its last token (whole pages of it)
+    before = cached.cached_tokens
+    again = torch.stack(cached.embed(jobs))
+    torch.testing.assert_close(again, want, rtol=0, atol=1e-5)
+    reused = sum((len(s) - 1) - (len(s) - 1) % page_size for s in seqs)
+    assert cached.cached_tokens - before == reused
+    _check_accounting(cached)
+    for i, s in enumerate(seqs):  # and the exact model agrees
+        with torch.no_grad():
+            states = hf.model(input_ids=torch.tensor([s])).last_hidden_state
+        ref = torch.nn.functional.normalize(states[0, -1].float(), dim=-1)
+        assert torch.nn.functional.cosine_similarity(got[i], ref, dim=0) >= COSINE_MIN
+
+
+def test_a_small_pool_evicts_cached_prefixes_and_stays_exact(tmp_path: Path) -> None:
+    hf = build_hf_model(tiny_config("qwen2_tied"))
+    folder = save_hf_model(hf, tmp_path)
+    kw = dict(dtype="float32", max_total_tokens=192)
+    cached = DecoderEmbeddingRunner(folder, ServerArgs.from_kwargs(**kw), None)
+    plain = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(**kw, disable_radix_cache=True), None
+    )
+    assert cached.cache is not None
+    evict, freed = cached.cache.evict, []
+
+    def counting_evict(n: int) -> int:  # the real eviction, counted
+        freed.append(evict(n))
+        return freed[-1]
+
+    cached.cache.evict = counting_evict  # type: ignore[method-assign]
+    # prompt sets of 258 tokens (more than the pool: embed cuts them into groups that fit), 89
+    # once their prefix is shared: one asked twice finds its own; three do not fit together
+    for seed in (1, 1, 2, 3, 1, 3):
+        jobs = [EmbeddingJob(s) for s in _shared_prefix_prompts(40, seed)]
+        torch.testing.assert_close(
+            torch.stack(cached.embed(jobs)), torch.stack(plain.embed(jobs)), rtol=0, atol=1e-5
+        )
+        _check_accounting(cached)
+    assert sum(freed) > 0 and cached.cached_tokens > 0, (freed, cached.cached_tokens)
+
+
+def test_reranker_scores_are_the_same_with_the_query_prefix_reused(tmp_path: Path) -> None:
+    hf = build_hf_model(tiny_config("llama_gqa"))
+    folder = save_hf_model(hf, tmp_path)
+    kw = dict(dtype="float32", max_total_tokens=4096)
+    cached = DecoderEmbeddingRunner(folder, ServerArgs.from_kwargs(**kw), None, (5, 9))
+    plain = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(**kw, disable_radix_cache=True), None, (5, 9)
+    )
+    template_and_query = random_ids(48, 7)
+    prompts = [template_and_query + random_ids(n, 30 + n) + [11, 12] for n in (5, 17, 2, 30)]
+    jobs = [EmbeddingJob(p) for p in prompts]
+    got = torch.stack(cached.embed(jobs))
+    torch.testing.assert_close(got, torch.stack(plain.embed(jobs)), rtol=0, atol=1e-5)
+    assert cached.cached_tokens >= 3 * 48
 
 
 def test_yes_no_reranker_scores_match_transformers(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ class FakeRunner:
     max_input_tokens = 8
     hidden_size = 2
     fail_next = False
+    cached_tokens = 0
+
+    def flush_cache(self) -> int:
+        return 0
 
     def __init__(self) -> None:
         self.batches: list[list[EmbeddingJob]] = []
