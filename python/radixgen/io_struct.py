@@ -78,6 +78,7 @@ class EmbeddingVector:
     rid: str
     prompt_tokens: int
     values: list[float]
+    cached_tokens: int = 0  # of the prompt, reused from a decoder embedder's radix tree
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ def split_inputs(
 class EncodeMetaInfo(TypedDict):
     id: str
     prompt_tokens: int
+    cached_tokens: int  # of the prompt, reused from a decoder embedder's radix tree
 
 
 class EncodeOutput(TypedDict):
@@ -58,7 +59,11 @@ def encode_outputs(
     outs: list[EncodeOutput] = [
         {
             "embedding": r.embedding,
-            "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": r.prompt_tokens},
+            "meta_info": {
+                "id": uuid.uuid4().hex,
+                "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+            },
         }
         for r in results
     ]

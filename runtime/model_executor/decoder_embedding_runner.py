@@ -71,6 +71,7 @@ class DecoderEmbeddingRunner:
         if not args.cache.disable_radix_cache:
             self.cache = RadixCache(runner.req_to_token_pool, runner.kv_pool, args.cache.page_size)
         self.cached_tokens = 0  # prompt tokens served from the tree, since the start
+        self.last_cached_tokens: list[int] = []  # per job of the last `embed` call
         logger.info(
             "%s: last-token pooling%s, inputs up to %d tokens",
             self.arch.architecture,
@@ -95,6 +96,7 @@ class DecoderEmbeddingRunner:
     def embed(self, jobs: list[EmbeddingJob]) -> list[torch.Tensor]:
         """One float32 vector per job, in order; groups fit the KV pool (each at most its size)."""
         out: list[torch.Tensor] = []
+        self.last_cached_tokens = []
         start = 0
         while start < len(jobs):
             end, tokens = start, 0
@@ -103,7 +105,8 @@ class DecoderEmbeddingRunner:
             ):
                 tokens += len(jobs[end].input_ids)
                 end += 1
-            hidden = self._last_states([j.input_ids for j in jobs[start:end]])
+            hidden, cached = self._last_states([j.input_ids for j in jobs[start:end]])
+            self.last_cached_tokens += cached
             if self.answer_ids is not None:
                 out.extend(self._answer_scores(hidden))
                 start = end
@@ -125,15 +128,17 @@ class DecoderEmbeddingRunner:
         """Drop every cached prefix (none is locked between batches); returns the tokens freed."""
         return 0 if self.cache is None else self.cache.evict(self.cache.evictable_size())
 
-    def _last_states(self, seqs: list[list[int]]) -> torch.Tensor:
+    def _last_states(self, seqs: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """[B, H] in the model dtype: each sequence's last hidden state (after the final norm),
-        from one prefill of them all, or two (see the module docstring)."""
+        from one prefill of them all, or two (see the module docstring); and how many of each
+        sequence's tokens came from the tree."""
         out: list[torch.Tensor | None] = [None] * len(seqs)
+        cached = [0] * len(seqs)
         for indices in self._passes(seqs):
-            hidden = self._prefill([seqs[i] for i in indices])
+            hidden, reused = self._prefill([seqs[i] for i in indices])
             for row, i in enumerate(indices):
-                out[i] = hidden[row]
-        return torch.stack([h for h in out if h is not None])
+                out[i], cached[i] = hidden[row], reused[row]
+        return torch.stack([h for h in out if h is not None]), cached
 
     def _passes(self, seqs: list[list[int]]) -> list[list[int]]:
         """The batch's indices per forward pass: a sequence that shares MIN_SHARED_TOKENS more
@@ -142,7 +147,7 @@ class DecoderEmbeddingRunner:
         if self.cache is None or len(seqs) < 2:
             return [list(range(len(seqs)))]
         order = sorted(range(len(seqs)), key=lambda i: seqs[i])
-        first, second = [order[0]], []
+        first, second = [order[0]], list[int]()
         for prev, i in itertools.pairwise(order):
             shared = common_prefix_len(seqs[prev][:-1], seqs[i][:-1])
             cached = len(self.cache.match_prefix(seqs[i][:-1]).indices) if shared else 0
@@ -160,9 +165,10 @@ class DecoderEmbeddingRunner:
             raise RuntimeError("the KV pool is short for an embedding batch")
         return locs
 
-    def _prefill(self, seqs: list[list[int]]) -> torch.Tensor:
-        """[B, H]: one extend of the sequences over their cached prefixes (each keeps at least
-        its last token to compute); afterwards their KV goes into the tree, or back."""
+    def _prefill(self, seqs: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """[B, H] and the prefix lengths: one extend of the sequences over their cached prefixes
+        (each keeps at least its last token to compute); afterwards their KV goes into the tree,
+        or back."""
         runner, cache = self.runner, self.cache
         rows: list[int] = []
         matches: list[tuple[torch.Tensor, TreeNode | None]] = []  # (prefix slots, locked node)
@@ -207,7 +213,7 @@ class DecoderEmbeddingRunner:
                     locs = fresh[i]
                     fresh[i] = prefix[:0]  # the tree holds them now, or `_keep` frees them
                     self._keep(seq, torch.cat((prefix, locs)), len(prefix))
-            return hidden.cpu()
+            return hidden.cpu(), prefix_lens
         finally:
             for locs in fresh:
                 runner.kv_pool.free(locs)

@@ -71,6 +71,7 @@ class EmbeddingRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.max_batch_tokens = max_batch_tokens or _default_batch_tokens(self.device)
+        self.last_cached_tokens: list[int] = []  # per job of the last `embed`: an encoder, none
         self.model = BertModel.create(self.cfg, dtype, self.device)
         self.model.load_weights(iter_weights(folder))
         logger.info(

@@ -21,6 +21,7 @@ from radixgen.io_struct import AbortReq, BatchEmbeddingOut, EmbeddingVector, Tok
 class EmbeddingResult:
     embedding: list[float]
     prompt_tokens: int
+    cached_tokens: int = 0
 
 
 class EmbeddingRequests:
@@ -106,7 +107,9 @@ class EmbeddingRequests:
             if fut is None or fut.done():
                 continue
             if isinstance(answer, EmbeddingVector):
-                fut.set_result(EmbeddingResult(answer.values, answer.prompt_tokens))
+                fut.set_result(
+                    EmbeddingResult(answer.values, answer.prompt_tokens, answer.cached_tokens)
+                )
             elif answer.status == 400:
                 fut.set_exception(InvalidRequestError(answer.message, "input"))
             else:

@@ -150,9 +150,10 @@ class EmbeddingScheduler:
                 self.forward_steps += 1
                 self.embedded_requests += len(batch)
                 self.prompt_tokens += tokens
+                cached = self.runner.last_cached_tokens or [0] * len(batch)  # [] from encoders
                 out.outputs += [
-                    EmbeddingVector(req.rid, len(req.input_ids), vec.tolist())
-                    for req, vec in zip(batch, vectors, strict=True)
+                    EmbeddingVector(req.rid, len(req.input_ids), vec.tolist(), n)
+                    for req, vec, n in zip(batch, vectors, cached, strict=True)
                 ]
         return [out] if out.outputs else []
 

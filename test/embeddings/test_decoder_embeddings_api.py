@@ -17,6 +17,9 @@ def test_last_token_states_match_transformers(decoder_embedding_server, default_
         r = client.post("/v1/embeddings", json={"input": TEXTS})
         assert r.status_code == 200, r.text
         got = np.array([d["embedding"] for d in r.json()["data"]])
+        # asked again, a text reuses all but its last token from the radix tree (meta_info)
+        again = client.post("/encode", json={"text": TEXTS[0]}).json()["meta_info"]
+        assert again["cached_tokens"] == again["prompt_tokens"] - 1, again
         gen = client.post("/generate", json={"text": "Hi"})
         assert gen.status_code == 400 and "embedding model" in gen.json()["error"]["message"]
     tok = transformers.AutoTokenizer.from_pretrained(default_model_folder)

@@ -88,6 +88,7 @@ def test_encode_route(http, reference):
     body = one.json()
     assert _cosine(body["embedding"], _want(reference, TEXTS[:1])[0]) >= COSINE_MIN
     assert body["meta_info"]["prompt_tokens"] > 0
+    assert body["meta_info"]["cached_tokens"] == 0  # an encoder reuses nothing
     batch = http.post("/encode", json={"text": TEXTS[:2]}).json()
     assert isinstance(batch, list) and len(batch) == 2
     ids = reference.tokenizer(TEXTS[1])["input_ids"]

@@ -87,14 +87,17 @@ def test_shared_prefixes_reuse_kv_and_give_the_vectors_without_reuse(
     # (the page-aligned part of it), the duplicate all but its last token
     aligned = 60 - 60 % page_size
     assert cached.cached_tokens >= 4 * aligned, cached.cached_tokens
+    per_job = cached.last_cached_tokens  # what each request's meta_info reports
+    assert sum(per_job) == cached.cached_tokens and per_job[-1] == 0  # the unrelated prompt
+    assert sorted(per_job[:5])[0] == 0 and all(n >= aligned for n in sorted(per_job[:5])[1:])
     assert plain.cached_tokens == 0
     _check_accounting(cached)
     # asked again, each reuses all but its last token (whole pages of it)
     before = cached.cached_tokens
     again = torch.stack(cached.embed(jobs))
     torch.testing.assert_close(again, want, rtol=0, atol=1e-5)
-    reused = sum((len(s) - 1) - (len(s) - 1) % page_size for s in seqs)
-    assert cached.cached_tokens - before == reused
+    reused = [(len(s) - 1) - (len(s) - 1) % page_size for s in seqs]
+    assert cached.cached_tokens - before == sum(reused) and cached.last_cached_tokens == reused
     _check_accounting(cached)
     for i, s in enumerate(seqs):  # and the exact model agrees
         with torch.no_grad():

@@ -28,6 +28,7 @@ class FakeRunner:
     hidden_size = 2
     fail_next = False
     cached_tokens = 0
+    last_cached_tokens: list[int] = []  # noqa: RUF012 - never written
 
     def flush_cache(self) -> int:
         return 0
