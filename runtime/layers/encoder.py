@@ -134,7 +134,8 @@ class PostNormEncoderLayer(nn.Module):
         self.down_gemm = DenseGemm.of(self.down.weight, self.down.bias, pack)
         for linear in (a.query, a.key, a.value, a.out, self.up, self.down):
             # the GEMMs hold the only copy now (a checkpoint loads into a fresh model)
-            linear.weight = nn.Parameter(torch.empty(0, dtype=linear.weight.dtype), False)
+            empty = torch.empty(0, dtype=linear.weight.dtype, device=linear.weight.device)
+            linear.weight = nn.Parameter(empty, False)
 
     def forward(
         self, x: torch.Tensor, key_mask: torch.Tensor, shape: tuple[int, int]

@@ -7,16 +7,16 @@ generation server); each batch borrows request rows for its prefill. Prompts of 
 share long prefixes: an embedder's task instruction before every query, a reranker's template
 and query before every document. So a radix tree (`RadixCache`, as the generation scheduler's)
 keeps the KV of what was embedded while the pool has room: a prompt reuses its longest cached
-prefix and prefills only the rest; within one batch, prompts that share more with each other
-than with the tree wait for a second pass, after the first has cached one of them (a rerank
-request's documents all follow one query). Unlocked entries are evicted LRU when a batch needs
+prefix and prefills only the rest; within one batch, a prompt sharing MIN_SHARED_TOKENS more
+with an earlier first-pass prompt than the tree holds waits for a second pass, after the first
+has cached that prompt (a rerank request's documents all follow one query: one runs first, the
+rest reuse its template and query; see `_passes`). Unlocked entries are evicted LRU when a batch needs
 slots; `--disable-radix-cache` keeps nothing. The hidden state read is the last token's after
 the final norm, the one transformers' `last_hidden_state` gives.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from pathlib import Path
 
@@ -94,7 +94,9 @@ class DecoderEmbeddingRunner:
         return self.arch.vocab_size
 
     def embed(self, jobs: list[EmbeddingJob]) -> list[torch.Tensor]:
-        """One float32 vector per job, in order; groups fit the KV pool (each at most its size)."""
+        """One float32 vector per job, in order; groups hold at most the KV pool's size in tokens
+        (with pages, many short inputs can still need more pages than the pool has: that step
+        fails with a 500, as it did before the tree)."""
         out: list[torch.Tensor] = []
         self.last_cached_tokens = []
         start = 0
@@ -107,6 +109,7 @@ class DecoderEmbeddingRunner:
                 end += 1
             hidden, cached = self._last_states([j.input_ids for j in jobs[start:end]])
             self.last_cached_tokens += cached
+            self.cached_tokens += sum(cached)
             if self.answer_ids is not None:
                 out.extend(self._answer_scores(hidden))
                 start = end
@@ -141,17 +144,25 @@ class DecoderEmbeddingRunner:
         return torch.stack([h for h in out if h is not None]), cached
 
     def _passes(self, seqs: list[list[int]]) -> list[list[int]]:
-        """The batch's indices per forward pass: a sequence that shares MIN_SHARED_TOKENS more
-        with its lexicographic predecessor than the tree holds of it goes second (sorted order
-        puts each sequence next to the ones it shares most with)."""
+        """The batch's indices per forward pass. In lexicographic order (which puts sequences
+        beside those they share most with), each first-pass sequence leads the ones after it:
+        a sequence whose shared part with its leader is MIN_SHARED_TOKENS more than the tree
+        holds of it (both in whole pages) goes second and reuses what the leader caches; any
+        other sequence runs first and leads."""
         if self.cache is None or len(seqs) < 2:
             return [list(range(len(seqs)))]
+        page = self.cache.page_size
         order = sorted(range(len(seqs)), key=lambda i: seqs[i])
-        first, second = [order[0]], list[int]()
-        for prev, i in itertools.pairwise(order):
-            shared = common_prefix_len(seqs[prev][:-1], seqs[i][:-1])
+        leader, first, second = order[0], [order[0]], list[int]()
+        for i in order[1:]:
+            shared = common_prefix_len(seqs[leader][:-1], seqs[i][:-1])
+            shared -= shared % page
             cached = len(self.cache.match_prefix(seqs[i][:-1]).indices) if shared else 0
-            (second if shared - cached >= MIN_SHARED_TOKENS else first).append(i)
+            if shared - cached >= MIN_SHARED_TOKENS:
+                second.append(i)
+            else:
+                first.append(i)
+                leader = i
         return [first, second] if second else [first]
 
     def _alloc(self, n: int) -> torch.Tensor:
@@ -207,7 +218,6 @@ class DecoderEmbeddingRunner:
             batch.attn_backend = runner.attn_backend
             runner.attn_backend.init_forward_metadata(batch)
             hidden: torch.Tensor = runner.model(batch.input_ids, batch.positions, batch)
-            self.cached_tokens += sum(prefix_lens)
             if cache is not None:
                 for i, (seq, (prefix, _)) in enumerate(zip(seqs, matches, strict=True)):
                     locs = fresh[i]

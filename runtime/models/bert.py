@@ -165,6 +165,8 @@ class BertModel(nn.Module):
         """Every parameter exactly once with its exact shape; anything else names the tensor.
         Then each layer lays its weights out for its GEMMs (`PostNormEncoderLayer.prepack`;
         pack=False keeps plain F.linear, the oracle the packed path is tested against)."""
+        if any(cast(PostNormEncoderLayer, layer).up_gemm is not None for layer in self.layers):
+            raise RuntimeError("the weights were loaded and packed once: load into a fresh model")
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for raw_name, tensor in weights:

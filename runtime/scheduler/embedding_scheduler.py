@@ -99,7 +99,8 @@ class EmbeddingScheduler:
         return GetInternalStateOut(self.internal_state(), request_id=msg.request_id)
 
     def _on_dashboard_snapshot(self, msg: DashboardSnapshotReq) -> DashboardSnapshotOut:
-        """Its counters only: no tree, no decode steps, no request timelines kept."""
+        """Its counters only: no decode steps, no request timelines kept, and no tree shown (a
+        decoder embedder's prefix tree is counted in `cached_tokens`, not drawn)."""
         snap = DashboardSnapshot(
             time=time.time(),
             build_seconds=0.0,

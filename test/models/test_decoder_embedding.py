@@ -163,3 +163,19 @@ def test_yes_no_reranker_scores_match_transformers(tmp_path: Path) -> None:
             logits = hf(input_ids=torch.tensor([p])).logits[0, -1].float()
         want = torch.softmax(logits[[yes, no]], dim=-1)[0]
         torch.testing.assert_close(got[row], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_second_pass_only_where_it_reuses_whole_pages(tmp_path: Path) -> None:
+    folder = save_hf_model(build_hf_model(tiny_config("llama_gqa")), tmp_path)
+    runner = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(dtype="float32", max_total_tokens=4096, page_size=64), None
+    )
+    shared = random_ids(40, 3)  # under one page: the tree could give none of it back
+    seqs = [shared + random_ids(5, 4), shared + random_ids(7, 5)]
+    assert len(runner._passes(seqs)) == 1
+    longer = random_ids(130, 6)  # two whole pages shared: the second prompt waits for them
+    seqs = [longer + random_ids(5, 7), longer + random_ids(9, 8), random_ids(50, 9)]
+    first, second = runner._passes(seqs)
+    assert len(second) == 1 and sorted(first + second) == [0, 1, 2]
+    runner.embed([EmbeddingJob(s) for s in seqs])
+    assert sorted(runner.last_cached_tokens) == [0, 0, 128]

@@ -124,6 +124,8 @@ def test_token_states_match_transformers(arch: str, tmp_path: Path) -> None:
     plain = BertModel.create(cfg, torch.float32, "cpu")
     plain.load_weights(iter_weights(tmp_path), pack=False)
     assert not any(layer.up_gemm.packed for layer in plain.layers)
+    with pytest.raises(RuntimeError, match="fresh model"):  # the packed copy is the only one
+        ours.load_weights(iter_weights(tmp_path))
     torch.testing.assert_close(plain(ids, mask), got, rtol=1e-5, atol=1e-6)
 
 
