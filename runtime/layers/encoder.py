@@ -7,7 +7,7 @@ not the paged-KV attention of the decoders.
 
 On the CPU in float32 the GEMMs run on oneDNN with weights packed once (`prepack`): query, key
 and value as one fused GEMM, and the residual add folded into the output and down GEMMs. Measured
-on all-MiniLM-L6-v2 (2 AVX2 cores), oneDNN's packed GEMMs are 1.05-1.25x MKL's per call at 2,048
+on all-MiniLM-L6-v2 (2 AVX2 cores), oneDNN's packed GEMMs are 1.04-1.20x MKL's per call at 2,048
 rows, the fused QKV saves two passes over the input; `EmbeddingRunner` keeps sub-batches near
 2,048 tokens so the MLP's 4x-wide activation stays in cache. Elsewhere (CUDA, bf16, no oneDNN)
 the plain `F.linear` path runs.
@@ -45,8 +45,8 @@ def can_pack_dense(weight: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class DenseGemm:
-    """y = x W^T + b (+ residual) from a weight oneDNN packed once; `plain` keeps the
-    unpacked weight's F.linear for the same call (the oracle, and the path without oneDNN)."""
+    """y = x W^T + b (+ residual) from a weight oneDNN packed once; unpacked (`packed` False)
+    it is F.linear on the [N, K] weight (the oracle, and the path without oneDNN)."""
 
     weight: torch.Tensor  # oneDNN's blocked layout when `packed`, else the [N, K] weight
     bias: torch.Tensor | None
