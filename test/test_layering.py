@@ -362,6 +362,7 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("radixgen.cli", "radixgen.runtime.entrypoints.engine"): _CLI,
     ("radixgen.cli", "radixgen.runtime.entrypoints.offline_batch"): _CLI,
     ("radixgen.cli", "radixgen.runtime.entrypoints.http_server"): _CLI,
+    ("radixgen.cli", "radixgen.runtime.router.router_app"): _CLI,
     ("radixgen.launch_server", "radixgen.runtime.entrypoints.http_server"): _CLI,
     ("radixgen.lang.backend.engine", "radixgen.runtime.entrypoints.engine"): (
         "the DSL stays a light install (test_lang_does_not_import_the_runtime): the runtime "

@@ -1,5 +1,5 @@
-"""The `radixgen` command: `serve` (the HTTP server), `generate` (one offline answer) and
-`batch` (a Batch API input file, offline).
+"""The `radixgen` command: `serve` (the HTTP server), `generate` (one offline answer), `batch`
+(a Batch API input file, offline) and `router` (one endpoint in front of several servers).
 
 Flags are built from the `ServerArgs` dataclass fields and named like SGLang's, so
 `radixgen serve --model-path ... --port 30000` matches `python -m sglang.launch_server`; SGLang's
@@ -69,13 +69,62 @@ def _batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_cli_args(p)
 
 
+def _router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "router",
+        help="One endpoint in front of several servers, routing each request by its model.",
+        description="Forward each request to a worker serving the model it names: a generation "
+        "model and an embedding or rerank model (--is-embedding servers) behind one endpoint. "
+        "Among the workers of one model the policy chooses (cache-aware by default, as SGLang's "
+        "router). Workers are read from their /v1/models and /model_info at start and every "
+        "--health-check-interval-secs; /workers lists them, /v1/models lists their models.",
+    )
+    p.add_argument(
+        "--worker-urls", nargs="+", required=True, help="The servers' URLs (http://host:port)."
+    )
+    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1).")
+    p.add_argument("--port", type=int, default=30000, help="Port to bind (default 30000).")
+    p.add_argument(
+        "--policy",
+        default="cache_aware",
+        choices=("cache_aware", "round_robin", "shortest_queue"),
+        help="How one model's workers share its requests (default cache_aware).",
+    )
+    p.add_argument(
+        "--api-key",
+        help="Require 'Authorization: Bearer <key>' on every route but /health; the router "
+        "also sends it to the workers (forwarded requests carry the client's own header).",
+    )
+    p.add_argument(
+        "--health-check-interval-secs",
+        type=float,
+        default=10.0,
+        help="How often the workers are read again (default 10 s).",
+    )
+    p.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=1800.0,
+        help="A forwarded request's limit; over it the client gets a 504 (default 1800 s).",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="Log level.",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixgen", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,batch}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{serve,generate,batch,router}"
+    )
     _serve_parser(sub)
     _generate_parser(sub)
     _batch_parser(sub)
+    _router_parser(sub)
     return parser
 
 
@@ -126,6 +175,19 @@ def batch(ns: argparse.Namespace) -> int:
     return 0
 
 
+def router(ns: argparse.Namespace) -> int:
+    from radixgen.runtime.router.router_app import RouterConfig, run_router
+
+    config = RouterConfig(
+        worker_urls=tuple(ns.worker_urls),
+        policy=ns.policy,
+        api_key=ns.api_key,
+        health_check_interval_s=ns.health_check_interval_secs,
+        request_timeout_s=ns.request_timeout_secs,
+    )
+    return run_router(config, ns.host, ns.port, ns.log_level)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -140,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             return serve(ns)
         if ns.command == "batch":
             return batch(ns)
+        if ns.command == "router":
+            return router(ns)
         return generate(ns)
     except InvalidRequestError as e:
         print(f"radixgen: error: {e}", file=sys.stderr)
