@@ -11,11 +11,13 @@ for the same reason).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
+import orjson
 
 from radixgen.errors import InvalidRequestError, RadixGenError
 from radixgen.json_types import JSONValue
@@ -180,32 +182,45 @@ class WorkerRegistry:
                     cards.append(card)
         return cards
 
-    async def refresh(self, client: httpx.AsyncClient, headers: dict[str, str]) -> None:
+    async def refresh(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
         """Ask every worker what it serves; a worker that does not answer is marked down."""
-        for worker in self.workers:
-            await refresh_worker(client, worker, headers)
+        await asyncio.gather(*(refresh_worker(session, w, headers) for w in self.workers))
+
+
+DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
+
+
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[int, JSONValue]:
+    async with session.get(url, headers=headers, timeout=DISCOVERY_TIMEOUT) as r:
+        body = await r.read()
+        return r.status, (orjson.loads(body) if r.status == 200 else body.decode(errors="replace"))
 
 
 async def refresh_worker(
-    client: httpx.AsyncClient, worker: Worker, headers: dict[str, str]
+    session: aiohttp.ClientSession, worker: Worker, headers: dict[str, str]
 ) -> None:
     """Read `worker`'s models (`/v1/models`, which a loading server refuses) and kind."""
     try:
-        r = await client.get(worker.url + "/v1/models", headers=headers, timeout=10.0)
-        if r.status_code != 200:
-            raise ValueError(f"/v1/models answered {r.status_code}: {r.text[:200]}")
-        cards = r.json()["data"]
-        ids = tuple(c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str))
-        info = await client.get(worker.url + "/model_info", headers=headers, timeout=10.0)
+        status, models = await _get_json(session, worker.url + "/v1/models", headers)
+        if status != 200 or not isinstance(models, dict):
+            raise ValueError(f"/v1/models answered {status}: {str(models)[:200]}")
+        cards = models["data"]
+        if not isinstance(cards, list):
+            raise ValueError("/v1/models has no list of models")
+        ids = tuple(
+            name for c in cards if isinstance(c, dict) and isinstance(name := c.get("id"), str)
+        )
+        status, info = await _get_json(session, worker.url + "/model_info", headers)
         is_generation = None
-        if info.status_code == 200:
-            flag = info.json().get("is_generation")
-            is_generation = flag if isinstance(flag, bool) else None
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        if status == 200 and isinstance(info, dict) and isinstance(info.get("is_generation"), bool):
+            is_generation = bool(info["is_generation"])
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as e:
         worker.healthy = False
         worker.error = f"{type(e).__name__}: {e}"
         return
-    worker.model_ids, worker.cards, worker.is_generation = ids, list(cards), is_generation
+    worker.model_ids, worker.cards, worker.is_generation = ids, cards, is_generation
     worker.healthy, worker.error = True, ""
 
 
