@@ -1,6 +1,6 @@
 """Decoder embedding models (the Qwen3-Embedding / e5-mistral kind) and yes/no rerankers (the
 Qwen3-Reranker kind) on our decoder stack: last-token pooling, or the answer tokens' odds, over
-one prefill (scheduler process).
+one prefill, run in forwards of at most `--chunked-prefill-size` tokens (scheduler process).
 
 The model is loaded by a `ModelRunner` (the same weights, kernels and paged attention as a
 generation server); each batch borrows request rows for its prefill. Prompts of such models
@@ -70,6 +70,8 @@ class DecoderEmbeddingRunner:
         self.cache: RadixCache | None = None
         if not args.cache.disable_radix_cache:
             self.cache = RadixCache(runner.req_to_token_pool, runner.kv_pool, args.cache.page_size)
+        # most prompt tokens in one forward (--chunked-prefill-size; -1: a batch at once)
+        self.chunk_tokens = args.scheduler.chunked_prefill_size
         self.cached_tokens = 0  # prompt tokens served from the tree, since the start
         self.last_cached_tokens: list[int] = []  # per job of the last `embed` call
         logger.info(
@@ -201,23 +203,7 @@ class DecoderEmbeddingRunner:
                 runner.req_to_token_pool.write_row(row, 0, prefix)
                 runner.req_to_token_pool.write_row(row, len(prefix), fresh[-1])
             prefix_lens = [len(prefix) for prefix, _ in matches]
-            lens = [len(s) - p for s, p in zip(seqs, prefix_lens, strict=True)]
-            starts = [sum(lens[:i]) for i in range(len(seqs))]
-            batch = ForwardBatch(
-                torch.tensor([t for s, p in zip(seqs, prefix_lens, strict=True) for t in s[p:]]),
-                torch.cat(
-                    [torch.arange(p, len(s)) for s, p in zip(seqs, prefix_lens, strict=True)]
-                ),
-                torch.cat(fresh),
-                rows,
-                prefix_lens,
-                lens,
-                starts,
-                torch.tensor([s + n - 1 for s, n in zip(starts, lens, strict=True)]),
-            ).to_device(runner.torch_device)
-            batch.attn_backend = runner.attn_backend
-            runner.attn_backend.init_forward_metadata(batch)
-            hidden: torch.Tensor = runner.model(batch.input_ids, batch.positions, batch)
+            hidden = self._forward_in_chunks(seqs, rows, prefix_lens, fresh)
             if cache is not None:
                 for i, (seq, (prefix, _)) in enumerate(zip(seqs, matches, strict=True)):
                     locs = fresh[i]
@@ -232,6 +218,50 @@ class DecoderEmbeddingRunner:
             if cache is not None:
                 for _, node in matches:
                     cache.dec_lock_ref(node)
+
+    def _forward_in_chunks(
+        self,
+        seqs: list[list[int]],
+        rows: list[int],
+        prefix_lens: list[int],
+        fresh: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """[B, H]: each sequence's last hidden state, computed over its uncached tokens in
+        forwards of at most `chunk_tokens` tokens (all when -1): a long input's later chunks
+        attend to its earlier ones' KV in the pool, as chunked prefill does in the generation
+        scheduler, so no forward's activations grow with the batch (the MLP's 4x-wide one stays
+        in cache). The kernels are batch-invariant: the vectors do not depend on the chunking."""
+        runner = self.runner
+        done = list(prefix_lens)  # tokens of each sequence in the pool so far
+        last: list[torch.Tensor | None] = [None] * len(seqs)
+        limit = self.chunk_tokens if self.chunk_tokens > 0 else sum(map(len, seqs))
+        while any(d < len(s) for d, s in zip(done, seqs, strict=True)):
+            part: list[tuple[int, int]] = []  # (sequence, tokens this forward)
+            budget = limit
+            for i, seq in enumerate(seqs):
+                if done[i] < len(seq) and budget > 0:
+                    part.append((i, min(len(seq) - done[i], budget)))
+                    budget -= part[-1][1]
+            lens = [n for _, n in part]
+            starts = [sum(lens[:k]) for k in range(len(part))]
+            batch = ForwardBatch(
+                torch.tensor([t for i, n in part for t in seqs[i][done[i] : done[i] + n]]),
+                torch.cat([torch.arange(done[i], done[i] + n) for i, n in part]),
+                torch.cat([fresh[i][done[i] - prefix_lens[i] :][:n] for i, n in part]),
+                [rows[i] for i, _ in part],
+                [done[i] for i, _ in part],
+                lens,
+                starts,
+                torch.tensor([s + n - 1 for s, n in zip(starts, lens, strict=True)]),
+            ).to_device(runner.torch_device)
+            batch.attn_backend = runner.attn_backend
+            runner.attn_backend.init_forward_metadata(batch)
+            hidden: torch.Tensor = runner.model(batch.input_ids, batch.positions, batch)
+            for k, (i, n) in enumerate(part):
+                done[i] += n
+                if done[i] == len(seqs[i]):
+                    last[i] = hidden[k].clone()  # the next forward may reuse its output
+        return torch.stack([h for h in last if h is not None])
 
     def _keep(self, seq: list[int], slots: torch.Tensor, matched: int) -> None:
         """Insert a computed sequence into the tree (whole pages); free what it already held

@@ -90,12 +90,19 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             if done:
                 return task.result()
             if await request.is_disconnected():
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    _discard(task.result())  # finished just now: nobody will read it
                 raise _ClientGone
     finally:
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _discard(result: object) -> None:
+    if isinstance(result, aiohttp.ClientResponse):
+        result.close()
 
 
 class Router:
@@ -112,9 +119,14 @@ class Router:
         # NOTE: aiohttp, not httpx: under 32 concurrent requests httpx's connection pool spent
         # ~5 ms of CPU a request here (its pool scans every connection per request)
         timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s, sock_connect=10.0)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+        # an idle connection is dropped well before a worker would close it (uvicorn: 5 s by
+        # default, ours 30 s): a POST on a connection the worker is closing fails unretried
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
         self.session = aiohttp.ClientSession(
-            timeout=timeout, connector=connector, auto_decompress=False
+            timeout=timeout,
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),  # bodies pass through as they come
         )
         await self.registry.refresh(self.session, self.auth)
         self._health_task = asyncio.create_task(self._health_loop())
@@ -147,10 +159,10 @@ class Router:
             return error_response(InvalidRequestError("the body must be a JSON object"))
         model = body.get("model")
         route = request.url.path
+        if model is not None and not isinstance(model, str):
+            return error_response(InvalidRequestError("'model' must be a string", "model"))
         try:
-            candidates = self.registry.candidates(
-                kind, model if isinstance(model, str) else None, route
-            )
+            candidates = self.registry.candidates(kind, model, route)
         except RadixGenError as e:
             return error_response(e)
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
@@ -163,7 +175,7 @@ class Router:
                 self.registry.mark_down(worker, f"{type(e).__name__}: {e}")
                 candidates = [w for w in candidates if w is not worker]
                 logger.warning("worker %s is down (%s); trying another", worker.url, e)
-        served = f"model '{model}'" if isinstance(model, str) else route
+        served = f"model '{model}'" if model is not None else route
         return error_response(NoWorkerError(f"no worker serving {served} is up now"))
 
     async def _send(
@@ -228,7 +240,10 @@ class _Relay:
             async for chunk in self.upstream.content.iter_any():
                 yield chunk
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            # the client must see a broken stream too, not a clean end: the answer's chunked
+            # body is left unterminated
             logger.warning("a relayed stream from %s broke: %r", self.worker.url, e)
+            raise
         finally:
             await self.close()
 

@@ -63,6 +63,7 @@ class Worker:
     is_generation: bool | None = None  # None: the worker has no /model_info (serves every route)
     healthy: bool = False
     error: str = "not checked yet"
+    failed_checks: int = 0  # discovery failures in a row
     load: int = 0  # requests in flight through this router
     dispatched: int = 0  # requests sent since the router started
 
@@ -133,19 +134,27 @@ class WorkerRegistry:
                     f"model '{model}' is served for {other[0].kind_name()} routes, not {route}",
                     "model",
                 )
-        up = [w for w in able if w.healthy]
-        known = {w.model_id for w in up}
+            if any(not w.model_ids for w in able):  # e.g. still loading: it may serve `model`
+                raise NoWorkerError(
+                    f"model '{model}' is not served by the workers that answered; "
+                    f"{sum(not w.model_ids for w in able)} worker(s) have not answered yet"
+                )
+        # the route's models: every worker that ever answered, up now or not
+        known = {w.model_id for w in able if w.model_ids}
         if len(known) == 1:
-            return up
-        if not up:
-            if able:
+            up = [w for w in able if w.healthy]
+            if not up:
                 raise NoWorkerError(f"no worker serving {route} is up now")
+            return up
+        if not known:
+            if able:
+                raise NoWorkerError(f"no worker serving {route} has answered yet")
             raise ModelNotFoundError(
                 f"no worker behind this router serves {route}; it serves {_served_list(self.workers)}"
             )
         if model is None:
             raise InvalidRequestError(
-                f"several models serve {route} here ({_served_list(up)}): name one in 'model'",
+                f"several models serve {route} here ({_served_list(able)}): name one in 'model'",
                 "model",
             )
         raise ModelNotFoundError(
@@ -188,6 +197,7 @@ class WorkerRegistry:
 
 
 DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
+FAILED_CHECKS_DOWN = 2  # discovery failures in a row that mark a worker down
 
 
 async def _get_json(
@@ -217,11 +227,15 @@ async def refresh_worker(
         if status == 200 and isinstance(info, dict) and isinstance(info.get("is_generation"), bool):
             is_generation = bool(info["is_generation"])
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as e:
-        worker.healthy = False
+        worker.failed_checks += 1
         worker.error = f"{type(e).__name__}: {e}"
+        # one slow answer on a loaded machine is not a dead worker; a refused connection while
+        # forwarding marks it down at once (`WorkerRegistry.mark_down`)
+        if worker.failed_checks >= FAILED_CHECKS_DOWN or not worker.model_ids:
+            worker.healthy = False
         return
     worker.model_ids, worker.cards, worker.is_generation = ids, cards, is_generation
-    worker.healthy, worker.error = True, ""
+    worker.healthy, worker.error, worker.failed_checks = True, "", 0
 
 
 def routing_key(body: dict[str, JSONValue]) -> bytes:

@@ -135,10 +135,20 @@ def test_chat_reaches_the_generation_worker(router, rclient, generation_server):
     assert routed.choices[0].message.content == alone.choices[0].message.content
     assert routed.usage.completion_tokens == alone.usage.completion_tokens
     assert router.workers()[generation_server.url]["dispatched"] == before + 1
-    stream = via.chat.completions.create(**args, stream=True)
-    chunks = [c.choices[0].delta.content or "" for c in stream if c.choices]
-    assert len(chunks) > 2  # passed on as it came, not as one body
-    assert "".join(chunks) == alone.choices[0].message.content
+    start = time.monotonic()
+    story = {**args, "messages": [{"role": "user", "content": "Write a long story about a cat."}]}
+    story["max_tokens"] = 64
+    stream = via.chat.completions.create(**story, stream=True)
+    chunks, first_at = [], None
+    for c in stream:
+        if c.choices and c.choices[0].delta.content:
+            first_at = first_at or time.monotonic() - start
+            chunks.append(c.choices[0].delta.content)
+    total = time.monotonic() - start
+    assert first_at is not None and first_at < total / 2  # passed on as it came, not buffered
+    longer = direct.chat.completions.create(**story)
+    assert longer.usage.completion_tokens > 32
+    assert "".join(chunks) == longer.choices[0].message.content
     # SGLang's native route, no `model`: the only generation model takes it
     r = rclient.post("/generate", json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})  # fmt: skip
     assert r.status_code == 200 and r.json()["text"]
@@ -190,6 +200,8 @@ def test_refusals_name_the_cause(rclient, generation_server, embedding_server):
     assert r.status_code == 400 and "name one in 'model'" in r.json()["error"]["message"]
     r = rclient.post("/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400
+    r = rclient.post("/v1/chat/completions", json={"model": 7, "messages": CHAT})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     # a worker's own refusal comes back as it gave it
     r = rclient.post("/v1/chat/completions", json={"model": gen, "messages": CHAT, "n": 0})
     assert r.status_code == 400 and r.json()["error"]["code"] == 400
@@ -197,24 +209,35 @@ def test_refusals_name_the_cause(rclient, generation_server, embedding_server):
 
 def test_client_that_leaves_aborts_on_the_worker(router, generation_server):
     body = {"text": "Tell me a long story.", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}  # fmt: skip
+
+    def generated() -> int:
+        info = httpx.get(generation_server.url + "/server_info", timeout=30).json()
+        return info["internal_states"][0]["generated_tokens"]
+
     for stream in (False, True):
-        with httpx.Client(base_url=router.url, timeout=1.0) as client:
-            if stream:  # a few events, then the connection closes
-                with client.stream("POST", "/generate", json={**body, "stream": True}) as r:
-                    for n, _ in enumerate(r.iter_lines()):
-                        if n == 4:
-                            break
-            else:  # gives up waiting for the whole answer
-                with pytest.raises(httpx.TimeoutException):
-                    client.post("/generate", json=body)
-        deadline = time.monotonic() + 10.0
+        before = generated()
+        if stream:  # a few events, then the connection closes
+            with (
+                httpx.Client(base_url=router.url, timeout=120.0) as client,
+                client.stream("POST", "/generate", json={**body, "stream": True}) as r,
+            ):
+                for n, _ in enumerate(r.iter_lines()):
+                    if n == 4:
+                        break
+        else:  # gives up waiting for the whole answer
+            with (
+                httpx.Client(base_url=router.url, timeout=1.0) as client,
+                pytest.raises(httpx.TimeoutException),
+            ):
+                client.post("/generate", json=body)
+        deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
             info = httpx.get(generation_server.url + "/server_info", timeout=30).json()
-            running = info["internal_states"][0]["running_requests"]
-            if running == 0 and router.workers()[generation_server.url]["load"] == 0:
+            if info["internal_states"][0]["running_requests"] == 0:
                 break
             time.sleep(0.2)
-        assert running == 0, "the worker still runs a request whose client left"
+        # aborted on the worker: it stopped well before the 2,000 tokens asked for
+        assert generated() - before < 2000
         assert router.workers()[generation_server.url]["load"] == 0
 
 

@@ -179,3 +179,38 @@ def test_a_second_pass_only_where_it_reuses_whole_pages(tmp_path: Path) -> None:
     assert len(second) == 1 and sorted(first + second) == [0, 1, 2]
     runner.embed([EmbeddingJob(s) for s in seqs])
     assert sorted(runner.last_cached_tokens) == [0, 0, 128]
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_long_inputs_prefill_in_chunks_and_give_the_same_vectors(
+    radix: bool, tmp_path: Path
+) -> None:
+    hf = build_hf_model(tiny_config("llama_gqa"))
+    folder = save_hf_model(hf, tmp_path)
+    kw = dict(dtype="float32", max_total_tokens=4096, disable_radix_cache=not radix)
+    whole = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(**kw, chunked_prefill_size=-1), None
+    )
+    chunked = DecoderEmbeddingRunner(
+        folder, ServerArgs.from_kwargs(**kw, chunked_prefill_size=16), None
+    )
+    forward, sizes = chunked.runner.model.forward, []
+
+    def counting_forward(input_ids, positions, batch):  # the real forward, its sizes counted
+        sizes.append(len(input_ids))
+        return forward(input_ids, positions, batch)
+
+    chunked.runner.model.forward = counting_forward  # type: ignore[method-assign]
+    seqs = [*_shared_prefix_prompts(60, 5), random_ids(5, 77)]  # 60..83 tokens, and a short one
+    jobs = [EmbeddingJob(s) for s in seqs]
+    want = torch.stack(whole.embed(jobs))
+    got = torch.stack(chunked.embed(jobs))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    computed = sum(len(s) for s in seqs) - chunked.cached_tokens
+    assert max(sizes) == 16 and sum(sizes) == computed, sizes  # no forward over 16 tokens
+    _check_accounting(chunked)
+    for i, s in enumerate(seqs):  # and the exact model agrees
+        with torch.no_grad():
+            states = hf.model(input_ids=torch.tensor([s])).last_hidden_state
+        ref = torch.nn.functional.normalize(states[0, -1].float(), dim=-1)
+        assert torch.nn.functional.cosine_similarity(got[i], ref, dim=0) >= COSINE_MIN

@@ -68,6 +68,20 @@ def test_refusals():
         gen_only.candidates(GEN, None, "/generate")
 
 
+def test_workers_not_yet_answered_and_known_models_that_are_down():
+    # a worker still loading has no models yet: a name nobody lists may be its own
+    reg = registry(("http://a", "chat-a", True, True), ("http://b", "", None, False))
+    with pytest.raises(NoWorkerError, match="1 worker\\(s\\) have not answered"):
+        reg.candidates(GEN, "chat-b", "/v1/chat/completions")
+    assert urls(reg.candidates(GEN, None, "/generate")) == ["http://a"]  # no name: those known
+    # a second generation model that is down still counts: a request must name one
+    reg = registry(("http://a", "chat-a", True, True), ("http://b", "chat-b", True, False))
+    with pytest.raises(InvalidRequestError, match="name one in 'model'"):
+        reg.candidates(GEN, None, "/generate")
+    with pytest.raises(NoWorkerError, match="'chat-b'"):
+        reg.candidates(GEN, "chat-b", "/generate")
+
+
 def test_a_worker_of_unknown_kind_serves_every_route():
     reg = registry(("http://other", "m", None, True))
     assert urls(reg.candidates(GEN, "m", "/v1/completions")) == ["http://other"]
