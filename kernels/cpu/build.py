@@ -34,6 +34,7 @@ HEADERS = (
     "attention_block.h",
     "attention_kvq.h",
     "attention_rows.h",
+    "attention_rows_simd.h",
     "attention_simd.h",
     "simd.h",
     "gemm_quant_fma.h",

@@ -86,6 +86,7 @@ DEFINE_BLOCK(block_bf16, uint16_t, LOAD_BF16)
 
 #include "attention_kvq.h"
 #include "attention_rows.h"
+#include "attention_rows_simd.h"
 
 typedef struct {
     int64_t row;   /* first query row in q/out */
@@ -263,7 +264,6 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
             const Task* tk = &tasks[j / Hkv];
             int h = (int)(j % Hkv);
             int nq = tk->nrows * G;
-            (void)nq; /* without AVX-512: row by row only */
             float* scores = buf;
             float* qf = buf + maxq * KEY_BLOCK;
             float* acc = qf + maxq * D;
@@ -293,6 +293,19 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
                                 idx, tok_stride, pf_bytes, scale) == 0;
                 if (done)
                     for (int i = 0; i < nq; ++i) { ms[i] = w.m[i]; ls[i] = w.l[i]; }
+            }
+#elif defined(SIMD_W)
+            if (nq >= ROWS_MIN_VECTORS && D % SIMD_W == 0) {
+                int64_t nk[ROW_GROUP];
+                for (int r = 0; r < tk->nrows; ++r) {
+                    int64_t n = tk->n + r < KEY_BLOCK ? tk->n + r : KEY_BLOCK;
+                    const char* qr = (const char*)q + ((tk->row + r) * q_row_stride + (int64_t)h * G * D) * q_bytes;
+                    for (int g = 0; g < G; ++g) nk[r * G + g] = n;
+                    kvq_load_q(qr, dtype, G, D, scale, qf + (int64_t)r * G * D);
+                }
+                rows_simd(mixed ? kv_dtype : dtype, nq, qf, nk, k, v, mixed ? k_scale : NULL,
+                          mixed ? v_scale : NULL, Hkv, h, D, idx, scores, acc, ms, ls);
+                done = 1;
             }
 #endif
             for (int r = 0; r < tk->nrows && !done; ++r) { /* row by row: the same arithmetic */

@@ -33,6 +33,15 @@ int main(void) {
     printf("attn%d rc %d", kind, rc);
     for (int i = 0; i < (1 + NQ) * H * D; i += 7) printf(" %.9g", fb(out[i]));
     printf("\n");
+    /* each of the NQ rows alone, as a decode row at its position: bitwise the batched result */
+    int differ = 0;
+    for (int r = 0; r < NQ; ++r) {
+      uint16_t one[H * D];
+      int64_t kvp[2] = {0, CTX - NQ + r + 1}, qp[2] = {0, 1}, pos[1] = {CTX - NQ + r};
+      int rc1 = ragged_attention(q + (1 + r) * H * D, H * D, kk, vv, idx + CTX, kvp, qp, pos, 1, one, H, HKV, D, 0.125f, 1, 0, kind, kind == 2 ? ks : NULL, kind == 2 ? vs : NULL);
+      differ += rc1 != 0 || memcmp(one, out + (1 + r) * H * D, sizeof one) != 0;
+    }
+    printf("alone%d %d\n", kind, differ);
   }
   enum { N = 3, I = 200, HID = 576 };
   uint16_t gu[N * 2 * I], so[N * I];
