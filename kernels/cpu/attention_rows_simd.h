@@ -84,30 +84,9 @@ static inline __attribute__((always_inline)) void rows_simd_body(
             }
         }
     }
-    for (int i = 0; i < nq; ++i) {
-        const int64_t ni = nk[i], body = ni - ni % SIMD_W;
-        float* s = scores + (int64_t)i * KEY_BLOCK;
-        const float m = vf_hmax(mx[i]);
-        const vf mv = vf_set1(m);
-        vf sum = vf_zero();
-        for (int64_t j0 = 0; j0 < body; j0 += SIMD_W) {
-            vf p = vf_exp(vf_sub(vf_load(s + j0), mv));
-            sum = vf_add(sum, p);
-            vf_store(s + j0, p);
-        }
-        if (body < ni) { /* the tail, padded with -inf (exp: 0) */
-            float t[SIMD_W];
-            for (int x = 0; x < SIMD_W; ++x) t[x] = body + x < ni ? s[body + x] : -INFINITY;
-            vf p = vf_exp(vf_sub(vf_load(t), mv));
-            sum = vf_add(sum, p);
-            vf_store(t, p);
-            for (int64_t j = body; j < ni; ++j) s[j] = t[j - body];
-        }
-        m_out[i] = m;
-        l_out[i] = vf_hsum(sum);
-        if (vs)
-            for (int64_t j = 0; j < ni; ++j) s[j] *= vs[idx[j] * Hkv + h];
-    }
+    for (int i = 0; i < nq; ++i)
+        simd_softmax_row(scores + (int64_t)i * KEY_BLOCK, nk[i], mx[i], vs, idx, Hkv, h,
+                         m_out + i, l_out + i);
     memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)D);
     vf av[MAX_DIM / SIMD_W];
     for (int64_t j0 = 0; j0 < n; j0 += RS_CHUNK) {

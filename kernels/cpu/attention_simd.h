@@ -27,6 +27,36 @@ static inline __attribute__((always_inline)) vf simd_kv_load(const int kind, con
     }
 }
 
+/* One vector's scores over its n keys -> weights in place: p = exp(s - m) with m the largest
+ * (from the running max mx), SIMD_W at a time (the tail padded with -inf), their sum in l; then
+ * each weight times its value row's scale when vs is given. The one softmax of both the one-row
+ * kernel below and attention_rows_simd.h's, so they agree bit for bit. */
+static inline __attribute__((always_inline)) void simd_softmax_row(
+    float* sc, int64_t n, vf mx, const float* vs, const int64_t* idx, int64_t Hkv, int h,
+    float* m_out, float* l_out) {
+    const float m = vf_hmax(mx);
+    const vf mv = vf_set1(m);
+    const int64_t body = n - n % SIMD_W;
+    vf sum = vf_zero();
+    for (int64_t j0 = 0; j0 < body; j0 += SIMD_W) {
+        vf p = vf_exp(vf_sub(vf_load(sc + j0), mv));
+        sum = vf_add(sum, p);
+        vf_store(sc + j0, p);
+    }
+    if (body < n) { /* the tail, padded with -inf (exp: 0) */
+        float t[SIMD_W];
+        for (int i = 0; i < SIMD_W; ++i) t[i] = body + i < n ? sc[body + i] : -INFINITY;
+        vf p = vf_exp(vf_sub(vf_load(t), mv));
+        sum = vf_add(sum, p);
+        vf_store(t, p);
+        for (int64_t j = body; j < n; ++j) sc[j] = t[j - body];
+    }
+    *m_out = m;
+    *l_out = vf_hsum(sum);
+    if (vs)
+        for (int64_t j = 0; j < n; ++j) sc[j] *= vs[idx[j] * Hkv + h];
+}
+
 /* k / v point at head h of slot 0; qf: [G][D] q * scale; ks / vs: scales or NULL. */
 static inline __attribute__((always_inline)) void block_simd_body(
     const int kind, const int G, const int C, const float* qf, const char* k, const char* v,
@@ -81,31 +111,8 @@ static inline __attribute__((always_inline)) void block_simd_body(
             }
         }
     }
-    float m[MAX_GROUP];
-    for (int g = 0; g < G; ++g) m[g] = vf_hmax(mx[g]);
-    const int64_t body = n - n % SIMD_W;
-    for (int g = 0; g < G; ++g) {
-        float* sc = scores + g * n;
-        const vf mv = vf_set1(m[g]);
-        vf sum = vf_zero();
-        for (int64_t j0 = 0; j0 < body; j0 += SIMD_W) {
-            vf p = vf_exp(vf_sub(vf_load(sc + j0), mv));
-            sum = vf_add(sum, p);
-            vf_store(sc + j0, p);
-        }
-        if (body < n) { /* the tail, padded with -inf (exp: 0) */
-            float t[SIMD_W];
-            for (int i = 0; i < SIMD_W; ++i) t[i] = body + i < n ? sc[body + i] : -INFINITY;
-            vf p = vf_exp(vf_sub(vf_load(t), mv));
-            sum = vf_add(sum, p);
-            vf_store(t, p);
-            for (int64_t j = body; j < n; ++j) sc[j] = t[j - body];
-        }
-        m_out[g] = m[g];
-        l_out[g] = vf_hsum(sum);
-        if (vs)
-            for (int64_t j = 0; j < n; ++j) sc[j] *= vs[idx[j] * Hkv + h];
-    }
+    for (int g = 0; g < G; ++g)
+        simd_softmax_row(scores + g * n, n, mx[g], vs, idx, Hkv, h, m_out + g, l_out + g);
     vf av[MAX_GROUP * (MAX_DIM / SIMD_W)];
 #pragma GCC unroll 64
     for (int i = 0; i < G * C; ++i) av[i] = vf_zero();

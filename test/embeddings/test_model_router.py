@@ -8,69 +8,18 @@ are handled as a server would.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from server.server_process import ServerProcess, free_port, running_server, server_flags
+from server.router_process import ModelRouterProcess as ModelRouter
+from server.server_process import ServerProcess, running_server, server_flags
 
 pytestmark = pytest.mark.slow
 
 GEN_FLAGS = ("--max-total-tokens", "4096")
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-class ModelRouter:
-    """`python -m radixgen.cli router` on a free loopback port."""
-
-    def __init__(self, urls: list[str], *extra: str, api_key: str | None = None) -> None:
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        if api_key:
-            extra = (*extra, "--api-key", api_key)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = f"/tmp/radixgen-test-model-router-{self.port}.log"
-        cmd = [sys.executable, "-m", "radixgen.cli", "router", "--worker-urls", *urls]
-        cmd += ["--port", str(self.port), "--log-level", "warning", *extra]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_workers(self, healthy: int, timeout: float = 60.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited {self.proc.returncode}: {self.log()}")
-            try:
-                r = httpx.get(self.url + "/workers", headers=self.headers, timeout=2.0)
-                workers = r.json()["workers"]
-            except (httpx.TransportError, ValueError, KeyError):
-                workers = []
-            if workers and sum(w["is_healthy"] for w in workers) == healthy:
-                return workers
-            time.sleep(0.2)
-        raise TimeoutError(f"router does not list {healthy} healthy workers: {self.log()}")
-
-    def workers(self) -> dict[str, dict]:
-        r = httpx.get(self.url + "/workers", headers=self.headers)
-        return {w["url"]: w for w in r.json()["workers"]}
-
-    def log(self) -> str:
-        self._log.flush()
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")

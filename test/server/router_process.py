@@ -1,4 +1,5 @@
-"""Start the real SGLang router (the Rust router of `sglang-router`) and stop it (test helper)."""
+"""Start a router and stop it (test helper): the real SGLang router (the Rust router of
+`sglang-router`), or ours (`radixgen router`)."""
 
 from __future__ import annotations
 
@@ -27,38 +28,33 @@ Router.from_args(args).start()
 """
 
 
-class RouterProcess:
-    """The SGLang router on free loopback ports (its Prometheus port too:
-    the default, 29000, is shared by every router on the machine)."""
+class _RouterProc:
+    """A router child process on a free loopback port: its log, its /workers list and its stop."""
 
-    def __init__(self, worker_urls: list[str], *extra_args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = f"/tmp/radixgen-test-router-{self.port}.log"
-        argv = [
-            "--worker-urls", *worker_urls,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--prometheus-port", str(free_port()),
-            "--log-level", "warn", *(extra_args or ("--policy", "cache_aware")),
-        ]  # fmt: skip
-        cmd = [sys.executable, "-c", _LAUNCH, *argv]
+    headers: dict[str, str]  # sent with its /workers reads (the router's API key)
+
+    def _start(self, cmd: list[str]) -> None:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def wait_workers(self, n: int) -> list[dict]:
-        """Until the router lists `n` healthy workers (it registers them in the background)."""
-        deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
+    def _workers_now(self) -> list[dict]:
+        try:
+            r = httpx.get(self.url + "/workers", headers=self.headers, timeout=2.0)
+            return r.json()["workers"]
+        except (httpx.TransportError, ValueError, KeyError):
+            return []
+
+    def _wait(self, done, what: str, timeout: float = ROUTER_START_TIMEOUT_S) -> list[dict]:
+        """Until `done(workers)` holds for the router's /workers list."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited with {self.proc.returncode}: {self.log()}")
-            try:
-                workers = httpx.get(self.url + "/workers", timeout=2.0).json()["workers"]
-            except (httpx.TransportError, ValueError, KeyError):
-                workers = []
-            if len(workers) == n and all(w["is_healthy"] for w in workers):
+            workers = self._workers_now()
+            if done(workers):
                 return workers
             time.sleep(0.2)
-        raise TimeoutError(f"router has no {n} healthy workers: {self.log()}")
+        raise TimeoutError(f"router has not {what}: {self.log()}")
 
     def log(self) -> str:
         self._log.flush()
@@ -74,3 +70,52 @@ class RouterProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+
+
+class RouterProcess(_RouterProc):
+    """The SGLang router on free loopback ports (its Prometheus port too:
+    the default, 29000, is shared by every router on the machine)."""
+
+    def __init__(self, worker_urls: list[str], *extra_args: str) -> None:
+        self.headers = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = f"/tmp/radixgen-test-router-{self.port}.log"
+        argv = [
+            "--worker-urls", *worker_urls,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--prometheus-port", str(free_port()),
+            "--log-level", "warn", *(extra_args or ("--policy", "cache_aware")),
+        ]  # fmt: skip
+        self._start([sys.executable, "-c", _LAUNCH, *argv])
+
+    def wait_workers(self, n: int) -> list[dict]:
+        """Until the router lists `n` healthy workers (it registers them in the background)."""
+        return self._wait(
+            lambda ws: len(ws) == n and all(w["is_healthy"] for w in ws), f"{n} healthy workers"
+        )
+
+
+class ModelRouterProcess(_RouterProc):
+    """`radixgen router` (python -m radixgen.cli router) on a free loopback port."""
+
+    def __init__(self, urls: list[str], *extra: str, api_key: str | None = None) -> None:
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if api_key:
+            extra = (*extra, "--api-key", api_key)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = f"/tmp/radixgen-test-model-router-{self.port}.log"
+        cmd = [sys.executable, "-m", "radixgen.cli", "router", "--worker-urls", *urls]
+        self._start([*cmd, "--port", str(self.port), "--log-level", "warning", *extra])
+
+    def wait_workers(self, healthy: int) -> list[dict]:
+        """Until exactly `healthy` of the listed workers are up."""
+        return self._wait(
+            lambda ws: bool(ws) and sum(w["is_healthy"] for w in ws) == healthy,
+            f"{healthy} healthy workers",
+        )
+
+    def workers(self) -> dict[str, dict]:
+        r = httpx.get(self.url + "/workers", headers=self.headers)
+        return {w["url"]: w for w in r.json()["workers"]}
