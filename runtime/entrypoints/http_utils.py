@@ -228,7 +228,8 @@ async def read_body(request: Request, limits: LimitsConfig) -> bytes:
         ) from None
 
 
-def _loads(raw: bytes) -> JSONValue:
+def loads_body(raw: bytes) -> JSONValue:
+    """A request body as JSON; an empty or malformed one is a 400 that says so."""
     if not raw:
         raise InvalidRequestError("the request body is empty; send a JSON object", None)
     try:
@@ -249,7 +250,7 @@ async def read_parsed(request: Request, parse: Callable[[JSONValue], T]) -> T:
     raw = await read_body(request, request.app.state.server.args.limits)
 
     def work() -> T:
-        return parse(_loads(raw))
+        return parse(loads_body(raw))
 
     if len(raw) > OFF_LOOP_BODY_BYTES:
         return await asyncio.to_thread(work)

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from radixgen.errors import InvalidRequestError, RadixGenError
+from radixgen.errors import InvalidRequestError
 from radixgen.json_types import JSONValue
+from radixgen.runtime.entrypoints.http_utils import NotFoundError, ServiceBusyError
 from radixgen.runtime.request_side.load_balance import LoadBalancer
 
 # the prompt bytes the cache-aware policy looks at: enough for any shared system prompt,
@@ -35,22 +36,16 @@ class RouteKind(enum.Enum):
     EMBEDDING = "embedding"  # /v1/embeddings, /encode and /v1/rerank: an --is-embedding server
 
 
-class ModelNotFoundError(RadixGenError):
+class ModelNotFoundError(NotFoundError):
     """No worker behind the router serves the named model (or any model for the route)."""
-
-    status_code = 404
-    err_type = "not_found_error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.param = "model"
 
 
-class NoWorkerError(RadixGenError):
+class NoWorkerError(ServiceBusyError):
     """Workers serve the model, but none of them is up now."""
-
-    status_code = 503
-    err_type = "service_unavailable"
 
 
 @dataclass(eq=False)

@@ -91,6 +91,10 @@ async def _scenario() -> dict[str, object]:
             out["load_after_break"] = live_worker.load
             async with client.post(url, json={"model": 3, "prompt": "x"}) as r:
                 out["bad_model"] = r.status
+            async with client.post(url, data=b"") as r:
+                out["empty"] = (r.status, (await r.json())["error"]["message"])
+            async with client.post(url, data=b"x" * (8 * 1024 * 1024 + 1)) as r:
+                out["too_large"] = r.status
     finally:
         server.should_exit = True
         await serving
@@ -110,3 +114,5 @@ def test_forwarding_retries_relays_and_releases_every_load():
     assert out["broken"] == "payload error"  # a worker's broken stream is not a clean end
     assert out["load_after_break"] == 0
     assert out["bad_model"] == 400
+    assert out["empty"] == (400, "the request body is empty; send a JSON object")
+    assert out["too_large"] == 413  # the servers' default body cap, before forwarding anything
