@@ -51,8 +51,9 @@ def baseline_kernels(rev: str, isa: str, tmp: Path) -> NativeKernels:
     return NativeKernels(ctypes.CDLL(str(out)), isa)
 
 
-def attention_case(nreq: int, rows: int, ctx: int, kv: torch.dtype):
-    """Bound-argument call builder for `nreq` requests of `rows` query rows ending at `ctx`."""
+def attention_case(nreq: int, rows: int, ctx: int, kv: torch.dtype, shared: int = 0):
+    """Bound-argument call builder for `nreq` requests of `rows` query rows ending at `ctx`,
+    whose first `shared` keys are the same pool slots (a prefix cached once)."""
     pool = nreq * ctx + 1
     if kv == torch.int8:
         k = torch.randint(-127, 128, (pool, HKV, D), dtype=torch.int8)
@@ -62,7 +63,12 @@ def attention_case(nreq: int, rows: int, ctx: int, kv: torch.dtype):
         k = torch.randn(pool, HKV, D).to(kv)
         v = torch.randn(pool, HKV, D).to(kv)
         ks = vs = None
-    idx = (torch.randperm(pool - 1) + 1)[: nreq * ctx].contiguous()
+    slots = torch.randperm(pool - 1) + 1
+    own = slots[shared:].view(-1)
+    idx = torch.cat(
+        [torch.cat([slots[:shared], own[r * (ctx - shared) : (r + 1) * (ctx - shared)]])
+         for r in range(nreq)]
+    ).contiguous()  # fmt: skip
     kv_indptr = torch.arange(nreq + 1) * ctx
     q_indptr = torch.arange(nreq + 1) * rows
     q_pos0 = torch.full((nreq,), ctx - rows, dtype=torch.long)
@@ -127,12 +133,14 @@ def cases() -> list[tuple[str, Callable, object, torch.Tensor | None]]:
         out.append((f"argmax_f32 R={r}", lambda nk, a=a2: lambda: nk._argmax(*a),
                     (lf, ids2), ids2))  # fmt: skip
     for kv, tag in ((torch.bfloat16, "bf16"), (torch.int8, "int8"), (torch.float8_e4m3fn, "fp8")):
-        for name, nreq, rows, ctx in (
-            ("decode N=1", 1, 1, CTX),
-            ("decode N=8", 8, 1, CTX),
-            ("prefill 512", 1, 512, 512),
+        for name, nreq, rows, ctx, shared in (
+            ("decode N=1", 1, 1, CTX, 0),
+            ("decode N=8", 8, 1, CTX, 0),
+            ("prefill 512", 1, 512, 512, 0),
+            # 16 decode rows on one cached 1,500-token prefix (a few-shot block, a document)
+            ("decode N=16 shared 1500", 16, 1, 1540, 1500),
         ):
-            mk, keep, o = attention_case(nreq, rows, ctx, kv)
+            mk, keep, o = attention_case(nreq, rows, ctx, kv, shared)
             out.append((f"attention {tag} {name} ctx {ctx}", mk, keep, o))
     return out
 

@@ -3,7 +3,9 @@
  * One code path serves every query row, decode or prefill: each row attends to the pool slots
  * of its own request's visible keys, read in place (no gather copy). Work is split over
  * (row, kv head, fixed-size key block) tasks; partial results merge by log-sum-exp in block
- * order, so a row's output is bitwise the same however the batch was formed.
+ * order, so a row's output is bitwise the same however the batch was formed. Requests whose
+ * whole key block holds the same pool slots (a prefix shared through the radix cache) read it
+ * once for all their rows (cascade attention), with the same per-row arithmetic.
  * Accumulation is float32 whatever the storage dtype: float32 or bfloat16 like q, or another
  * KV cache format (int8 with per-token, per-head scales, fp8 e4m3; attention_kvq.h).
  */
@@ -147,14 +149,15 @@ static void run_block(const void* q, int64_t qoff, const void* k, const void* v,
 
 /* Every row's blocks for request r (rows q0 .. q1 - 1, the first at position pos0): the rows
  * whose keys start at 0 share each block, ROWS at a time; a sliding window's rows whose keys
- * start later get theirs alone. Appends to tasks[*t]. */
+ * start later get theirs alone. Blocks below `skip` were planned across requests
+ * (plan_shared_blocks). Appends to tasks[*t]. */
 static void plan_request(Task* tasks, int64_t* t, int64_t kv0, int64_t q0, int64_t q1,
-                         int64_t pos0, int64_t window, int rows) {
+                         int64_t pos0, int64_t window, int rows, int64_t skip) {
     int64_t shared = q1 - q0; /* rows that see keys from position 0 */
     if (window > 0) shared = window - pos0 < 0 ? 0 : window - pos0 < shared ? window - pos0 : shared;
     if (shared > 0) {
         int64_t last = pos0 + shared - 1; /* the last shared row's position */
-        for (int64_t b = 0; b * KEY_BLOCK <= last; ++b) {
+        for (int64_t b = skip; b * KEY_BLOCK <= last; ++b) {
             int64_t start = b * KEY_BLOCK;
             int64_t i = q0 + (start > pos0 ? start - pos0 : 0);
             for (; i < q0 + shared; i += rows) {
@@ -172,6 +175,67 @@ static void plan_request(Task* tasks, int64_t* t, int64_t kv0, int64_t q0, int64
             tasks[*t] = (Task){i, kv0 + lo + b * KEY_BLOCK, n < KEY_BLOCK ? n : KEY_BLOCK, 1, (int)b};
             ++*t;
         }
+    }
+}
+
+/* How many leading key blocks request r shares with request r - 1: blocks that every row of
+ * both sees whole (the first row's position is past the block) and whose pool slots are the
+ * same, as a prefix cached in the radix tree gives. */
+static int64_t blocks_shared_with_previous(const int64_t* indices, const int64_t* kv_indptr,
+                                           const int64_t* q_pos0, int r) {
+    int64_t whole_a = (q_pos0[r - 1] + 1) / KEY_BLOCK, whole_b = (q_pos0[r] + 1) / KEY_BLOCK;
+    int64_t most = whole_a < whole_b ? whole_a : whole_b, b = 0;
+    const int64_t* a = indices + kv_indptr[r - 1];
+    const int64_t* c = indices + kv_indptr[r];
+    for (; b < most; ++b) {
+        const int64_t* x = a + b * KEY_BLOCK;
+        const int64_t* y = c + b * KEY_BLOCK;
+        if (x[KEY_BLOCK - 1] != y[KEY_BLOCK - 1] || x[0] != y[0] ||
+            memcmp(x, y, sizeof(int64_t) * KEY_BLOCK) != 0)
+            break;
+    }
+    return b;
+}
+
+/* Cascade attention: for each key block b, every run of consecutive requests that share it
+ * (shared[r] > b links request r to r - 1) gets tasks over all the run's rows, each row seeing the
+ * whole block (n = KEY_BLOCK), so the block is read and decoded once for the run instead of once
+ * per request: the decode rows of requests on one cached prefix run as a prefill chunk's rows do.
+ * Tasks take up to `rows` rows, fewer when that would leave under two per thread (`jobs_per_row`
+ * = kv heads, `min_rows` still fills the rows kernel). cover[r] = the leading blocks of r planned
+ * here (plan_request skips them). A row's arithmetic per block is unchanged (the rows kernels
+ * equal the one-row kernels bit for bit), so its output still does not depend on the requests
+ * batched with it. */
+static void plan_shared_blocks(Task* tasks, int64_t* t, const int64_t* shared, int64_t* cover,
+                               const int64_t* kv_indptr, const int64_t* q_indptr, int R, int rows,
+                               int min_rows, int jobs_per_row, int threads) {
+    int64_t top = 0, row_blocks = 0;
+    for (int r = 0; r < R; ++r) {
+        cover[r] = 0;
+        if (shared[r] > top) top = shared[r];
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+        int64_t take = rows;
+        if (pass == 1) {
+            int64_t spread = row_blocks * jobs_per_row / (2 * (int64_t)threads);
+            take = spread < min_rows ? min_rows : spread < rows ? spread : rows;
+        }
+        for (int64_t b = 0; b < top; ++b)
+            for (int r0 = 0; r0 < R;) {
+                int r1 = r0 + 1;
+                while (r1 < R && shared[r1] > b) ++r1;
+                if (r1 - r0 >= 2 && pass == 0) {
+                    row_blocks += q_indptr[r1] - q_indptr[r0];
+                    for (int r = r0; r < r1; ++r) cover[r] = b + 1;
+                } else if (r1 - r0 >= 2) {
+                    for (int64_t i = q_indptr[r0]; i < q_indptr[r1]; i += take) {
+                        int64_t nr = q_indptr[r1] - i < take ? q_indptr[r1] - i : take;
+                        tasks[*t] = (Task){i, kv_indptr[r0] + b * KEY_BLOCK, KEY_BLOCK, (int)nr, (int)b};
+                        ++*t;
+                    }
+                }
+                r0 = r1;
+            }
     }
 }
 
@@ -224,10 +288,27 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
         free(tasks); free(row_slot0); free(row_nb); free(partial);
         return -2;
     }
+    /* shared[r]: blocks r shares with r - 1; cover[r]: its blocks planned across requests (none
+     * under a sliding window, whose rows' keys start apart) */
+    int64_t* shared = (int64_t*)calloc((size_t)(R > 0 ? 2 * R : 1), sizeof(int64_t));
+    if (!shared) {
+        free(tasks); free(row_slot0); free(row_nb); free(partial);
+        return -2;
+    }
+    int64_t* cover = shared + R;
+    const int threads = team_threads(); /* read once: the plan and the team agree */
     int64_t t = 0;
+    if (window <= 0) {
+        for (int r = 1; r < R; ++r)
+            if (q_indptr[r + 1] > q_indptr[r] && q_indptr[r] > q_indptr[r - 1])
+                shared[r] = blocks_shared_with_previous(indices, kv_indptr, q_pos0, r);
+        plan_shared_blocks(tasks, &t, shared, cover, kv_indptr, q_indptr, R, rows,
+                           (ROWS_MIN_VECTORS + G - 1) / G, Hkv, threads);
+    }
     for (int r = 0; r < R; ++r)
         plan_request(tasks, &t, kv_indptr[r], q_indptr[r], q_indptr[r + 1], q_pos0[r], window,
-                     rows);
+                     rows, cover[r]);
+    free(shared);
     ntasks = t;
     int64_t maxq = 1; /* the most query vectors of a task: sizes the scratch */
     for (int64_t i = 0; i < ntasks; ++i)
@@ -247,7 +328,6 @@ int ragged_attention(const void* q, int64_t q_row_stride, const void* k, const v
     int64_t jobs = ntasks * Hkv;
     /* a thread takes every head of a task in turn (the first prefetches whole token rows for the
      * rest) unless there are too few tasks to keep the threads busy */
-    const int threads = team_threads();
     int chunk = ntasks >= 2 * (int64_t)threads ? Hkv : 1;
     int failed = 0;
 #pragma omp parallel num_threads(threads)

@@ -73,3 +73,68 @@ def test_every_row_is_bitwise_its_decode_alone(native, dtype, pool_dtype, scaled
                 f"request {r} row {j} (position {pos}) differs from the row alone"
             )
     assert torch.isfinite(batched.float()).all()
+
+
+# Requests on one cached prefix (the same pool slots for its first 700 positions: two whole key
+# blocks and part of a third): decode rows and a prefill chunk that share its whole blocks, one
+# that diverges inside the second block (shares only the first), one too short to see a whole
+# block, and a last one on the prefix again after them (not adjacent to the others).
+SHARED = 700
+SHARERS = [  # (slots of the shared prefix it keeps, own positions after them, rows)
+    (SHARED, 40, 1),
+    (SHARED, 90, 1),
+    (SHARED, 5, 30),
+    (SHARED, 300, 1),
+    (-1, 60, 1),  # the prefix with one slot of its second block replaced
+    (200, 0, 1),
+    (SHARED, 12, 1),
+]
+
+
+@pytest.mark.parametrize(("dtype", "pool_dtype", "scaled"), FORMATS)
+@pytest.mark.parametrize("G", [1, 3])
+def test_rows_on_a_shared_prefix_are_bitwise_their_decode_alone(
+    native, dtype, pool_dtype, scaled, G
+):
+    """Requests whose whole key blocks hold the same slots read them once for all their rows
+    (cascade attention); every row still gets its own decode's output, bit for bit."""
+    torch.manual_seed(G)
+    D, size = 64, 6000
+    k, v, scales = _pool(pool_dtype, scaled, size, D)
+    perm = torch.randperm(size - 1) + 1
+    prefix, off = perm[:SHARED], SHARED
+    kv, rows_of, pos0 = [], [], []
+    for keep, own, rows in SHARERS:
+        slots = prefix.clone()
+        if keep < 0:
+            slots[300] = perm[off]
+            off += 1
+            keep = SHARED
+        tail = perm[off : off + own + rows - 1]
+        off += own + rows - 1
+        kv.append(torch.cat([slots[:keep], tail]))
+        rows_of.append(rows)
+        pos0.append(keep + own - 1)
+    kv_indptr = torch.tensor([0, *torch.tensor([len(s) for s in kv]).cumsum(0).tolist()])
+    q_indptr = torch.tensor([0, *torch.tensor(rows_of).cumsum(0).tolist()])
+    n = int(q_indptr[-1])
+    H = G * HKV
+    q = torch.randn(n, H, D).to(dtype)
+    batched = torch.empty(n, H, D, dtype=dtype)
+    scale = D**-0.5
+    native.ragged_attention(
+        q, k, v, torch.cat(kv), kv_indptr, q_indptr, torch.tensor(pos0), batched, scale, None,
+        scales,
+    )  # fmt: skip
+    alone = torch.empty(1, H, D, dtype=dtype)
+    for r, rows in enumerate(rows_of):
+        for j in range(rows):
+            row, pos = int(q_indptr[r]) + j, pos0[r] + j
+            native.ragged_attention(
+                q[row : row + 1], k, v, kv[r][: pos + 1].contiguous(), torch.tensor([0, pos + 1]),
+                torch.tensor([0, 1]), torch.tensor([pos]), alone, scale, None, scales,
+            )  # fmt: skip
+            assert torch.equal(alone[0].view(torch.uint8), batched[row].view(torch.uint8)), (
+                f"request {r} row {j} (position {pos}) differs from the row alone"
+            )
+    assert torch.isfinite(batched.float()).all()

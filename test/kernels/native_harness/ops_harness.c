@@ -1,5 +1,5 @@
 /* The fused ops, ragged attention (bf16, int8 with scales, fp8 pools; a decode row and a
- * 5-row chunk over 300 keys) and argmax_f32 on fixed pseudo-random inputs, printed one line per
+ * 5-row chunk over 300 keys; four decode rows on one cached prefix) and argmax_f32 on fixed pseudo-random inputs, printed one line per
  * kernel ("name v0 v1 ..."): built for the neon variant (run under qemu-user) and for an x86
  * variant, whose outputs test_neon_ops.py compares. */
 #include <stdio.h>
@@ -42,6 +42,27 @@ int main(void) {
       differ += rc1 != 0 || memcmp(one, out + (1 + r) * H * D, sizeof one) != 0;
     }
     printf("alone%d %d\n", kind, differ);
+    /* four decode rows on one cached prefix (the same slots for 520 positions: two whole key
+     * blocks, read once for all four): each bitwise its decode alone */
+    enum { SP = 520, SR = 4 };
+    int64_t sidx[SR * (SP + 16)], skv[SR + 1], sq[SR + 1], spos[SR];
+    uint16_t sout[SR * H * D];
+    skv[0] = 0;
+    for (int r = 0; r < SR; ++r) {
+      int64_t len = SP + 10 + r;
+      for (int64_t j = 0; j < len; ++j) sidx[skv[r] + j] = j < SP ? idx[j] : idx[CTX + 40 * r + j - SP];
+      skv[r + 1] = skv[r] + len; sq[r] = r; spos[r] = len - 1;
+    }
+    sq[SR] = SR;
+    int src = ragged_attention(q, H * D, kk, vv, sidx, skv, sq, spos, SR, sout, H, HKV, D, 0.125f, 1, 0, kind, kind == 2 ? ks : NULL, kind == 2 ? vs : NULL);
+    int sdiffer = src != 0;
+    for (int r = 0; r < SR; ++r) {
+      uint16_t one[H * D];
+      int64_t kvp[2] = {0, skv[r + 1] - skv[r]}, qp[2] = {0, 1}, pos[1] = {spos[r]};
+      int rc1 = ragged_attention(q + r * H * D, H * D, kk, vv, sidx + skv[r], kvp, qp, pos, 1, one, H, HKV, D, 0.125f, 1, 0, kind, kind == 2 ? ks : NULL, kind == 2 ? vs : NULL);
+      sdiffer += rc1 != 0 || memcmp(one, sout + r * H * D, sizeof one) != 0;
+    }
+    printf("shared%d %d\n", kind, sdiffer);
   }
   enum { N = 3, I = 200, HID = 576 };
   uint16_t gu[N * 2 * I], so[N * I];
