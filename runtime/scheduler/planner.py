@@ -400,12 +400,27 @@ class StepPlanner:
             if req.lora_id is not None:
                 adapters.add(req.lora_id)
             admitted.append((req, n))
-            self.queues.running.append(req)
+            self._add_running(req, int(match.indices[0]) if prefix_len else -1)
         if loaded:
             # NOTE: the pages a load filled for a request that was not admitted after all are
             # evictable cache again, but they may have taken room this step's planned tokens
             # were counted on: make that room free again
             self.free_tokens(reserved)
+
+    def _add_running(self, req: Req, first_slot: int) -> None:
+        """Add an admitted request to the running set next to the last running request on the
+        same cached prefix (the same pool slot for its first token): the native attention reads
+        a key block that consecutive requests share once for all of them (cascade attention),
+        and the batch follows the running set's order. A scan of the running set, only at
+        admission; the order changes no request's result (batch invariance)."""
+        req.prefix_first_slot = first_slot
+        running = self.queues.running
+        if first_slot >= 0:
+            for i in range(len(running) - 1, -1, -1):
+                if running[i].prefix_first_slot == first_slot:
+                    running.insert(i + 1, req)
+                    return
+        running.append(req)
 
     def _shares_with_prefilling(self, req: Req, prefix_len: int, others: list[Req]) -> bool:
         """Would `req` match IN_BATCH_SHARE_MIN more tokens once `others` are in the cache?

@@ -216,3 +216,28 @@ def test_internal_state_is_a_snapshot_of_the_counters():
     assert before.counters.generated_tokens == 1
     assert s.internal_state().counters.generated_tokens == 4
     assert before.counters is not s.stats
+
+
+def test_requests_on_one_cached_prefix_run_next_to_each_other():
+    """Admission puts a request next to the running ones on its cached prefix (the native
+    attention reads a key block that consecutive requests share once for all of them), not at
+    the end of the running set; outputs are unchanged."""
+    s, runner = make_scheduler()
+    prefix_a, prefix_b = PROMPT, [9 - t for t in PROMPT]
+    submit(s, "a0", prefix_a, max_new_tokens=2)
+    submit(s, "b0", prefix_b, max_new_tokens=2)
+    run_to_end(s)
+    prompts = {}
+    for i, (name, prefix) in enumerate([("a1", prefix_a), ("b1", prefix_b), ("a2", prefix_a),
+                                        ("b2", prefix_b), ("c", [1, 2, 3])]):  # fmt: skip
+        prompts[name] = [*prefix, i + 1, i + 2]
+        submit(s, name, prompts[name], max_new_tokens=6)
+    s.step()
+    assert [r.rid for r in s.running] == ["a1", "a2", "b1", "b2", "c"]
+    assert s.running[0].prefix_first_slot == s.running[1].prefix_first_slot >= 0
+    assert s.running[4].prefix_first_slot == -1
+    s.step()
+    assert runner.batches[-1].batch_size == 5
+    out = run_to_end(s)
+    for name, prompt in prompts.items():
+        assert out[name][0] == reference_output(prompt, 6), name
