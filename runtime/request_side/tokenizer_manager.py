@@ -446,7 +446,8 @@ class TokenizerManager:
         self, query: str, documents: list[str], truncate: bool = False
     ) -> list[EmbeddingResult]:
         """Each document's relevance to the query (a cross-encoder's score), in order;
-        truncate: cut each pair to the model's limit instead of refusing it."""
+        truncate: cut each pair to the model's limit instead of refusing it (a yes/no
+        reranker's: the document, so that its prompt fits)."""
         self._check_alive()
         if self.embeddings is None or not self.ready.cross_encoder:
             raise InvalidRequestError(
@@ -461,20 +462,58 @@ class TokenizerManager:
         for doc in documents:
             self.limits.check_prompt_chars(len(doc), "documents")
         if self.args.model.reranker_tokens is not None:  # a yes/no decoder: one prompt a pair
-            if truncate:
-                raise InvalidRequestError(
-                    "truncate is not served by yes/no rerankers (it would cut the answer turn)",
-                    "truncate",
-                )
             template = rerank_template(self.args.model.rerank_template)
             prompts = [rerank_prompt(template, query, doc) for doc in documents]
             ids = await asyncio.to_thread(self.tokenizer.encode_batch, prompts, False)
+            if truncate:
+                ids = await asyncio.to_thread(
+                    self._cut_rerank_documents, template, query, documents, ids
+                )
             return await self.embeddings.embed(ids, None, "documents")
         pairs = [(query, doc) for doc in documents]
         limit = self.max_embedding_tokens if truncate else None
         encoded = await asyncio.to_thread(self.tokenizer.encode_pairs, pairs, limit)
         ids = [e[0] for e in encoded]
         return await self.embeddings.embed(ids, None, "documents", [e[1] for e in encoded])
+
+    def _cut_rerank_documents(
+        self, template: str, query: str, documents: list[str], ids: list[list[int]]
+    ) -> list[list[int]]:
+        """A yes/no reranker's `truncate`: each prompt over the model's limit gets its document
+        cut to the longest token prefix whose prompt fits (the instruction, the query and the
+        answer turn stay whole, so the next token is still the answer); 400 naming the query
+        when the prompt is over the limit with an empty document."""
+        limit = self.max_embedding_tokens
+
+        def prompt_ids(doc_ids: list[int]) -> list[int]:
+            doc = self.tokenizer.decode(doc_ids, skip_special_tokens=False)
+            return self.tokenizer.encode(rerank_prompt(template, query, doc), False)
+
+        out = []
+        for doc, full in zip(documents, ids, strict=True):
+            if len(full) <= limit:
+                out.append(full)
+                continue
+            empty = prompt_ids([])
+            if len(empty) > limit:
+                raise InvalidRequestError(
+                    f"the rerank prompt without its document has {len(empty)} tokens; this "
+                    f"model takes at most {limit}: shorten the query",
+                    "query",
+                )
+            doc_ids = self.tokenizer.encode(doc, False)
+            keep = max(0, len(doc_ids) - (len(full) - limit))
+            cut = prompt_ids(doc_ids[:keep])
+            while len(cut) > limit and keep > 0:  # a merge across the cut can add a token
+                keep = max(0, keep - (len(cut) - limit))
+                cut = prompt_ids(doc_ids[:keep])
+            while keep < len(doc_ids):  # and one less can take back more than one
+                longer = prompt_ids(doc_ids[: keep + 1])
+                if len(longer) > limit:
+                    break
+                keep, cut = keep + 1, longer
+            out.append(cut)
+        return out
 
     async def _send_embedding(self, msg: TokenizedEmbeddingReq) -> int:
         assert self.link is not None

@@ -11,12 +11,14 @@ import pytest
 from server.server_process import running_server, server_flags
 from tiers import mark_fixture_users_slow
 
+RERANK_CONTEXT = 256  # decoder_rerank_server's --context-length
+
 
 def pytest_collection_modifyitems(config, items):
     mark_fixture_users_slow(
         items,
         Path(__file__).parent,
-        {"embedding_server", "rerank_server", "decoder_embedding_server"},
+        {"embedding_server", "rerank_server", "decoder_embedding_server", "decoder_rerank_server"},
     )
 
 
@@ -102,8 +104,10 @@ def decoder_embedding_server(default_model_folder):
 
 @pytest.fixture(scope="session")
 def decoder_rerank_server(default_model_folder):
-    """The default generation model (SmolLM2, float32) served as a yes/no reranker."""
+    """The default generation model (SmolLM2, float32) served as a yes/no reranker, with a
+    256-token context so that a long document meets the limit in a short test."""
     flags = ("--is-embedding", "--model-path", default_model_folder, "--dtype", "float32")
+    flags += ("--context-length", str(RERANK_CONTEXT))
     extra = ("--quantization", "unquant", "--reranker-tokens", "yes,no")
     with running_server(*flags, *extra, *server_flags()) as proc:
         yield proc
