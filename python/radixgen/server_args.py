@@ -274,8 +274,8 @@ class GrammarConfig:
     )
     grammar_compile_workers: int = _f(
         2,
-        "Grammar compile worker processes (started on the first constrained request); a compile "
-        "past grammar_compile_timeout is stopped by killing its worker.",
+        "Grammar compile worker processes (started in the background once the server is up); "
+        "a compile past grammar_compile_timeout is stopped by killing its worker.",
     )
     grammar_cache_max_bytes: int = _f(
         256 * 1024 * 1024, "Memory budget of the compiled-grammar cache (LRU beyond it)."

@@ -14,8 +14,10 @@ driver thread itself. The scheduler thread only submits and reads futures, so it
   slots at once, so one slot is always left for small specs. Large specs are what can take
   long (compile time grows with a schema's size and depth), so one client's expensive grammars
   delay another's cheap one by at most one small compile, not by a timeout.
-- Workers start on the first job (a spawned worker imports xgrammar and torch: 1-3 s here), so
-  a server that never sees a constraint never pays for them.
+- Workers start in the background once the scheduler is up (`start`, from the grammar
+  manager's warm-up thread; a spawned worker imports xgrammar and torch: 1-3 s here), so the
+  first constrained request after a start does not wait for them (it waited ~2.6 s when they
+  started on the first job); a pool nobody warmed starts them on its first job.
 """
 
 from __future__ import annotations
@@ -130,19 +132,27 @@ class CompilePool:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the grammar compile pool is shut down")
-            if not self._threads:  # lazily: the first constrained request starts the slots
-                for slot in range(self.workers):
-                    t = threading.Thread(
-                        target=self._drive,
-                        args=(slot,),
-                        name=f"radixgen-grammar-{slot}",
-                        daemon=True,
-                    )
-                    t.start()
-                    self._threads.append(t)
+            self._start_slots()  # NOTE: a pool nobody started: its first job starts the slots
             heapq.heappush(self._queue, job)
             self._cond.notify_all()
         return future
+
+    def start(self) -> None:
+        """Start the slots now: each driver thread starts its worker process before it waits for
+        a job, so compiles do not wait for the workers' start-up."""
+        with self._cond:
+            if not self._closed:
+                self._start_slots()
+
+    def _start_slots(self) -> None:
+        if self._threads:  # under self._cond
+            return
+        for slot in range(self.workers):
+            t = threading.Thread(
+                target=self._drive, args=(slot,), name=f"radixgen-grammar-{slot}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (for tests and diagnostics)."""

@@ -167,8 +167,10 @@ class GrammarManager:
         return self._caches[self.chooser.default]
 
     def warm_up(self) -> None:
-        """Build the vocabulary tables and the configured backend now."""
+        """Build the vocabulary tables and the configured backend now, and start its compile
+        workers (the first constrained request then waits for neither)."""
         _ = self.backend
+        self.pool.start()
 
     def start_warm_up(self) -> threading.Thread:
         """`warm_up` on a daemon thread (the scheduler's, once its start-up is reported)."""

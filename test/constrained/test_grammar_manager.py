@@ -379,13 +379,20 @@ def test_outlines_default_falls_back_for_what_it_refuses(tokenizer):
 
 def test_the_backend_is_built_by_the_warm_up_thread_not_at_construction(tokenizer):
     """A scheduler reports ready before its grammar backend exists (importing xgrammar is ~1.2 s
-    of a start); the warm-up thread builds it, and its counters read 0 until then."""
+    of a start); the warm-up thread builds it and starts its compile workers, so the first
+    constrained request waits for neither; its counters read 0 until then."""
     gm = new_manager(tokenizer)
     try:
         stats = gm.stats()
         assert stats.grammar_backends_built == 0 and stats.grammar_compiles == 0
+        assert gm._pools == {}  # no worker before the warm-up either
         gm.start_warm_up().join(60)
         assert gm.stats().grammar_backends_built == 1
+        deadline = time.monotonic() + 60
+        while len(gm.pool.worker_pids()) < gm.pool.workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(gm.pool.worker_pids()) == gm.pool.workers  # started without any request
+        assert gm.stats().grammar_compiles == 0
         req = make_req("w", json_schema=SCHEMA)
         ready, failed = settle(gm, submit_all(gm, [req]))
         assert ready == [req] and not failed
