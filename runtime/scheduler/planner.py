@@ -416,8 +416,14 @@ class StepPlanner:
         req.prefix_first_slot = first_slot
         running = self.queues.running
         if first_slot >= 0:
+            table = self.req_to_token_pool.req_to_token
             for i in range(len(running) - 1, -1, -1):
-                if running[i].prefix_first_slot == first_slot:
+                r = running[i]
+                if r.prefix_first_slot < 0 and r.kv_len > 0 and r.req_pool_idx is not None:
+                    # admitted with nothing cached (it may have computed this very prefix):
+                    # its first slot, read once
+                    r.prefix_first_slot = int(table[r.req_pool_idx, 0])
+                if r.prefix_first_slot == first_slot:
                     running.insert(i + 1, req)
                     return
         running.append(req)

@@ -70,8 +70,9 @@ class Req:
         self.kv_len = 0
         self.cache_protected_len = 0
         self.last_node: TreeNode | None = None  # the locked cache node (radix cache only)
-        # the pool slot of its first cached prompt token at admission (-1: none): running
-        # requests on one cached prefix are kept next to each other (cascade attention)
+        # the pool slot of its first prompt token (-1: not known yet; set at admission from
+        # the cached prefix, or read once its KV exists): running requests on one prefix are
+        # kept next to each other (cascade attention)
         self.prefix_first_slot = -1
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.host_cached_tokens = 0  # of those, copied back from the host tier (HiCache)

@@ -241,3 +241,20 @@ def test_requests_on_one_cached_prefix_run_next_to_each_other():
     out = run_to_end(s)
     for name, prompt in prompts.items():
         assert out[name][0] == reference_output(prompt, 6), name
+
+
+def test_a_request_goes_next_to_the_running_one_that_computed_its_prefix():
+    """The request that prefilled a prefix had nothing cached at admission; a later request on
+    that prefix still joins it (its first slot is read once its KV exists)."""
+    s, _ = make_scheduler()
+    owner, other, follower = PROMPT, [9 - t for t in PROMPT], [*PROMPT, 4, 4]
+    submit(s, "owner", owner, max_new_tokens=12)
+    s.step()
+    submit(s, "other", other, max_new_tokens=8)
+    s.step()
+    submit(s, "follower", follower, max_new_tokens=4)
+    s.step()
+    assert [r.rid for r in s.running] == ["owner", "follower", "other"]
+    out = run_to_end(s)
+    for name, prompt, n in (("owner", owner, 12), ("other", other, 8), ("follower", follower, 4)):
+        assert out[name][0] == reference_output(prompt, n), name
