@@ -61,10 +61,20 @@ def test_every_row_is_bitwise_its_decode_alone(native, dtype, pool_dtype, scaled
     native.ragged_attention(
         q, k, v, torch.cat(kv), kv_indptr, q_indptr, q_pos0, batched, scale, window, scales
     )
-    alone = torch.empty(1, H, D, dtype=dtype)
-    for r, (p0, n) in enumerate(REQS):
-        for j in range(n):
-            row, pos = int(q_indptr[r]) + j, p0 + j
+    _assert_each_row_is_its_decode_alone(
+        native, q, k, v, kv, q_indptr, q_pos0.tolist(), batched, scale, window, scales
+    )
+
+
+def _assert_each_row_is_its_decode_alone(
+    native, q, k, v, kv, q_indptr, pos0, batched, scale, window, scales
+):
+    """Every row of the batched result equals, bit for bit, the same row run alone as a decode
+    row at its position over its request's keys `kv[r]`."""
+    alone = torch.empty(1, *q.shape[1:], dtype=q.dtype)
+    for r in range(len(kv)):
+        for j in range(int(q_indptr[r + 1] - q_indptr[r])):
+            row, pos = int(q_indptr[r]) + j, pos0[r] + j
             native.ragged_attention(
                 q[row : row + 1], k, v, kv[r][: pos + 1].contiguous(), torch.tensor([0, pos + 1]),
                 torch.tensor([0, 1]), torch.tensor([pos]), alone, scale, window, scales,
@@ -126,15 +136,6 @@ def test_rows_on_a_shared_prefix_are_bitwise_their_decode_alone(
         q, k, v, torch.cat(kv), kv_indptr, q_indptr, torch.tensor(pos0), batched, scale, None,
         scales,
     )  # fmt: skip
-    alone = torch.empty(1, H, D, dtype=dtype)
-    for r, rows in enumerate(rows_of):
-        for j in range(rows):
-            row, pos = int(q_indptr[r]) + j, pos0[r] + j
-            native.ragged_attention(
-                q[row : row + 1], k, v, kv[r][: pos + 1].contiguous(), torch.tensor([0, pos + 1]),
-                torch.tensor([0, 1]), torch.tensor([pos]), alone, scale, None, scales,
-            )  # fmt: skip
-            assert torch.equal(alone[0].view(torch.uint8), batched[row].view(torch.uint8)), (
-                f"request {r} row {j} (position {pos}) differs from the row alone"
-            )
-    assert torch.isfinite(batched.float()).all()
+    _assert_each_row_is_its_decode_alone(
+        native, q, k, v, kv, q_indptr, pos0, batched, scale, None, scales
+    )
