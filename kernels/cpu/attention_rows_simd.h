@@ -42,11 +42,7 @@ static inline __attribute__((always_inline)) void rows_simd_body(
                 continue;
             }
             const int64_t j = j0 + jj;
-            const char* kr = k + idx[j] * row_bytes;
-            if (j + 16 < n) {
-                const char* pf = k + idx[j + 16] * row_bytes;
-                for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
-            }
+            const char* kr = simd_pool_row(k, idx, j, n, row_bytes, pf_bytes);
             sk[jj] = ks ? ks[idx[j] * Hkv + h] : 1.0f;
 #pragma GCC unroll 32
             for (int c = 0; c < C; ++c) vf_store(rows + jj * D + c * SIMD_W, simd_kv_load(kind, kr, c * SIMD_W));
@@ -93,11 +89,7 @@ static inline __attribute__((always_inline)) void rows_simd_body(
         const int nj = n - j0 < RS_CHUNK ? (int)(n - j0) : RS_CHUNK;
         for (int jj = 0; jj < nj; ++jj) {
             const int64_t j = j0 + jj;
-            const char* vr = v + idx[j] * row_bytes;
-            if (j + 16 < n) {
-                const char* pf = v + idx[j + 16] * row_bytes;
-                for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
-            }
+            const char* vr = simd_pool_row(v, idx, j, n, row_bytes, pf_bytes);
 #pragma GCC unroll 32
             for (int c = 0; c < C; ++c) vf_store(rows + jj * D + c * SIMD_W, simd_kv_load(kind, vr, c * SIMD_W));
         }

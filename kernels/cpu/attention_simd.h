@@ -57,6 +57,17 @@ static inline __attribute__((always_inline)) void simd_softmax_row(
         for (int64_t j = 0; j < n; ++j) sc[j] *= vs[idx[j] * Hkv + h];
 }
 
+/* Key or value j's pool row (base: k or v at head h of slot 0), with the row of j + 16 prefetched
+ * (its first pf_bytes) while j is used: how every kernel here walks a block's scattered slots. */
+static inline __attribute__((always_inline)) const char* simd_pool_row(
+    const char* base, const int64_t* idx, int64_t j, int64_t n, int64_t row_bytes, int pf_bytes) {
+    if (j + 16 < n) {
+        const char* pf = base + idx[j + 16] * row_bytes;
+        for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
+    }
+    return base + idx[j] * row_bytes;
+}
+
 /* k / v point at head h of slot 0; qf: [G][D] q * scale; ks / vs: scales or NULL. */
 static inline __attribute__((always_inline)) void block_simd_body(
     const int kind, const int G, const int C, const float* qf, const char* k, const char* v,
@@ -81,11 +92,7 @@ static inline __attribute__((always_inline)) void block_simd_body(
                 continue;
             }
             const int64_t j = j0 + jj;
-            const char* kr = k + idx[j] * row_bytes;
-            if (j + 16 < n) {
-                const char* pf = k + idx[j + 16] * row_bytes;
-                for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
-            }
+            const char* kr = simd_pool_row(k, idx, j, n, row_bytes, pf_bytes);
             sk[jj] = ks ? ks[idx[j] * Hkv + h] : 1.0f;
 #pragma GCC unroll 16
             for (int c = 0; c < C; ++c) kv[c] = simd_kv_load(kind, kr, c * SIMD_W);
@@ -118,11 +125,7 @@ static inline __attribute__((always_inline)) void block_simd_body(
     for (int i = 0; i < G * C; ++i) av[i] = vf_zero();
     vf pv[MAX_GROUP] = {0};
     for (int64_t j = 0; j < n; ++j) {
-        const char* vr = v + idx[j] * row_bytes;
-        if (j + 16 < n) {
-            const char* pf = v + idx[j + 16] * row_bytes;
-            for (int b_ = 0; b_ < pf_bytes; b_ += 64) __builtin_prefetch(pf + b_);
-        }
+        const char* vr = simd_pool_row(v, idx, j, n, row_bytes, pf_bytes);
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) pv[g] = vf_bcast(scores + g * n + j);
 #pragma GCC unroll 16
