@@ -46,6 +46,15 @@ def test_last_token_pooling_matches_transformers(variant: str, tmp_path: Path) -
     assert runner.runner.kv_pool.available_size() == runner.runner.kv_pool.size
 
 
+def _assert_matches_hf(hf, seqs: list[list[int]], got: torch.Tensor) -> None:
+    """Each vector is the HF model's normalised last hidden state of its sequence."""
+    for i, s in enumerate(seqs):
+        with torch.no_grad():
+            states = hf.model(input_ids=torch.tensor([s])).last_hidden_state
+        ref = torch.nn.functional.normalize(states[0, -1].float(), dim=-1)
+        assert torch.nn.functional.cosine_similarity(got[i], ref, dim=0) >= COSINE_MIN
+
+
 def _check_accounting(runner: DecoderEmbeddingRunner) -> None:
     """Between batches: every slot is free or held, unlocked, by the tree."""
     pool, cache = runner.runner.kv_pool, runner.cache
@@ -99,11 +108,7 @@ def test_shared_prefixes_reuse_kv_and_give_the_vectors_without_reuse(
     reused = [(len(s) - 1) - (len(s) - 1) % page_size for s in seqs]
     assert cached.cached_tokens - before == sum(reused) and cached.last_cached_tokens == reused
     _check_accounting(cached)
-    for i, s in enumerate(seqs):  # and the exact model agrees
-        with torch.no_grad():
-            states = hf.model(input_ids=torch.tensor([s])).last_hidden_state
-        ref = torch.nn.functional.normalize(states[0, -1].float(), dim=-1)
-        assert torch.nn.functional.cosine_similarity(got[i], ref, dim=0) >= COSINE_MIN
+    _assert_matches_hf(hf, seqs, got)  # and the exact model agrees
 
 
 def test_a_small_pool_evicts_cached_prefixes_and_stays_exact(tmp_path: Path) -> None:
@@ -209,8 +214,4 @@ def test_long_inputs_prefill_in_chunks_and_give_the_same_vectors(
     computed = sum(len(s) for s in seqs) - chunked.cached_tokens
     assert max(sizes) == 16 and sum(sizes) == computed, sizes  # no forward over 16 tokens
     _check_accounting(chunked)
-    for i, s in enumerate(seqs):  # and the exact model agrees
-        with torch.no_grad():
-            states = hf.model(input_ids=torch.tensor([s])).last_hidden_state
-        ref = torch.nn.functional.normalize(states[0, -1].float(), dim=-1)
-        assert torch.nn.functional.cosine_similarity(got[i], ref, dim=0) >= COSINE_MIN
+    _assert_matches_hf(hf, seqs, got)  # and the exact model agrees
