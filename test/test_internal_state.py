@@ -33,7 +33,7 @@ FULL_KEYS = [
     "cache_evictable_tokens", "cache_protected_tokens", "cache_hit_rate",
     "forward_steps", "new_token_ratio", "tp_comm_seconds", "dp_attention_idle_forwards",
     "prompt_tokens", "cached_tokens", "host_cached_tokens", "storage_cached_tokens",
-    "generated_tokens", "retractions", "evicted_tokens", "jump_forward_tokens",
+    "generated_tokens", "retractions", "evicted_tokens", "jump_forward_tokens", "cut_steps",
     "step_seconds", "forward_seconds", "device_wait_seconds",
     "host_capacity_tokens", "host_used_tokens", "host_pinned_tokens", "host_block_tokens",
     "host_stored_blocks", "host_evicted_blocks", "host_hit_blocks", "host_hit_tokens",

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..step_cancel import CancelFlag, StepCancelled
 from .build import NativeBuildError
 
 CType = (
@@ -26,8 +27,9 @@ CType = (
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # decoder_stack_forward: layers, n_layers, dims, eps, scale, cos, sin, x, final_norm, rows, M,
-# out, pos, loc, N, kv_indices, kv_indptr, q_indptr, q_pos0, R, work
-_STACK_ARGS = (_P, _I32, _P, _F32, _F32, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P)  # fmt: skip
+# out, pos, loc, N, kv_indices, kv_indptr, q_indptr, q_pos0, R, work, cancel
+_STACK_ARGS = (_P, _I32, _P, _F32, _F32, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P, _P)  # fmt: skip
+DECODER_STACK_CANCELLED = 1000  # radixgen_kernels.h
 
 # name -> (restype, argtypes) of every exported function; None is a void result.
 SIGNATURES: dict[str, tuple[CType | None, tuple[CType, ...]]] = {
@@ -570,11 +572,12 @@ class NativeKernels:
         out_cache_loc: torch.Tensor,
         ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         work: torch.Tensor,
+        cancel: CancelFlag | None = None,
     ) -> None:
         """Every layer over the embeddings x (bf16 [N, hidden]), then `out` (bf16 [M, hidden])
         gets the final norm of `rows` (int64 [M]; None: every row) (decoder_stack.c). layers:
         int64 [L, decoder_stack_words]; dims: int64 [hidden, H, Hkv, D, inter, kv code];
-        ragged: the attention layout."""
+        ragged: the attention layout. StepCancelled when `cancel` is set before a layer."""
         kv_indices, kv_indptr, q_indptr, q_pos0 = ragged
         rc = self._stack(
             layers.data_ptr(), layers.shape[0], dims.data_ptr(), eps, scale, cos.data_ptr(),
@@ -582,7 +585,9 @@ class NativeKernels:
             0 if rows is None else rows.data_ptr(), out.shape[0], out.data_ptr(),
             positions.data_ptr(), out_cache_loc.data_ptr(), x.shape[0], kv_indices.data_ptr(),
             kv_indptr.data_ptr(), q_indptr.data_ptr(), q_pos0.data_ptr(), q_indptr.numel() - 1,
-            work.data_ptr(),
+            work.data_ptr(), 0 if cancel is None else cancel.address,
         )  # fmt: skip
+        if rc == DECODER_STACK_CANCELLED:
+            raise StepCancelled
         if rc != 0:
             raise RuntimeError(f"native decoder_stack_forward failed with code {rc}")

@@ -65,13 +65,17 @@ static int project(const uint16_t* x, int64_t m, int64_t k, const int64_t* w, in
  * NULL for every row, M = N), which is what the per-layer path computes for them. dims: hidden,
  * H, Hkv, D, inter, kv_dtype (kv_quant.h's codes). pos / loc: each row's position and KV slot;
  * kv_indices ... R: the ragged attention layout (ragged_attention.c). work:
- * decoder_stack_workspace_bytes. Returns 0, or the first failing kernel's code. */
+ * decoder_stack_workspace_bytes. cancel: NULL, or a flag another thread may set while the stack
+ * runs; it is read before each layer, and once set the call stops there (the KV of the layers
+ * already run is written, which the caller discards with the step's slots). Returns 0,
+ * DECODER_STACK_CANCELLED, or the first failing kernel's code. */
 int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
                           float scale, const float* cos_t, const float* sin_t, const uint16_t* x,
                           const void* final_norm, const int64_t* rows, int64_t M, void* out,
                           const int64_t* pos, const int64_t* loc, int64_t N,
                           const int64_t* kv_indices, const int64_t* kv_indptr,
-                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work) {
+                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work,
+                          const int32_t* cancel) {
     const int64_t hidden = dims[0], inter = dims[4];
     const int H = (int)dims[1], Hkv = (int)dims[2], D = (int)dims[3], kv_dtype = (int)dims[5];
     const int64_t qkv_n = (int64_t)(H + 2 * Hkv) * D, q_n = (int64_t)H * D;
@@ -88,6 +92,7 @@ int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* di
 #pragma omp parallel for if (N * hidden >= 65536) schedule(static) num_threads(team_threads())
     for (int64_t i = 0; i < N * hidden; ++i) residual[i] = bf16f(x[i]);
     for (int i = 0; i < n_layers; ++i) {
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) return DECODER_STACK_CANCELLED;
         const int64_t* w = layers + (int64_t)i * STACK_WORDS;
         void* k_pool = (void*)(intptr_t)w[W_K_POOL];
         void* v_pool = (void*)(intptr_t)w[W_V_POOL];

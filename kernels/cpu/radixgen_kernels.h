@@ -95,13 +95,16 @@ int64_t decoder_stack_workspace_bytes(int64_t N, int64_t hidden, int H, int Hkv,
                                       int64_t inter);
 
 /* decoder_stack.c: every layer of a Llama-family decoder over N rows from their embeddings, and
- * the final norm of the M rows the logits need (0 = ok). */
+ * the final norm of the M rows the logits need (0 = ok; DECODER_STACK_CANCELLED when the flag
+ * `cancel` points to was set before a layer). */
+#define DECODER_STACK_CANCELLED 1000
 int decoder_stack_forward(const int64_t* layers, int n_layers, const int64_t* dims, float eps,
                           float scale, const float* cos_t, const float* sin_t, const uint16_t* x,
                           const void* final_norm, const int64_t* rows, int64_t M, void* out,
                           const int64_t* pos, const int64_t* loc, int64_t N,
                           const int64_t* kv_indices, const int64_t* kv_indptr,
-                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work);
+                          const int64_t* q_indptr, const int64_t* q_pos0, int R, void* work,
+                          const int32_t* cancel);
 
 /* team.c: threads for the calling thread's next parallel region: omp_get_max_threads(), or 1
  * while its recent regions found the machine oversubscribed (results never depend on it). */

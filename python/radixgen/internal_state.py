@@ -123,6 +123,7 @@ class SchedulerCounters:
     retractions: int = 0
     evicted_tokens: int = 0
     jump_forward_tokens: int = 0
+    cut_steps: int = 0  # all-background steps stopped for an interactive arrival
     # where the scheduler's time goes (seconds): whole steps, launching forwards (on CPU: the
     # forward itself), and waiting for the device's sampled tokens. Host work per step is
     # step - wait (a GPU), or step - forward (the CPU, where the forward runs inline).

@@ -268,6 +268,9 @@ class SchedulerReadyOut:
     # server generates text
     embedding_dim: int | None = None
     cross_encoder: bool = False  # the embedding model scores (query, document) pairs: /v1/rerank
+    # the scheduler cuts a step of batch lines short when an interactive request's rid comes
+    # to its doorbell (runtime/scheduler/step_interrupt.py)
+    interruptible: bool = False
 
 
 @dataclass(slots=True)

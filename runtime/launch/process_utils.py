@@ -59,6 +59,12 @@ class PortArgs:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
+def doorbell_endpoint(scheduler_endpoint: str) -> str:
+    """Where the scheduler listening on `scheduler_endpoint` hears that an interactive request
+    was sent to it (runtime/scheduler/step_interrupt.py)."""
+    return f"{scheduler_endpoint}-doorbell"
+
+
 def _start_time(pid: int) -> float | None:
     import psutil
 

@@ -11,6 +11,7 @@ from radixgen.kernels.device_io import upload
 
 if TYPE_CHECKING:
     from radixgen.kernels.attention import AttentionBackend
+    from radixgen.kernels.step_cancel import CancelFlag
 
 
 @dataclass
@@ -36,6 +37,9 @@ class ForwardBatch:
     # per request row, the LoRA adapter it runs under (None: the base model); the whole list is
     # None when no row of the step has one, so such steps take the base path unchanged
     lora_ids: list[str | None] | None = None
+    # set by another thread to stop the forward before its next layer (StepCancelled); None: the
+    # step runs whole (see kernels/step_cancel.py)
+    cancel: CancelFlag | None = None
 
     def to_device(self, device: torch.device) -> ForwardBatch:
         """This batch with its tensors on `device`, moved in one non-blocking copy (itself on CPU).

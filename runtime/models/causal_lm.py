@@ -18,6 +18,7 @@ from torch import nn
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.kernels.cpu import NativeKernels
+from radixgen.kernels.step_cancel import raise_if_cancelled
 from radixgen.runtime.layers.attention import Attention
 from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.layers.mlp import MLP
@@ -120,9 +121,13 @@ class CausalLM(nn.Module):
         native = self._native_stack(batch) if batch.lora_ids is None else None
         if native is not None:  # every layer and the final norm in one native call, bitwise
             stack, layout = native  # the loop below
-            return stack.forward(x, positions, batch.out_cache_loc, layout, batch.logits_indices)
+            return stack.forward(
+                x, positions, batch.out_cache_loc, layout, batch.logits_indices, batch.cancel
+            )
         residual = None
+        cancel = batch.cancel
         for layer in self.layers:
+            raise_if_cancelled(cancel)
             x, residual = layer.forward(x, residual, positions, self.rotary, batch)
         assert residual is not None
         idx = batch.logits_indices

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from radixgen.kernels.step_cancel import raise_if_cancelled
 from radixgen.runtime.layers.attention import Attention
 from radixgen.runtime.layers.mlp import GeluTanhMLP
 from radixgen.runtime.layers.norm import GemmaRMSNorm
@@ -78,7 +79,9 @@ class Gemma2ForCausalLM(CausalLM):
         x = self.embed_tokens(input_ids)
         x = x * float(torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype))
         residual = None
+        cancel = batch.cancel
         for layer in self.layers:
+            raise_if_cancelled(cancel)
             x, residual = layer.forward(x, residual, positions, self.rotary, batch)
         assert residual is not None
         idx = batch.logits_indices

@@ -28,6 +28,8 @@ from radixgen.runtime.layers.mlp import MLP
 from radixgen.runtime.layers.norm import RMSNorm
 
 if TYPE_CHECKING:
+    from radixgen.kernels.step_cancel import CancelFlag
+
     from .causal_lm import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -155,9 +157,11 @@ class NativeDecoderStack:
         out_cache_loc: torch.Tensor,
         ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         rows: torch.Tensor | None,
+        cancel: CancelFlag | None = None,
     ) -> torch.Tensor:
         """The final-normed hidden states (bf16 [M, hidden]) of `rows` (None: all) from the
-        embeddings x (bf16 [N, hidden]): what the per-layer path and the final norm give."""
+        embeddings x (bf16 [N, hidden]): what the per-layer path and the final norm give.
+        StepCancelled when `cancel` is set before a layer."""
         n = x.shape[0]
         hidden = self.geometry[0]
         need = self.kernels.decoder_stack_workspace_bytes(n, *self.geometry)
@@ -170,6 +174,6 @@ class NativeDecoderStack:
         self.kernels.decoder_stack_forward(
             self.layers, self.dims, self.eps, self.scale, *self.rotary, x.contiguous(),
             self.final_norm, None if rows is None else rows.contiguous(), out,
-            positions.contiguous(), out_cache_loc.contiguous(), ragged, work,
+            positions.contiguous(), out_cache_loc.contiguous(), ragged, work, cancel,
         )  # fmt: skip
         return out

@@ -40,6 +40,7 @@ class DataParallelController(SchedulerLink):
             sock = ctx.socket(zmq.PUSH)
             sock.connect(endpoint)
             self._socks.append(sock)
+        self._endpoints = list(endpoints)
         self.balancer = LoadBalancer(method, len(endpoints), config)
         self.loads = [0] * len(endpoints)
         self.dispatched = [0] * len(endpoints)  # requests sent to each replica since start
@@ -56,6 +57,7 @@ class DataParallelController(SchedulerLink):
         self.loads[rank] += 1
         self.dispatched[rank] += 1
         await self._socks[rank].send_pyobj(msg)
+        self._ring(rank, msg)
         return rank
 
     def send_abort(self, msg: AbortReq) -> Any:

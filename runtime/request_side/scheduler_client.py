@@ -25,6 +25,7 @@ from radixgen.io_struct import (
     TokenizedEmbeddingReq,
     TokenizedGenerateReq,
 )
+from radixgen.runtime.launch.process_utils import doorbell_endpoint
 
 
 class SchedulerLink:
@@ -34,6 +35,31 @@ class SchedulerLink:
         self._socks = [ctx.socket(zmq.PUSH)]
         self._socks[0].connect(endpoint)
         self._waiters: dict[str, asyncio.Future[ControlReply]] = {}  # replies by request_id
+        self._endpoints = [endpoint]
+        self._doorbells: list[zmq.Socket[bytes]] = []  # one per replica, once opened
+
+    def open_doorbells(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Ring each replica's doorbell after every interactive request (the schedulers
+        listen: `SchedulerReadyOut.interruptible`). Plain sockets, sent without waiting: a ring
+        that cannot be queued is dropped (that request then waits for the step in flight)."""
+        for endpoint in self._endpoints:
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(doorbell_endpoint(endpoint))
+            self._doorbells.append(sock)
+
+    def close_doorbells(self) -> None:
+        for sock in self._doorbells:
+            sock.close(linger=0)
+        self._doorbells = []
+
+    def _ring(self, rank: int, msg: TokenizedGenerateReq | TokenizedEmbeddingReq) -> None:
+        if not self._doorbells or not isinstance(msg, TokenizedGenerateReq) or msg.background:
+            return
+        try:
+            self._doorbells[rank].send(msg.rid.encode(), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     @property
     def num_replicas(self) -> int:
@@ -44,6 +70,7 @@ class SchedulerLink:
     ) -> int:
         """Send a request (to replica `rank` if given, else where the policy says); its rank."""
         await self._socks[0].send_pyobj(msg)
+        self._ring(0, msg)
         return 0
 
     def send_abort(self, msg: AbortReq) -> Any:

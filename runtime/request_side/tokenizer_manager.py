@@ -162,6 +162,8 @@ class TokenizerManager:
         else:
             endpoints = [self.ports.scheduler_input_for(r) for r in range(dp.dp_size)]
             self.link = DataParallelController(self._ctx, endpoints, dp.load_balance_method)
+        if self.ready.interruptible:  # plain sockets on the same ZMQ context
+            self.link.open_doorbells(zmq.Context.shadow(self._ctx.underlying))
         loop = asyncio.get_running_loop()
         # NOTE: tokenizing, chat templates and big-body parsing go through asyncio.to_thread;
         # a small pool bounds that work: threads beyond the cores add no speed, only glibc malloc
@@ -175,6 +177,8 @@ class TokenizerManager:
         if self._loop_task is not None:
             self._loop_task.cancel()
         if self._ctx is not None:
+            if self.link is not None:
+                self.link.close_doorbells()
             self._ctx.destroy(linger=0)
             self._ctx = None
 

@@ -44,6 +44,7 @@ from radixgen.io_struct import (
     TokenizedGenerateReq,
     UnloadLoraAdapterReq,
 )
+from radixgen.kernels.step_cancel import CancelFlag, StepCancelled
 from radixgen.runtime.mem_cache.base_prefix_cache import BasePrefixCache
 from radixgen.runtime.sampling.sampler import Sampler
 from radixgen.runtime.scheduler.accounting import check_kv_accounting
@@ -69,6 +70,7 @@ from radixgen.runtime.scheduler.req import Req
 from radixgen.runtime.scheduler.result_processor import ResultProcessor, TokenLimits
 from radixgen.runtime.scheduler.schedule_policy import PreemptionPolicy, priority_rank
 from radixgen.runtime.scheduler.step_executor import LaunchedStep, StepExecutor
+from radixgen.runtime.scheduler.step_interrupt import StepInterrupt
 from radixgen.runtime.scheduler.step_plan import EMPTY_PLAN, StepPlan
 from radixgen.server_args import ServerArgs
 
@@ -121,6 +123,10 @@ class Scheduler:
         self.probe = DashboardProbe()
         self.overlap = overlap_enabled(args, str(getattr(model_runner, "device", "cpu")))
         self.inflight: LaunchedStep | None = None  # launched, committed after the next launch
+        # cuts all-background steps for interactive arrivals (set by the scheduler process on a
+        # CPU with one tensor-parallel rank; see step_interrupt.py)
+        self.interrupt: StepInterrupt | None = None
+        self.last_step_cut = False  # the latest step stopped for an interactive arrival
         self.background_budget = BackgroundBudget(sched.background_step_ms)
         self.executor = StepExecutor(
             model_runner, Sampler(self.vocab_size, self.eos_token_ids), self.stats
@@ -248,6 +254,8 @@ class Scheduler:
         req.rank = priority_rank(req.priority, req.background, low_first)
         if not req.background:
             self.background_budget.interactive_arrived(time.monotonic())
+            if self.interrupt is not None:
+                self.interrupt.on_request(req.rid)
         # NOTE: the TokenizerManager refuses these with precise 4xx errors first (its limit is
         # `max_request_tokens`, sent in SchedulerReadyOut); this guard keeps a request that could
         # never fit out of the queue whatever the caller.
@@ -389,42 +397,65 @@ class Scheduler:
         next step is launched (overlap). A step that must see every token on the host before it
         is planned (`needs_sync`) first commits the step in flight.
 
+        A step whose rows are all batch lines may be cut between layers for an interactive
+        arrival (`step_interrupt.py`): nothing of it is committed, and its rows run again.
+
         NOTE: containment. An exception in any stage fails the request it happened for (or, when
         the stage is batch-wide, that batch's requests) with a 500 abort, frees their KV and logs
         the traceback once; the loop and every other request carry on.
         """
         t0 = time.perf_counter()
+        self.last_step_cut = False
         self._poll_grammars()
         overlapped = self.overlap and not needs_sync(self)
         if not overlapped:
             self._commit_inflight()
         plan = self._plan_step_contained()
-        launched = self._launch_contained(plan) if plan else None
+        launched = self._launch_contained(plan, overlapped) if plan else None
+        cut = self.last_step_cut
         edited = self._commit_inflight()  # the previous step's tokens, after this step's launch
         if launched is not None:
             # NOTE: a step carrying drafts is committed at once even when overlapped (a request
             # re-admitted with output may draft in an overlapped step): its verification must not
             # meet a request released since its launch
             self._sample_and_commit(launched, overlapped and not launched.plan.drafted, edited)
-        if plan:
+        if plan and not cut:
             self._after_step(plan)
         out = self._collect_outputs()
         if self.lora_unloading:
             self._finish_lora_unloads()
         seconds = time.perf_counter() - t0
         self.stats.step_seconds += seconds
-        self.background_budget.observe_step(plan.scheduled_tokens, seconds)
+        if not cut:
+            self.background_budget.observe_step(plan.scheduled_tokens, seconds)
         if self.args.scheduler.debug_invariants:
             self.check_invariants()
         return out
 
-    def _launch_contained(self, plan: StepPlan) -> LaunchedStep | None:
+    def _launch_contained(self, plan: StepPlan, overlapped: bool) -> LaunchedStep | None:
+        cancel = self._cancel_flag(plan, overlapped)
         try:
-            return self.executor.launch(plan)
+            return self.executor.launch(plan, cancel)
+        except StepCancelled:  # an interactive request came: its rows run again, unchanged
+            self.last_step_cut = True
+            self.stats.cut_steps += 1
+            return None
         except Exception as e:  # NOTE: the loop must survive; fail this batch's requests only
             log_internal_error("the forward step", e)
             self.fail(plan.reqs, e)
             return None
+        finally:
+            if cancel is not None and self.interrupt is not None:
+                self.interrupt.disarm(self.last_step_cut)
+
+    def _cancel_flag(self, plan: StepPlan, overlapped: bool) -> CancelFlag | None:
+        """The armed flag when this step may be cut: every row a batch line, no draft, not
+        overlapped (an overlapped step's successor is planned on its tokens)."""
+        if self.interrupt is None or overlapped or plan.drafted:
+            return None
+        if not all(r.background for r in plan.reqs):
+            return None
+        return self.interrupt.arm()
 
     def _sample_and_commit(self, step: LaunchedStep, overlapped: bool, stale: set[int]) -> None:
         """Launch the step's sampling; commit it now, or leave it in flight (overlap). `stale`:

@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING
 
 from radixgen.errors import InvalidRequestError
 from radixgen.io_struct import SchedulerReadyOut
-from radixgen.runtime.launch.process_utils import PortArgs, ReadyPipe, configure_child_process
+from radixgen.runtime.launch.process_utils import (
+    PortArgs,
+    ReadyPipe,
+    configure_child_process,
+    doorbell_endpoint,
+)
 from radixgen.runtime.models.encoder_config import is_encoder_folder, serves_embeddings
+from radixgen.runtime.scheduler.step_interrupt import CUT_WAIT_MS, StepInterrupt
 from radixgen.runtime.text.rerank_prompt import parse_reranker_tokens
 from radixgen.server_args import ServerArgs
 
@@ -256,6 +262,11 @@ def _serve(
         to_tokenizer.connect(ports.tokenizer_ipc)
         runner = scheduler.model_runner
         assert isinstance(runner, ModelRunner)
+        # steps of batch lines are cut for interactive arrivals where the forward runs inline
+        # and alone: a CPU, one tensor-parallel rank, no DP attention (step_interrupt.py)
+        if tp is None and runner.dp_sync is None and runner.torch_device.type == "cpu":
+            scheduler.interrupt = StepInterrupt()
+            scheduler.interrupt.listen(ctx, doorbell_endpoint(ports.scheduler_input_for(dp_rank)))
         ready = SchedulerReadyOut(
             max_total_num_tokens=runner.kv_pool.size,
             max_req_input_len=scheduler.max_request_tokens - 1,
@@ -270,6 +281,7 @@ def _serve(
             kernel_act_quant=(
                 runner.native.act_quant_active if runner.native is not None else None
             ),
+            interruptible=scheduler.interrupt is not None,
         )
     except Exception as e:
         ready_pipe.send({"status": "error", "error": f"{e!r}\n{traceback.format_exc()}"})
@@ -293,6 +305,8 @@ def _serve(
     while True:
         if scheduler.has_work:
             idle_since = None
+            if scheduler.last_step_cut:  # for the request that rang (it may trail its ring)
+                poller.poll(CUT_WAIT_MS)
         else:
             now = time.monotonic()
             idle_since = now if idle_since is None else idle_since

@@ -27,6 +27,7 @@ from radixgen.runtime.scheduler.schedule_batch import (
 
 if TYPE_CHECKING:
     from radixgen.internal_state import SchedulerCounters
+    from radixgen.kernels.step_cancel import CancelFlag
     from radixgen.runtime.constrained.grammar_manager import GrammarManager
     from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
@@ -75,11 +76,11 @@ class StepExecutor:
         )
         self.future_written = False  # some step left its ids on the device (overlap)
 
-    def launch(self, plan: StepPlan) -> LaunchedStep:
+    def launch(self, plan: StepPlan, cancel: CancelFlag | None = None) -> LaunchedStep:
         """Allocate, build and launch the forward of `plan`. Tokens still in flight for its
-        requests (`pending_sample`) are read on the device. When the launch raises, the step's
-        slots and branch rows are freed (nobody owns them yet) and the request state is as
-        planned."""
+        requests (`pending_sample`) are read on the device. When the launch raises (a
+        StepCancelled too, when `cancel` is set while the forward runs), the step's slots and
+        branch rows are freed (nobody owns them yet) and the request state is as planned."""
         t0 = time.perf_counter()
         pool = self.req_to_token_pool
         slots = allocate_step_slots(plan, self.kv_pool, pool.req_to_token)
@@ -91,6 +92,7 @@ class StepExecutor:
                 branch_slots, branch_rows = allocate_branches(plan, self.kv_pool, pool)
             batch = build_step_batch(plan, slots, pool, branch_slots)
             fb = batch.forward
+            fb.cancel = cancel
             # the rows whose last input token is still in flight (their requests' rows come
             # first: draft branches' pseudo-requests never wait for a token)
             pending: list[tuple[int, int]] = []

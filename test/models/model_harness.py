@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 from radixgen.kernels.attention.torch_backend import TorchAttentionBackend
+from radixgen.kernels.step_cancel import CancelFlag
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.server_args import ServerArgs
@@ -135,10 +136,12 @@ class Session:
         self,
         chunks: Sequence[tuple[int, Sequence[int]]],
         lora_ids: Sequence[str | None] | None = None,
+        cancel: CancelFlag | None = None,
     ) -> list[torch.Tensor]:
         """One forward over several requests' new tokens -> each chunk's logits [n_i, V].
 
-        lora_ids: each chunk's LoRA adapter (None: the base model), as the scheduler sets them."""
+        lora_ids: each chunk's LoRA adapter (None: the base model), as the scheduler sets them.
+        cancel: the step's cancel flag (a cut step raises StepCancelled; its prefixes stay)."""
         ids, positions, slots_list, prefixes, lens, starts = [], [], [], [], [], []
         locs = self.runner.kv_pool.alloc(sum(len(c) for _, c in chunks))
         assert locs is not None
@@ -166,6 +169,7 @@ class Session:
         )
         if lora_ids is not None and any(n is not None for n in lora_ids):
             batch.lora_ids = list(lora_ids)
+        batch.cancel = cancel
         logits = self.runner.forward(batch).rows_float(slice(None))
         for slot, new in chunks:
             self.prefix[slot] += len(new)

@@ -17,6 +17,7 @@ from model_harness import Session, build_hf_model, random_ids, save_hf_model, ti
 
 from radixgen.kernels.cpu import load_native_kernels
 from radixgen.kernels.cpu.loader import GEMM_ENV
+from radixgen.kernels.step_cancel import CancelFlag, StepCancelled
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.models.native_stack import DISABLE_ENV
 from radixgen.server_args import ServerArgs
@@ -108,3 +109,25 @@ def test_layers_the_stack_does_not_cover_stay_on_the_per_layer_path(tiny_folders
     s = Session(float32)
     s.step([(s.new_request(), random_ids(5, 3))])
     assert float32.model._stack is None  # the torch GEMM, not the native one
+
+
+@NEEDS_QUANT_GEMM
+@pytest.mark.parametrize("stack", [True, False], ids=["stack", "per_layer"])
+def test_a_set_cancel_flag_stops_the_forward_and_a_clear_one_changes_nothing(
+    stack, tiny_folders, monkeypatch
+):
+    """A step cut for an interactive arrival (runtime/scheduler/step_interrupt.py): the native
+    stack reads the flag through its address, the per-layer path in Python."""
+    runner = _runner(tiny_folders["llama_mha_bias"], stack, monkeypatch, quantization="w8a16")
+    s = Session(runner)
+    a, b, c = s.new_request(), s.new_request(), s.new_request()
+    ids = random_ids(12, 4)
+    flag = CancelFlag()
+    flag.set()
+    with pytest.raises(StepCancelled):
+        s.step([(a, ids)], cancel=flag)
+    flag.clear()
+    got = s.step([(b, ids)], cancel=flag)
+    want = s.step([(c, ids)])
+    assert (runner.model._stack is not None) == stack
+    assert torch.equal(got[0], want[0])

@@ -1,7 +1,9 @@
 """A toy model runner over real KV pools, so the Scheduler's planning is tested in milliseconds.
 
 `ToyRunner.forward` writes each new token's id into its KV slot and predicts the next token from
-the whole sequence *read back through req_to_token* (a position-weighted sum of its ids). A scheduling
+the whole sequence *read back through req_to_token* (a position-weighted sum of its ids). A step
+whose cancel flag is set writes a wrong id into its slots and raises StepCancelled, as a real
+forward cut between layers leaves KV behind. A scheduling
 bug that loses, shares or reorders KV (a wrong prefix match, a retraction, a chunk boundary, an
 eviction of a locked node) changes the outputs, which `reference_output` computes from the token
 list alone.
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from radixgen.io_struct import TokenizedGenerateReq, apply_delta
+from radixgen.kernels.step_cancel import StepCancelled
 from radixgen.runtime.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 from radixgen.runtime.model_executor.logits_output import LogitsOutput
@@ -50,8 +53,11 @@ class ToyRunner:
         self.predict = next_token  # the toy model (tests of speculation swap in a repetitive one)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        self.batches.append(batch)
         k = self.kv_pool.k_buffer[0]
+        if batch.cancel is not None and batch.cancel.is_set():
+            k[batch.out_cache_loc, 0, 0] = -7.0  # the KV a real forward wrote before its cut
+            raise StepCancelled
+        self.batches.append(batch)
         k[batch.out_cache_loc, 0, 0] = batch.input_ids.float()
         assert batch.logits_indices is not None
         rows = []

@@ -207,3 +207,32 @@ def test_a_responses_batch(oai):
         body = r["response"]["body"]
         assert body["object"] == "response" and body["output"][0]["type"] == "message"
         assert body["usage"]["output_tokens"] > 0
+
+
+def _cut_steps(http) -> int:
+    return sum(s["cut_steps"] for s in http.get("/server_info").json()["internal_states"])
+
+
+def test_interactive_requests_cut_batch_steps_and_no_output_changes(oai, http):
+    """Chats sent while a batch runs stop its steps between layers (step_interrupt.py); the
+    lines whose steps were cut answer what each answers alone, token for token (greedy)."""
+    lines = [chat_line(f"s{i}", f"Tell a short story about the number {i}.", max_tokens=24)
+             for i in range(10)]  # fmt: skip
+    file = oai.files.create(file=("cut.jsonl", jsonl(lines)), purpose="batch")
+    before = _cut_steps(http)
+    batch = oai.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    chats = 0
+    while oai.batches.retrieve(batch.id).status not in FINAL and chats < 40:
+        chat = chat_line("x", f"Say hello to user {chats}.", max_tokens=2)["body"]
+        assert http.post("/v1/chat/completions", json=chat).status_code == 200
+        chats += 1
+    done = wait_final(oai, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 10
+    assert _cut_steps(http) > before, f"{chats} chats during the batch cut no step"
+    for r in records(oai, done.output_file_id):
+        body = lines[int(r["custom_id"][1:])]["body"]
+        alone = http.post("/v1/chat/completions", json=body).json()
+        got = r["response"]["body"]["choices"][0]["message"]["content"]
+        assert got == alone["choices"][0]["message"]["content"], r["custom_id"]
