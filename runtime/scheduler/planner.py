@@ -207,8 +207,13 @@ class StepPlanner:
         if budget > 0 and self.queues.waiting:
             plan.extend(self._admit(budget, reserved, plan, background))
         # 4) a step that prefills an interactive request decodes no batch line either: it is
-        # that request's time to first token, and it stays as short as the request alone
-        if any(n > 1 and not r.background for r, n in plan):
+        # that request's time to first token, and it stays as short as the request alone (also
+        # when its whole prompt was cached and only its last token runs)
+        # NOTE: a hot loop (every row, every step): a decode row with output stops at `r.output_ids`
+        if any(
+            (n > 1 or not r.output_ids) and not r.background and (n > 1 or not r.pending_sample)
+            for r, n in plan
+        ):
             plan = [(r, n) for r, n in plan if not (r.background and n == 1)]
         if self.drafts is None:
             return StepPlan.of(plan)

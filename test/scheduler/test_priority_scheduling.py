@@ -251,6 +251,27 @@ def test_a_step_that_prefills_an_interactive_request_admits_no_batch_line():
     assert out["line1"][0] == reference_output([4, *PROMPT], 3)
 
 
+def test_an_interactive_request_whose_prompt_is_cached_gets_its_first_token_alone():
+    # its whole prompt is in the tree, so its first step runs one token: still its time to
+    # first token, so the lines' decodes wait one step (a later decode of it does not do that)
+    s, runner = make_scheduler()
+    chat = [6, *PROMPT]
+    _submit(s, "warm", chat, n=1)
+    run_to_end(s)
+    _submit(s, "line0", [3, *PROMPT], background=True, n=6)
+    _submit(s, "line1", [4, *PROMPT], background=True, n=6)
+    s.step()
+    s.step()  # the lines decode
+    _submit(s, "chat", chat, n=3)
+    s.step()
+    assert runner.batches[-1].extend_lens == [1]  # the chat's last prompt token, alone
+    s.step()
+    assert sorted(runner.batches[-1].extend_lens) == [1, 1, 1]  # its decode beside the lines'
+    out = run_to_end(s)
+    assert out["chat"][0] == reference_output(chat, 3)
+    assert out["line0"][0] == reference_output([3, *PROMPT], 6)
+
+
 def test_batch_prefill_is_cut_to_the_step_target_only_while_interactive_traffic_is_about():
     s, runner = make_scheduler(chunked_prefill_size=64, background_step_ms=100.0)
     long_prompt = [3 + i % 40 for i in range(200)]
