@@ -93,7 +93,7 @@ def worker_context(backend_name: str) -> mp.context.ForkServerContext:
     ctx: mp.context.ForkServerContext = mp.get_context("forkserver")
     module = "radixgen.runtime.constrained." + GRAMMAR_BACKENDS[backend_name].split(":")[0]
     # NOTE: takes effect when this process first starts its forkserver (then it is reused)
-    ctx.set_forkserver_preload([__name__, module])
+    ctx.set_forkserver_preload([__name__, module, "radixgen.runtime.constrained.forkserver_hooks"])
     return ctx
 
 

@@ -241,3 +241,24 @@ def test_thread_backends_fail_overruns_at_the_deadline_without_a_process(tokeniz
         assert gm.pool.worker_pids() == []
     finally:
         gm.shutdown()
+
+
+def test_the_forkserver_drops_only_a_cut_short_start_up_error():
+    """A worker the scheduler was still starting when it exited (an Engine closed seconds after
+    its start) printed a traceback per worker from the forkserver's child; the forkserver's
+    preload (forkserver_hooks) drops those and prints every other error."""
+    code = textwrap.dedent(
+        """
+        import pickle, sys
+        from radixgen.runtime.constrained.compile_worker import worker_context
+        worker_context("xgrammar")
+        import radixgen.runtime.constrained.forkserver_hooks
+        for e in (EOFError(), pickle.UnpicklingError("pickle data was truncated"),
+                  pickle.UnpicklingError("invalid load key"), ValueError("a real bug")):
+            sys.excepthook(type(e), e, None)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "truncated" not in run.stderr and "EOFError" not in run.stderr
+    assert "invalid load key" in run.stderr and "ValueError: a real bug" in run.stderr
