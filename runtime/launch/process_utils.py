@@ -17,6 +17,12 @@ PARENT_POLL_S = 0.5
 
 IPC_DIR_PREFIX = "radixgen-ipc-"
 IPC_OWNER_FILE = "owner"  # "<pid> <process start time>" of the process that made the dir
+IPC_PATH_MAX = 107  # a Unix socket's path: sockaddr_un.sun_path holds 107 characters and a NUL
+# The longest socket path made inside an IPC dir: Python 3.11's forkserver listener
+# (<tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX), as child_main points the scheduler's tempdir at
+# the IPC dir; ZMQ's endpoints ("scheduler-<dp rank>-doorbell") are shorter.
+IPC_LONGEST_SOCKET = len("/pymp-12345678/listener-12345678")
+IPC_SHORT_ROOTS = ("/tmp", "/dev/shm", "/var/tmp")  # where IPC dirs go when TMPDIR is too long
 
 
 class ReadyPipe(Protocol):
@@ -44,7 +50,7 @@ class PortArgs:
 
     @classmethod
     def create(cls) -> PortArgs:
-        d = tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
+        d = tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-", dir=ipc_root())
         with open(os.path.join(d, IPC_OWNER_FILE), "w") as f:
             f.write(f"{os.getpid()} {_start_time(os.getpid())}")
         return cls(f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", d)
@@ -57,6 +63,27 @@ class PortArgs:
 
     def remove(self) -> None:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _ipc_dir_fits(root: str) -> bool:
+    """Do the socket paths inside an IPC dir made under `root` fit a Unix socket address?"""
+    ipc_dir = os.path.join(root, f"{IPC_DIR_PREFIX}{os.getpid()}-12345678")  # mkdtemp adds 8
+    return len(ipc_dir) + IPC_LONGEST_SOCKET <= IPC_PATH_MAX
+
+
+def ipc_root() -> str:
+    """Where this process makes its IPC dir: the temp folder (TMPDIR), unless socket paths under
+    it would pass the 107-character limit of a Unix socket address (a deep TMPDIR, as on
+    clusters); then the first short writable folder of IPC_SHORT_ROOTS. OSError when none fits."""
+    preferred = tempfile.gettempdir()
+    for root in (preferred, *IPC_SHORT_ROOTS):
+        if _ipc_dir_fits(root) and os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK):
+            return root
+    raise OSError(
+        f"no folder for the server's sockets: the temp folder {preferred!r} is too long for "
+        f"Unix socket paths (at most {IPC_PATH_MAX} characters) and none of "
+        f"{', '.join(IPC_SHORT_ROOTS)} is writable; set TMPDIR to a short writable folder"
+    )
 
 
 def doorbell_endpoint(scheduler_endpoint: str) -> str:
@@ -92,18 +119,27 @@ def _owner_alive(path: str, name: str) -> bool:
 
 
 def remove_stale_ipc_dirs(root: str | None = None) -> list[str]:
-    """Remove the IPC dirs of dead servers (a SIGKILL leaves them behind); returns their paths."""
-    root = root or tempfile.gettempdir()
+    """Remove the IPC dirs of dead servers (a SIGKILL leaves them behind) under `root`, or under
+    the temp folder and the folder `ipc_root` picks; returns their paths."""
+    if root is not None:
+        roots = [root]
+    else:
+        roots = [tempfile.gettempdir()]
+        try:
+            roots.append(ipc_root())
+        except OSError:
+            pass
     removed = []
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(IPC_DIR_PREFIX)]
-    except OSError:
-        return []
-    for name in names:
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not _owner_alive(path, name):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    for folder in dict.fromkeys(roots):  # once each, in order
+        try:
+            names = [n for n in os.listdir(folder) if n.startswith(IPC_DIR_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not _owner_alive(path, name):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
     return removed
 
 
