@@ -90,6 +90,8 @@ def run_worker(python: str, batch: int, overlap: bool, model_dir: str) -> dict[s
 
 def cpu_kind() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "amx_bf16" in flags:
+        return "AMX + AVX-512 + AVX512-BF16"
     return "AVX-512 + AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
 
 

@@ -24,6 +24,7 @@ from .loader import (
     load_native_kernels,
     select_linear_gemm,
     select_native_kernels,
+    select_wide_rows,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "runnable_isas",
     "select_linear_gemm",
     "select_native_kernels",
+    "select_wide_rows",
 ]

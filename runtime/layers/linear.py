@@ -11,6 +11,11 @@ Runs in the scheduler process.
   it uses the tile unit, which this kernel does not): every M >= 2 computes each row
   identically (torch 2.13), a single row (M = 1) may not (K = 1536), so one row is padded to two.
   MKL's float32 GEMM changes row results with M, so float32 is exact but not batch-invariant.
+- A weight kept quantized (gemm_quant.c) may also keep a bf16 copy packed for oneDNN
+  (`add_wide_copy`, opt-in: `radixgen.kernels.cpu.select_wide_rows`): steps of many rows take
+  it, as AMX's tile unit beats the quantized GEMM there, and small steps keep the quantized
+  weight, which streams fewer bytes. A row's result then depends on which side of the
+  threshold its step fell.
 - RADIXGEN_NATIVE_GEMM=0 forces oneDNN (for comparisons). The model runner makes the choice once
   (`radixgen.kernels.cpu.select_linear_gemm`) and hands it to `prepack`.
 """
@@ -102,6 +107,11 @@ class Linear(nn.Linear):
     # NOTE: None (the class default) unless --enable-lora attached adapters' slots: the base
     # path pays one attribute test a call
     delta: LinearDelta | None = None
+    # a quantized layer's bf16 copy packed for oneDNN, serving calls of at least `wide_rows`
+    # rows (`add_wide_copy`; None, the class default: every call takes `packed`)
+    wide: torch.Tensor | None = None
+    wide_rows: int = 0
+    wide_bias: torch.Tensor | None = None
 
     def prepack(self, gemm: NativeKernels | None = None) -> None:
         """Call once the weights are loaded (and whenever they change); gemm: see
@@ -130,7 +140,25 @@ class Linear(nn.Linear):
         self.packed, self.gemm = packed, kernels
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
+    def add_wide_copy(self, rows: int) -> bool:
+        """Keep a bf16 copy of this layer's quantized weight, packed for oneDNN, for calls of at
+        least `rows` rows (see the module docstring); False where the layer is not quantized
+        or oneDNN cannot pack it."""
+        w = self.packed
+        if not isinstance(w, QuantLinearWeight) or self.gemm is None:
+            return False
+        dense = self.gemm.quant_rows(w, torch.arange(w.out_features))
+        wide = prepack_weight(dense)
+        if not isinstance(wide, torch.Tensor):
+            return False
+        self.wide, self.wide_rows = wide, rows
+        self.wide_bias = None if w.bias is None else w.bias.to(torch.bfloat16)
+        return True
+
     def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:
         """unrounded: the caller takes float32 (see `linear`)."""
-        y = linear(x, self.weight, self.packed, self.bias, unrounded, self.gemm)
+        if self.wide is not None and x.shape[0] >= self.wide_rows:
+            y = linear(x, self.weight, self.wide, self.wide_bias)
+        else:
+            y = linear(x, self.weight, self.packed, self.bias, unrounded, self.gemm)
         return y if self.delta is None else self.delta.add_to(x, y)

@@ -33,6 +33,11 @@ class VocabHead:
         self.embed_quant: QuantLinearWeight | None = None  # rows dequantized on lookup
         self.head_quant: QuantLinearWeight | None = None  # the LM head kept quantized
         self.quant_kernels: NativeKernels | None = None
+        # a quantized head's bf16 copy for steps of `wide_rows` rows or more (`add_wide_copy`):
+        # packed for oneDNN, and dense for the near-max re-scoring of its bf16 logits
+        self.wide_packed: torch.Tensor | None = None
+        self.wide_dense: torch.Tensor | None = None
+        self.wide_rows = 0
 
     def embed(self, embedding: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """The rows of `ids` (the model dtype)."""
@@ -47,6 +52,8 @@ class VocabHead:
         quantized head (exact: no near-tie re-scoring needed). weight: the dense head."""
         if self.head_quant is not None:
             assert self.quant_kernels is not None
+            if self.wide_packed is not None and hidden.shape[0] >= self.wide_rows:
+                return linear(hidden, weight, self.wide_packed)  # bf16: re-scored near the max
             return self.quant_kernels.linear_quant(hidden, self.head_quant, torch.float32)
         return linear(hidden, weight, self.packed, gemm=self.gemm)
 
@@ -55,6 +62,20 @@ class VocabHead:
         if self.head_quant is None:
             self.packed = prepack_weight(weight, None, gemm)
             self.gemm = gemm
+
+    def add_wide_copy(self, rows: int) -> bool:
+        """Keep a bf16 copy of a quantized head for logits of at least `rows` rows (as
+        `Linear.add_wide_copy`); False where the head is not quantized or oneDNN cannot pack
+        it. The model's dense head is then this copy (`CausalLM.lm_head_weight`)."""
+        w, kernels = self.head_quant, self.quant_kernels
+        if w is None or kernels is None:
+            return False
+        dense = kernels.quant_rows(w, torch.arange(w.out_features))
+        packed = prepack_weight(dense)
+        if not isinstance(packed, torch.Tensor):
+            return False
+        self.wide_packed, self.wide_dense, self.wide_rows = packed, dense, rows
+        return True
 
     def set_quantized(
         self, packed: QuantLinearWeight, kernels: NativeKernels, embedding: bool, head: bool

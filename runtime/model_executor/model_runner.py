@@ -73,14 +73,16 @@ class ModelRunner:
         self.linear_gemm = gemm  # the GEMM the linear layers were packed for (None: oneDNN)
         self.layer_ops: FusedLayerOps | None = choices.layer_ops
         self.quantization = choices.quantization
+        self.wide_rows: int | None = None  # set once the model kept the bf16 copies (below)
         # NOTE: parameters are allocated once in the target dtype and filled from the mmap'd
         # checkpoint (no random init, no fp32 copy, no meta-device paths importing sympy).
         if tp is None:
             self.model = load_model(
                 model_folder, self.cfg, self.dtype, self.device, context_length + 1,
-                self.layer_ops, gemm, self.quantization, self.native,
+                self.layer_ops, gemm, self.quantization, self.native, choices.wide_rows,
             )  # fmt: skip
             local_kv_heads = self.cfg.num_kv_heads
+            self.wide_rows = self.model.wide_rows
         else:
             sharded = load_sharded_model(
                 model_folder, self.cfg, self.dtype, self.device, context_length + 1,

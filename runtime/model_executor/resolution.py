@@ -19,6 +19,7 @@ from radixgen.kernels.cpu import (
     has_fast_bf16,
     select_linear_gemm,
     select_native_kernels,
+    select_wide_rows,
 )
 from radixgen.kernels.layer_ops import FusedLayerOps, select_gpu_fused_ops
 from radixgen.runtime.model_loader.quant_loader import keeps_quantized, resolve_quantization
@@ -147,6 +148,8 @@ class RunnerChoices:
     # torch ops); attention and logits keep `native` (CPU only)
     layer_ops: FusedLayerOps | None
     quantization: str  # as `resolve_quantization` decided ("unquant" under TP)
+    # steps of this many rows run a quantized model's linear layers from bf16 copies (AMX)
+    wide_rows: int | None = None
 
 
 def resolve_runner(
@@ -173,4 +176,7 @@ def resolve_runner(
     quantization = "unquant" if tp is not None else resolve_quantization(
         args.model.quantization, model_folder, device, dtype, native, cfg.architecture
     )  # fmt: skip
-    return RunnerChoices(cfg, device, dtype, backend, native, gemm, layer_ops, quantization)
+    wide_rows = select_wide_rows(native, quantization)
+    return RunnerChoices(
+        cfg, device, dtype, backend, native, gemm, layer_ops, quantization, wide_rows
+    )

@@ -63,6 +63,7 @@ def load_model(
     gemm: NativeKernels | None = None,
     quantization: str = "unquant",
     kernels: NativeKernels | None = None,
+    wide_rows: int | None = None,
 ) -> CausalLM:
     """Build the model uninitialised in `dtype` and fill it from the folder's checkpoint.
 
@@ -70,7 +71,8 @@ def load_model(
     Triton), handed to `CausalLM.prepack`. The class follows the architecture
     (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
     GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
-    quantized weights."""
+    quantized weights. wide_rows: steps of this many rows take bf16 copies of the quantized
+    layers (`CausalLM.prepack`; None: never)."""
     model: CausalLM = model_class(cfg).create(cfg, dtype, device, max_positions)
     source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
     if source is not None:
@@ -81,6 +83,6 @@ def load_model(
         if quantization in ("w8a16", "int8"):
             assert kernels is not None
             quant_loader.quantize_int8(model, kernels)
-    model.prepack(native, gemm)
+    model.prepack(native, gemm, wide_rows)
     quant_loader.release_freed_memory()  # the dense copies are gone: give their pages back
     return model

@@ -9,15 +9,17 @@ and gate/up fused into one matmul each.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
+import psutil
 import torch
 from torch import nn
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
-from radixgen.kernels.cpu import NativeKernels
+from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
 from radixgen.kernels.step_cancel import raise_if_cancelled
 from radixgen.runtime.layers.attention import Attention
 from radixgen.runtime.layers.linear import Linear
@@ -31,11 +33,16 @@ from radixgen.runtime.models.native_stack import NativeDecoderStack
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+; we support 3.10
 
-    from radixgen.kernels.cpu import QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
     RaggedLayout = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+logger = logging.getLogger(__name__)
+
+# the bf16 copies for wide steps (`CausalLM._add_wide_copies`) take at most this share of the
+# memory available at load, so the KV pool sized after them keeps most of it
+WIDE_COPY_MEMORY_SHARE = 0.25
 
 
 def packed_dtype(model: nn.Module) -> torch.dtype:
@@ -104,6 +111,10 @@ class CausalLM(nn.Module):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
+        """The dense head (the re-scoring of bf16 logits reads it): a quantized head's bf16
+        copy where one is kept for wide steps (`VocabHead.add_wide_copy`)."""
+        if self.vocab.wide_dense is not None:
+            return self.vocab.wide_dense
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
 
     @torch.inference_mode()
@@ -118,7 +129,9 @@ class CausalLM(nn.Module):
         x = self.vocab.embed(self.embed_tokens, input_ids)
         # NOTE: the native stack runs the packed weights only: a step with adapter rows takes
         # the per-layer path, where each linear layer adds its LoRA delta (`Linear.delta`)
-        native = self._native_stack(batch) if batch.lora_ids is None else None
+        # NOTE: ... and a step of `_wide_rows` rows or more too, to reach the layers' bf16 copies
+        wide = self._wide_rows is not None and input_ids.shape[0] >= self._wide_rows
+        native = self._native_stack(batch) if batch.lora_ids is None and not wide else None
         if native is not None:  # every layer and the final norm in one native call, bitwise
             stack, layout = native  # the loop below
             return stack.forward(
@@ -163,6 +176,7 @@ class CausalLM(nn.Module):
     _stack_kernels: NativeKernels | None = None  # set by `prepack` when the stack may run
     _stack: NativeDecoderStack | None = None
     _stack_pool: object = None  # the KV pool `_stack` was built over
+    _wide_rows: int | None = None  # steps of this many rows use the layers' bf16 copies
 
     def set_quantized_embedding(
         self, name: str, packed: QuantLinearWeight, kernels: NativeKernels
@@ -179,7 +193,10 @@ class CausalLM(nn.Module):
         self.embed_tokens.weight = empty
 
     def prepack(
-        self, native: FusedLayerOps | None = None, gemm: NativeKernels | None = None
+        self,
+        native: FusedLayerOps | None = None,
+        gemm: NativeKernels | None = None,
+        wide_rows: int | None = None,
     ) -> None:
         """Once the checkpoint is loaded: lay matmul weights out (for the native GEMM `gemm`,
         else oneDNN) and attach the fused layer ops `native` (rotary + KV store, add + RMSNorm,
@@ -200,6 +217,43 @@ class CausalLM(nn.Module):
             native if isinstance(native, NativeKernels) and self.native_stack_allowed else None
         )
         self._stack, self._stack_pool = None, None
+        self._wide_rows = self._add_wide_copies(wide_rows) if wide_rows else None
+
+    @property
+    def wide_rows(self) -> int | None:
+        """Steps of this many rows use the bf16 copies of the quantized layers (None: none)."""
+        return self._wide_rows
+
+    def _add_wide_copies(self, rows: int) -> int | None:
+        """Give every quantized linear layer its bf16 copy for steps of `rows` rows or more
+        (`Linear.add_wide_copy`; the model runner's choice, `select_wide_rows`), unless the
+        copies would take more than WIDE_COPY_MEMORY_SHARE of the memory available now. Returns
+        `rows` when every layer has one, else None."""
+        layers = [m for m in self.modules() if isinstance(m, Linear)]
+        weights = [m.packed for m in layers if isinstance(m.packed, QuantLinearWeight)]
+        if not weights or len(weights) != len(layers):
+            return None
+        need = sum(2 * w.out_features * w.in_features for w in weights)
+        head = self.vocab.head_quant
+        if head is not None:  # packed and dense
+            need += 4 * head.out_features * head.in_features
+        available = psutil.virtual_memory().available
+        if need > WIDE_COPY_MEMORY_SHARE * available:
+            logger.info(
+                "no bf16 copies for wide steps: %.0f MB is over %.0f%% of the %.0f MB available",
+                need / 2**20, 100 * WIDE_COPY_MEMORY_SHARE, available / 2**20,
+            )  # fmt: skip
+            return None
+        if not all(m.add_wide_copy(rows) for m in layers) or (
+            head is not None and not self.vocab.add_wide_copy(rows)
+        ):
+            for m in layers:
+                m.wide = None
+            self.vocab.wide_packed = self.vocab.wide_dense = None
+            return None
+        logger.info("bf16 copies of the quantized layers (%.0f MB) serve steps of %d+ rows",
+                    need / 2**20, rows)  # fmt: skip
+        return rows
 
     # --- weights ----------------------------------------------------------------------------
 

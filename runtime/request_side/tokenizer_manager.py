@@ -811,4 +811,5 @@ class TokenizerManager:
             "quantization": self.ready.quantization,
             "kernel_isa": self.ready.kernel_isa,
             "kernel_act_quant": self.ready.kernel_act_quant,
+            "kernel_wide_rows": self.ready.kernel_wide_rows,
         }

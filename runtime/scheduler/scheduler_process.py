@@ -281,6 +281,7 @@ def _serve(
             kernel_act_quant=(
                 runner.native.act_quant_active if runner.native is not None else None
             ),
+            kernel_wide_rows=runner.wide_rows,
             interruptible=scheduler.interrupt is not None,
         )
     except Exception as e:

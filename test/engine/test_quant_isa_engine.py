@@ -7,6 +7,8 @@ least 10 of 12 prompts (the bar issue 29 sets; measured 12/12 on AVX2, 11/12 on 
 So do the int8-activation modes that keep that bar where a variant has them
 (RADIXGEN_CPU_ACT_QUANT=mixed and int8x2: 11/12 on AVX2, 2026-12-04); plain int8 (one int8 per
 group everywhere) is only printed: 7/12 there, the RMSNorm outputs' outlier channels.
+So do the bf16 copies that serve wide steps when RADIXGEN_AMX_WIDE_ROWS asks for them (the 12
+prompts' prefill and decode steps here: oneDNN's tile GEMM on AMX, its vector code elsewhere).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from test_kv_dtype_engine import GREEDY16, PROMPTS
 import radixgen
 from radixgen.kernels.cpu import runnable_isas
 from radixgen.kernels.cpu.isa import ISA_ENV
-from radixgen.kernels.cpu.loader import ACT_QUANT_ENV, load_kernels_for_isa
+from radixgen.kernels.cpu.loader import ACT_QUANT_ENV, WIDE_ROWS_ENV, load_kernels_for_isa
 
 pytestmark = pytest.mark.slow  # starts Engines
 
@@ -68,3 +70,18 @@ def test_int8_activations_agree_with_float32(
     )
     if mode != "int8":  # int8 is measured, not held to the bar (see the module docstring)
         assert agree >= 10, f"{isa} {mode}: only {agree}/12 prompts agree with float32 on 16 tokens"
+
+
+def test_bf16_copies_for_wide_steps_agree_with_float32(
+    float32_reference, chat_prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not runnable_isas():
+        pytest.skip("no native kernel variant for this CPU")
+    monkeypatch.setenv(WIDE_ROWS_ENV, "4")  # every step of the 12 prompts is wide
+    ids, info = _greedy(chat_prompt)
+    assert (info["quantization"], info["kernel_wide_rows"]) == ("gguf", 4)
+    agree = sum(ours[:16] == ref[:16] for ours, ref in zip(ids, float32_reference, strict=True))
+    print(f"bf16 copies for wide steps: {agree}/{len(PROMPTS)} prompts agree with float32")
+    assert agree >= 10, f"bf16 copies: only {agree}/12 prompts agree with float32 on 16 tokens"
+    monkeypatch.delenv(WIDE_ROWS_ENV)
+    assert _greedy(chat_prompt, max_running_requests=4)[1]["kernel_wide_rows"] is None  # opt-in

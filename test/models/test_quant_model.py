@@ -13,11 +13,18 @@ from model_harness import Session, build_hf_model, hf_logits, max_rel_err, rando
 from transformers import LlamaConfig, Qwen2Config
 
 from radixgen.errors import InvalidRequestError
-from radixgen.kernels.cpu import QuantLinearWeight, load_native_kernels
+from radixgen.kernels.cpu import (
+    QuantLinearWeight,
+    cpu_flags,
+    load_native_kernels,
+    select_wide_rows,
+)
+from radixgen.kernels.cpu.loader import AMX_WIDE_ROWS_DEFAULT, WIDE_ROWS_ENV
 from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
 from radixgen.runtime.model_loader.quant_loader import QUANT_CACHE
+from radixgen.runtime.models import causal_lm
 from radixgen.server_args import ServerArgs
 
 native = load_native_kernels()
@@ -88,7 +95,9 @@ def test_gguf_weights_stay_quantized_and_match_hf(tmp_path: Path, arch, qtype, t
     assert torch.equal(again, ours)
 
 
-def test_batched_rows_equal_rows_alone(tmp_path: Path) -> None:
+def test_batched_rows_equal_rows_alone(tmp_path: Path, monkeypatch) -> None:
+    # the quantized GEMM's rows: no bf16 copies for wide steps (AMX CPUs keep them by default)
+    monkeypatch.setenv(WIDE_ROWS_ENV, "0")
     _, folder = _gguf_model(tmp_path, "llama", Q.Q4_1)
     a, b = random_ids(9, seed=1), random_ids(13, seed=2)
     sa = Session(_runner(folder))
@@ -97,6 +106,62 @@ def test_batched_rows_equal_rows_alone(tmp_path: Path) -> None:
     sb = Session(_runner(folder))
     rows = sb.step([(sb.new_request(), a), (sb.new_request(), b)])
     assert torch.equal(rows[0], want_a) and torch.equal(rows[1], want_b)
+
+
+def test_wide_steps_take_bf16_copies_and_narrow_steps_the_quantized_weights(
+    tmp_path: Path, monkeypatch
+) -> None:
+    model, folder = _gguf_model(tmp_path, "llama", Q.Q4_1)
+    monkeypatch.setenv(WIDE_ROWS_ENV, "0")
+    plain = _runner(folder)
+    assert all(m.wide is None for m in plain.model.modules() if isinstance(m, Linear))
+    monkeypatch.setenv(WIDE_ROWS_ENV, "8")
+    wide = _runner(folder)
+    linears = [m for m in wide.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.wide is not None and m.wide_rows == 8 for m in linears)
+    assert all(isinstance(m.packed, QuantLinearWeight) for m in linears)  # both kept
+    assert wide.model.vocab.wide_packed is not None
+    narrow_ids, wide_ids = random_ids(5, seed=5), random_ids(13, seed=6)
+    # a step under the threshold runs the quantized weights: the same bits as without copies
+    sp, sw = Session(plain), Session(wide)
+    want = sp.step([(sp.new_request(), narrow_ids)])[0]
+    assert torch.equal(sw.step([(sw.new_request(), narrow_ids)])[0], want)
+    # a wide step runs the bf16 copies: close to the quantized rows and to HF, not the same bits
+    want = sp.step([(sp.new_request(), wide_ids)])[0]
+    got = sw.step([(sw.new_request(), wide_ids)])[0]
+    assert not torch.equal(got, want)
+    ref = hf_logits(model, wide_ids)
+    assert max_rel_err(got, ref) < BF16_ACT_ERR and max_rel_err(got, want) < BF16_ACT_ERR
+    # the re-scored greedy token of each row is the quantized path's (no near-tie at random)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_wide_copies_are_skipped_when_memory_is_short(tmp_path: Path, monkeypatch) -> None:
+    _, folder = _gguf_model(tmp_path, "llama", Q.Q8_0)
+    monkeypatch.setenv(WIDE_ROWS_ENV, "4")
+    monkeypatch.setattr(causal_lm, "WIDE_COPY_MEMORY_SHARE", 0.0)
+    runner = _runner(folder)
+    assert runner.model._wide_rows is None
+    assert all(m.wide is None for m in runner.model.modules() if isinstance(m, Linear))
+    assert runner.model.vocab.wide_packed is None
+    s = Session(runner)
+    assert s.step([(s.new_request(), random_ids(12, seed=7))])[0].shape[0] == 12
+
+
+def test_the_wide_rows_choice(monkeypatch) -> None:
+    monkeypatch.delenv(WIDE_ROWS_ENV, raising=False)
+    assert select_wide_rows(native, "gguf") is None  # opt-in: rows stay batch-invariant
+    monkeypatch.setenv(WIDE_ROWS_ENV, "auto")
+    amx = "amx_bf16" in cpu_flags()
+    assert select_wide_rows(native, "gguf") == (AMX_WIDE_ROWS_DEFAULT if amx else None)
+    assert select_wide_rows(native, "unquant") is None  # dense models: nothing to copy
+    assert select_wide_rows(None, "gguf") is None
+    monkeypatch.setenv(WIDE_ROWS_ENV, "0")
+    assert select_wide_rows(native, "w8a16") is None
+    monkeypatch.setenv(WIDE_ROWS_ENV, "24")
+    assert select_wide_rows(native, "w8a16") == 24
+    monkeypatch.setenv(WIDE_ROWS_ENV, "lots")
+    assert select_wide_rows(native, "w8a16") is None
 
 
 def test_int8_weight_only_of_a_dense_model(tmp_path: Path) -> None:
