@@ -131,7 +131,7 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - t0
         logger.info(
             "model loaded in %.2f s: %s, dtype %s, KV pool %d tokens (%s), %s kernels, %s attention%s"
-            ", quantization %s",
+            ", quantization %s%s",
             self.load_seconds,
             self.cfg.architecture,
             self.dtype,
@@ -141,6 +141,7 @@ class ModelRunner:
             self.attention_backend,
             ", native GEMM" if gemm is not None else "",
             self.quantization,
+            f", bf16 copies for steps of {self.wide_rows}+ rows" if self.wide_rows else "",
         )
 
     def release_idle_memory(self) -> None:
