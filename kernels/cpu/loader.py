@@ -25,10 +25,14 @@ GEMM_ENV = "RADIXGEN_NATIVE_GEMM"
 # A model whose linear layers are kept quantized may also keep a bf16 copy of them for steps of
 # at least N rows, which oneDNN multiplies (on AMX CPUs, on the tile unit: 2.0-2.8x the decode
 # throughput of 32-64 requests on a 2-core Sapphire Rapids). Opt-in, as a row's result then
-# depends on its step's size: "N" rows, "auto" AMX_WIDE_ROWS_DEFAULT on AMX CPUs (else never),
+# depends on its step's size: "N" rows, "auto" the AMX defaults below on AMX CPUs (else never),
 # unset or "0" never
 WIDE_ROWS_ENV = "RADIXGEN_AMX_WIDE_ROWS"
-AMX_WIDE_ROWS_DEFAULT = 12  # measured crossover on AMX: 8 rows 0.87x, 12 rows 1.17x
+# "auto"'s rows on AMX, from the crossovers measured on a 2-core Sapphire Rapids: the quantized
+# GEMM against the copies 1.15x at 8 rows, 0.87x at 12; the native bf16 GEMM against oneDNN
+# 1.5x at 1 row, 1.0x at 4, 0.92x at 6
+AMX_WIDE_ROWS_DEFAULT = 12  # weights kept quantized
+AMX_WIDE_ROWS_DENSE_DEFAULT = 4  # a bf16 model (the native bf16 GEMM below)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 # "int8": the quantized GEMM quantizes activations to int8 per row per 32-k group (integer dot
 # products; AVX2 Q4_0/Q4_1 today); "int8x2": int8 and the residual in int8 again (~16 bits);
@@ -97,27 +101,39 @@ def select_native_kernels(device: str, dtype: torch.dtype) -> NativeKernels | No
     return load_native_kernels()
 
 
-def select_linear_gemm(native: NativeKernels | None) -> NativeKernels | None:
+def select_linear_gemm(
+    native: NativeKernels | None, wide_rows: int | None = None
+) -> NativeKernels | None:
     """`native` when its bf16 GEMM should serve the dense linear layers, else None (oneDNN): it
     needs AVX512-BF16, loses to oneDNN's tile path on AMX CPUs for large batches (unless
-    RADIXGEN_NATIVE_GEMM=1), and RADIXGEN_NATIVE_GEMM=0 turns it off."""
+    RADIXGEN_NATIVE_GEMM=1, or `wide_rows` says bf16 copies serve those on oneDNN), and
+    RADIXGEN_NATIVE_GEMM=0 turns it off."""
     if native is None or not native.has_bf16_gemm:
         return None
     choice = os.environ.get(GEMM_ENV)
-    if choice == "0" or (choice != "1" and has_amx_bf16()):
+    if choice == "0" or (choice != "1" and wide_rows is None and has_amx_bf16()):
         return None
     return native
 
 
-def select_wide_rows(native: NativeKernels | None, quantization: str) -> int | None:
-    """The step rows from which a model with weights kept quantized (`quantization` not
-    "unquant") runs its linear layers and head from bf16 copies through oneDNN, or None for
-    never (RADIXGEN_AMX_WIDE_ROWS: unset or "0" never, "N" rows, "auto" AMX_WIDE_ROWS_DEFAULT
-    where the CPU has AMX-BF16, whose tile unit multiplies bf16 several times faster than the
-    quantized GEMM's vector code once a step has many rows). Not the default: the rows of
-    a step then differ from the same rows in a smaller step, so greedy outputs depend on the
-    batch (speculation, overlap and retraction stop giving identical outputs)."""
-    if native is None or quantization == "unquant":
+def select_wide_rows(
+    native: NativeKernels | None, quantization: str, dtype: torch.dtype = torch.bfloat16
+) -> int | None:
+    """The step rows from which a model runs its linear layers and head from bf16 copies
+    through oneDNN, or None for never (RADIXGEN_AMX_WIDE_ROWS: unset or "0" never, "N" rows,
+    "auto" AMX_WIDE_ROWS_DEFAULT (a bf16 model: AMX_WIDE_ROWS_DENSE_DEFAULT) where the CPU has
+    AMX-BF16, whose tile unit multiplies bf16
+    several times faster than the native GEMMs' vector code once a step has many rows). The
+    smaller steps keep the native kernels: the quantized GEMM for weights kept quantized
+    (`quantization` not "unquant"), the native bf16 GEMM (AVX512-BF16, not turned off by
+    RADIXGEN_NATIVE_GEMM=0) for a bf16 model. Not the default: the rows of a step then differ
+    from the same rows in a smaller step, so greedy outputs depend on the batch (speculation,
+    overlap and retraction stop giving identical outputs)."""
+    if native is None:
+        return None
+    if quantization == "unquant" and (
+        dtype != torch.bfloat16 or not native.has_bf16_gemm or os.environ.get(GEMM_ENV) == "0"
+    ):
         return None
     choice = os.environ.get(WIDE_ROWS_ENV)
     if choice is None:
@@ -129,7 +145,9 @@ def select_wide_rows(native: NativeKernels | None, quantization: str) -> int | N
             )  # fmt: skip
         return None
     if choice == "auto":
-        return AMX_WIDE_ROWS_DEFAULT if has_amx_bf16() else None
+        if not has_amx_bf16():
+            return None
+        return AMX_WIDE_ROWS_DENSE_DEFAULT if quantization == "unquant" else AMX_WIDE_ROWS_DEFAULT
     try:
         rows = int(choice)
     except ValueError:

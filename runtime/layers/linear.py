@@ -11,11 +11,11 @@ Runs in the scheduler process.
   it uses the tile unit, which this kernel does not): every M >= 2 computes each row
   identically (torch 2.13), a single row (M = 1) may not (K = 1536), so one row is padded to two.
   MKL's float32 GEMM changes row results with M, so float32 is exact but not batch-invariant.
-- A weight kept quantized (gemm_quant.c) may also keep a bf16 copy packed for oneDNN
-  (`add_wide_copy`, opt-in: `radixgen.kernels.cpu.select_wide_rows`): steps of many rows take
-  it, as AMX's tile unit beats the quantized GEMM there, and small steps keep the quantized
-  weight, which streams fewer bytes. A row's result then depends on which side of the
-  threshold its step fell.
+- A weight kept quantized (gemm_quant.c) or packed for the native GEMM may also keep a bf16
+  copy packed for oneDNN (`add_wide_copy`, opt-in: `radixgen.kernels.cpu.select_wide_rows`):
+  steps of many rows take it, as AMX's tile unit beats the vector GEMMs there, and small steps
+  keep the native weight (fewer bytes to stream, and the native decoder stack). A row's result
+  then depends on which side of the threshold its step fell.
 - RADIXGEN_NATIVE_GEMM=0 forces oneDNN (for comparisons). The model runner makes the choice once
   (`radixgen.kernels.cpu.select_linear_gemm`) and hands it to `prepack`.
 """
@@ -140,19 +140,37 @@ class Linear(nn.Linear):
         self.packed, self.gemm = packed, kernels
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
-    def add_wide_copy(self, rows: int) -> bool:
-        """Keep a bf16 copy of this layer's quantized weight, packed for oneDNN, for calls of at
-        least `rows` rows (see the module docstring); False where the layer is not quantized
-        or oneDNN cannot pack it."""
+    def wide_copy_bytes(self) -> int | None:
+        """What `add_wide_copy` would hold, or None where this layer takes no copy (it is
+        neither kept quantized nor packed for the native GEMM with its dense weight here)."""
         w = self.packed
-        if not isinstance(w, QuantLinearWeight) or self.gemm is None:
+        if isinstance(w, QuantLinearWeight) and self.gemm is not None:
+            return 2 * w.out_features * w.in_features
+        if isinstance(w, PackedLinearWeight) and (self.wide is not None or not self.dense_released):
+            return 2 * w.out_features * w.in_features
+        return None
+
+    def add_wide_copy(self, rows: int) -> bool:
+        """Keep a bf16 copy of this layer's weight packed for oneDNN, for calls of at least
+        `rows` rows (see the module docstring): from the quantized weight dequantized, or from
+        the dense weight of a layer packed for the native GEMM (call it before
+        `release_dense`). False where the layer takes no copy or oneDNN cannot pack it."""
+        w = self.packed
+        if isinstance(w, QuantLinearWeight) and self.gemm is not None:
+            dense = self.gemm.quant_rows(w, torch.arange(w.out_features))
+            bias = None if w.bias is None else w.bias.to(torch.bfloat16)
+        elif isinstance(w, PackedLinearWeight) and not self.dense_released:
+            dense, bias = self.weight.detach(), self.bias
+        elif isinstance(w, PackedLinearWeight) and self.wide is not None:
+            self.wide_rows = rows  # a repack after the dense weight was freed: keep the copy
+            return True
+        else:
             return False
-        dense = self.gemm.quant_rows(w, torch.arange(w.out_features))
         wide = prepack_weight(dense)
         if not isinstance(wide, torch.Tensor):
             return False
         self.wide, self.wide_rows = wide, rows
-        self.wide_bias = None if w.bias is None else w.bias.to(torch.bfloat16)
+        self.wide_bias = None if bias is None else bias.detach()
         return True
 
     def forward(self, x: torch.Tensor, unrounded: bool = False) -> torch.Tensor:

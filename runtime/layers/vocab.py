@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
+from radixgen.kernels.cpu import NativeKernels, PackedLinearWeight, QuantLinearWeight
 from radixgen.runtime.layers.linear import PackedWeight, linear, prepack_weight
 
 
@@ -50,10 +50,10 @@ class VocabHead:
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """[M, vocab] in the model dtype (consumers convert the rows they need); float32 from a
         quantized head (exact: no near-tie re-scoring needed). weight: the dense head."""
+        if self.wide_packed is not None and hidden.shape[0] >= self.wide_rows:
+            return linear(hidden, weight, self.wide_packed)  # bf16: re-scored near the max
         if self.head_quant is not None:
             assert self.quant_kernels is not None
-            if self.wide_packed is not None and hidden.shape[0] >= self.wide_rows:
-                return linear(hidden, weight, self.wide_packed)  # bf16: re-scored near the max
             return self.quant_kernels.linear_quant(hidden, self.head_quant, torch.float32)
         return linear(hidden, weight, self.packed, gemm=self.gemm)
 
@@ -63,15 +63,31 @@ class VocabHead:
             self.packed = prepack_weight(weight, None, gemm)
             self.gemm = gemm
 
-    def add_wide_copy(self, rows: int) -> bool:
-        """Keep a bf16 copy of a quantized head for logits of at least `rows` rows (as
-        `Linear.add_wide_copy`); False where the head is not quantized or oneDNN cannot pack
-        it. The model's dense head is then this copy (`CausalLM.lm_head_weight`)."""
+    def wide_copy_bytes(self, weight: torch.Tensor) -> int | None:
+        """What `add_wide_copy` would hold (a quantized head: packed and dense copies; a head
+        packed for the native GEMM: the packed copy), or None where it takes none."""
+        if self.head_quant is not None:
+            return 4 * self.head_quant.out_features * self.head_quant.in_features
+        if isinstance(self.packed, PackedLinearWeight) and weight.numel():
+            return 2 * weight.numel()
+        return None
+
+    def add_wide_copy(self, rows: int, weight: torch.Tensor) -> bool:
+        """Keep a bf16 copy of the head packed for oneDNN for logits of at least `rows` rows (as
+        `Linear.add_wide_copy`): from a quantized head dequantized (then the model's dense head
+        is that copy, `CausalLM.lm_head_weight`, for the re-scoring of bf16 logits), or from
+        the dense `weight` of a head packed for the native GEMM. False where the head takes no
+        copy or oneDNN cannot pack it."""
         w, kernels = self.head_quant, self.quant_kernels
-        if w is None or kernels is None:
+        dense: torch.Tensor | None = None
+        if w is not None and kernels is not None:
+            dense = kernels.quant_rows(w, torch.arange(w.out_features))
+            source = dense
+        elif isinstance(self.packed, PackedLinearWeight) and weight.numel():
+            source = weight.detach()
+        else:
             return False
-        dense = kernels.quant_rows(w, torch.arange(w.out_features))
-        packed = prepack_weight(dense)
+        packed = prepack_weight(source)
         if not isinstance(packed, torch.Tensor):
             return False
         self.wide_packed, self.wide_dense, self.wide_rows = packed, dense, rows

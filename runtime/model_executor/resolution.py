@@ -171,12 +171,13 @@ def resolve_runner(
     dtype = resolve_dtype(args.model.dtype, device, kept)
     backend = resolve_attention_backend(args.model.attention_backend, device, cfg, dtype)
     native = select_native_kernels(device, dtype)
-    gemm = select_linear_gemm(native)
-    layer_ops = native if native is not None else select_gpu_fused_ops(device, dtype)
     quantization = "unquant" if tp is not None else resolve_quantization(
         args.model.quantization, model_folder, device, dtype, native, cfg.architecture
     )  # fmt: skip
-    wide_rows = select_wide_rows(native, quantization)
+    # NOTE: TP shards the dense layers, which keep one packing (no copies for wide steps)
+    wide_rows = None if tp is not None else select_wide_rows(native, quantization, dtype)
+    gemm = select_linear_gemm(native, wide_rows)
+    layer_ops = native if native is not None else select_gpu_fused_ops(device, dtype)
     return RunnerChoices(
         cfg, device, dtype, backend, native, gemm, layer_ops, quantization, wide_rows
     )

@@ -206,10 +206,13 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack(gemm)
-                module.release_dense()
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.native = native
         self.vocab.prepack(self.lm_head_weight, gemm)
+        self._wide_rows = self._add_wide_copies(wide_rows) if wide_rows else None
+        for module in self.modules():  # after the copies, which a dense layer makes from it
+            if isinstance(module, Linear):
+                module.release_dense()
         # NOTE: the stack's table holds the packed weights' pointers: rebuilt after a prepack.
         # It runs whenever the native kernels serve the layers: a layer packed for oneDNN (no
         # native bf16 GEMM: AMX or AVX2 CPUs) makes `NativeDecoderStack.build` decline the model
@@ -217,26 +220,24 @@ class CausalLM(nn.Module):
             native if isinstance(native, NativeKernels) and self.native_stack_allowed else None
         )
         self._stack, self._stack_pool = None, None
-        self._wide_rows = self._add_wide_copies(wide_rows) if wide_rows else None
 
     @property
     def wide_rows(self) -> int | None:
-        """Steps of this many rows use the bf16 copies of the quantized layers (None: none)."""
+        """Steps of this many rows use the layers' bf16 copies for oneDNN (None: none)."""
         return self._wide_rows
 
     def _add_wide_copies(self, rows: int) -> int | None:
-        """Give every quantized linear layer its bf16 copy for steps of `rows` rows or more
-        (`Linear.add_wide_copy`; the model runner's choice, `select_wide_rows`), unless the
-        copies would take more than WIDE_COPY_MEMORY_SHARE of the memory available now. Returns
-        `rows` when every layer has one, else None."""
+        """Give every linear layer and the head a bf16 copy packed for oneDNN, for steps of
+        `rows` rows or more (`Linear.add_wide_copy`; the model runner's choice,
+        `select_wide_rows`): layers kept quantized, or packed for the native GEMM. Skipped
+        when the copies would take more than WIDE_COPY_MEMORY_SHARE of the memory available
+        now. Returns `rows` when every layer has one, else None."""
         layers = [m for m in self.modules() if isinstance(m, Linear)]
-        weights = [m.packed for m in layers if isinstance(m.packed, QuantLinearWeight)]
-        if not weights or len(weights) != len(layers):
+        sizes = [m.wide_copy_bytes() for m in layers]
+        head = self.vocab.wide_copy_bytes(self.lm_head_weight)
+        if not layers or None in sizes or head is None:
             return None
-        need = sum(2 * w.out_features * w.in_features for w in weights)
-        head = self.vocab.head_quant
-        if head is not None:  # packed and dense
-            need += 4 * head.out_features * head.in_features
+        need = sum(s for s in sizes if s is not None) + head
         available = psutil.virtual_memory().available
         if need > WIDE_COPY_MEMORY_SHARE * available:
             logger.info(
@@ -244,14 +245,14 @@ class CausalLM(nn.Module):
                 need / 2**20, 100 * WIDE_COPY_MEMORY_SHARE, available / 2**20,
             )  # fmt: skip
             return None
-        if not all(m.add_wide_copy(rows) for m in layers) or (
-            head is not None and not self.vocab.add_wide_copy(rows)
+        if not all(m.add_wide_copy(rows) for m in layers) or not self.vocab.add_wide_copy(
+            rows, self.lm_head_weight
         ):
             for m in layers:
                 m.wide = None
             self.vocab.wide_packed = self.vocab.wide_dense = None
             return None
-        logger.info("bf16 copies of the quantized layers (%.0f MB) serve steps of %d+ rows",
+        logger.info("bf16 copies of the linear layers (%.0f MB) serve steps of %d+ rows",
                     need / 2**20, rows)  # fmt: skip
         return rows
 

@@ -11,6 +11,7 @@ import torch
 from model_harness import Session, build_hf_model, random_ids, save_hf_model, tiny_config
 
 from radixgen.kernels.cpu import (
+    PackedLinearWeight,
     has_amx_bf16,
     load_native_kernels,
     select_linear_gemm,
@@ -90,3 +91,33 @@ def test_selection_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         assert select_linear_gemm(native) is None
     monkeypatch.setenv("RADIXGEN_NATIVE_GEMM", "0")
     assert select_linear_gemm(native) is None
+
+
+def test_a_bf16_model_keeps_oneDNN_copies_for_wide_steps_beside_the_native_gemm(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native = load_native_kernels()
+    if native is None or not native.has_bf16_gemm:
+        pytest.skip("no native bf16 GEMM on this CPU (AVX512-BF16)")
+    monkeypatch.setenv("RADIXGEN_NATIVE_GEMM", "1")  # the native GEMM for every step
+    plain = _runner(folder, "bfloat16")
+    monkeypatch.delenv("RADIXGEN_NATIVE_GEMM")
+    monkeypatch.setenv("RADIXGEN_AMX_WIDE_ROWS", "8")
+    assert select_linear_gemm(native, 8) is native  # even on AMX: small steps stay native
+    wide = _runner(folder, "bfloat16")
+    assert wide.wide_rows == 8
+    linears = [m for m in wide.model.modules() if isinstance(m, Linear)]
+    assert all(isinstance(m.packed, PackedLinearWeight) for m in linears)
+    assert all(isinstance(m.wide, torch.Tensor) and m.weight.numel() == 0 for m in linears)
+    assert wide.model.vocab.wide_packed is not None and wide.model.vocab.wide_dense is None
+    sp, sw = Session(plain), Session(wide)
+    narrow = random_ids(5, seed=11)  # under the threshold: the native GEMM, the same bits
+    assert torch.equal(
+        sw.step([(sw.new_request(), narrow)])[0], sp.step([(sp.new_request(), narrow)])[0]
+    )
+    ids = random_ids(13, seed=12)  # a wide step: oneDNN on the copies, close but not the bits
+    want = sp.step([(sp.new_request(), ids)])[0]
+    got = sw.step([(sw.new_request(), ids)])[0]
+    err = float((got - want).abs().max() / want.abs().max())
+    assert 0 < err < 2e-2
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

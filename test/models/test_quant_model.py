@@ -19,7 +19,12 @@ from radixgen.kernels.cpu import (
     load_native_kernels,
     select_wide_rows,
 )
-from radixgen.kernels.cpu.loader import AMX_WIDE_ROWS_DEFAULT, WIDE_ROWS_ENV
+from radixgen.kernels.cpu.loader import (
+    AMX_WIDE_ROWS_DEFAULT,
+    AMX_WIDE_ROWS_DENSE_DEFAULT,
+    GEMM_ENV,
+    WIDE_ROWS_ENV,
+)
 from radixgen.runtime.layers.linear import Linear
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
@@ -154,7 +159,13 @@ def test_the_wide_rows_choice(monkeypatch) -> None:
     monkeypatch.setenv(WIDE_ROWS_ENV, "auto")
     amx = "amx_bf16" in cpu_flags()
     assert select_wide_rows(native, "gguf") == (AMX_WIDE_ROWS_DEFAULT if amx else None)
-    assert select_wide_rows(native, "unquant") is None  # dense models: nothing to copy
+    # a dense bf16 model: copies where the native bf16 GEMM serves the small steps
+    dense = AMX_WIDE_ROWS_DENSE_DEFAULT if amx and native.has_bf16_gemm else None
+    assert select_wide_rows(native, "unquant") == dense
+    assert select_wide_rows(native, "unquant", torch.float32) is None
+    monkeypatch.setenv(GEMM_ENV, "0")  # oneDNN for every step: nothing to copy
+    assert select_wide_rows(native, "unquant") is None
+    monkeypatch.delenv(GEMM_ENV)
     assert select_wide_rows(None, "gguf") is None
     monkeypatch.setenv(WIDE_ROWS_ENV, "0")
     assert select_wide_rows(native, "w8a16") is None
