@@ -54,7 +54,8 @@ def test_one_choice_reaches_every_consumer(folder: Path, dtype: str) -> None:
     native = runner.native
     assert native is not None and native is select_native_kernels("cpu", runner.dtype)
     assert runner.attn_backend.native is native  # type: ignore[attr-defined]
-    assert _choices(runner) == ({id(native)}, {id(select_linear_gemm(native))})
+    gemm = select_linear_gemm(native, runner.wide_rows)
+    assert _choices(runner) == ({id(native)}, {id(gemm)})
     outputs: list[LogitsOutput] = []
     forward = runner.forward
     runner.forward = lambda batch: outputs.append(forward(batch)) or outputs[-1]  # type: ignore[method-assign]
@@ -100,6 +101,7 @@ def test_a_bf16_model_keeps_oneDNN_copies_for_wide_steps_beside_the_native_gemm(
     if native is None or not native.has_bf16_gemm:
         pytest.skip("no native bf16 GEMM on this CPU (AVX512-BF16)")
     monkeypatch.setenv("RADIXGEN_NATIVE_GEMM", "1")  # the native GEMM for every step
+    monkeypatch.setenv("RADIXGEN_AMX_WIDE_ROWS", "0")
     plain = _runner(folder, "bfloat16")
     monkeypatch.delenv("RADIXGEN_NATIVE_GEMM")
     monkeypatch.setenv("RADIXGEN_AMX_WIDE_ROWS", "8")
