@@ -22,6 +22,7 @@ Runs in the scheduler process.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Protocol
 
 import torch
@@ -57,6 +58,13 @@ def prepack_weight(
     except (RuntimeError, AttributeError):
         return None
     return packed
+
+
+@cache
+def onednn_packs_bf16() -> bool:
+    """Can oneDNN lay out bf16 weights on this CPU? It needs AVX512-BW/VL/DQ or AVX-NE-CONVERT
+    (AVX2-only CPUs run bf16 layers through F.linear instead)."""
+    return isinstance(prepack_weight(torch.zeros(2, 2, dtype=torch.bfloat16)), torch.Tensor)
 
 
 def linear(

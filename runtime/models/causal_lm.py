@@ -22,7 +22,7 @@ from radixgen.kernels.attention.base import AttentionLayerInfo
 from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
 from radixgen.kernels.step_cancel import raise_if_cancelled
 from radixgen.runtime.layers.attention import Attention
-from radixgen.runtime.layers.linear import Linear
+from radixgen.runtime.layers.linear import Linear, onednn_packs_bf16
 from radixgen.runtime.layers.mlp import MLP
 from radixgen.runtime.layers.norm import RMSNorm
 from radixgen.runtime.layers.rotary import RotaryEmbedding
@@ -232,6 +232,9 @@ class CausalLM(nn.Module):
         `select_wide_rows`): layers kept quantized, or packed for the native GEMM. Skipped
         when the copies would take more than WIDE_COPY_MEMORY_SHARE of the memory available
         now. Returns `rows` when every layer has one, else None."""
+        if not onednn_packs_bf16():
+            logger.info("no bf16 copies for wide steps: oneDNN cannot pack bf16 on this CPU")
+            return None
         layers = [m for m in self.modules() if isinstance(m, Linear)]
         sizes = [m.wide_copy_bytes() for m in layers]
         head = self.vocab.wide_copy_bytes(self.lm_head_weight)

@@ -20,6 +20,7 @@ import radixgen
 from radixgen.kernels.cpu import runnable_isas
 from radixgen.kernels.cpu.isa import ISA_ENV
 from radixgen.kernels.cpu.loader import ACT_QUANT_ENV, WIDE_ROWS_ENV, load_kernels_for_isa
+from radixgen.runtime.layers.linear import onednn_packs_bf16
 
 pytestmark = pytest.mark.slow  # starts Engines
 
@@ -77,6 +78,8 @@ def test_bf16_copies_for_wide_steps_agree_with_float32(
 ) -> None:
     if not runnable_isas():
         pytest.skip("no native kernel variant for this CPU")
+    if not onednn_packs_bf16():
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (AVX2 only): no copies")
     monkeypatch.setenv(WIDE_ROWS_ENV, "4")  # every step of the 12 prompts is wide
     ids, info = _greedy(chat_prompt)
     assert (info["quantization"], info["kernel_wide_rows"]) == ("gguf", 4)

@@ -25,7 +25,7 @@ from radixgen.kernels.cpu.loader import (
     GEMM_ENV,
     WIDE_ROWS_ENV,
 )
-from radixgen.runtime.layers.linear import Linear
+from radixgen.runtime.layers.linear import Linear, onednn_packs_bf16
 from radixgen.runtime.model_executor.model_runner import ModelRunner
 from radixgen.runtime.model_loader.gguf_convert import convert_gguf_cached
 from radixgen.runtime.model_loader.quant_loader import QUANT_CACHE
@@ -116,6 +116,8 @@ def test_batched_rows_equal_rows_alone(tmp_path: Path, monkeypatch) -> None:
 def test_wide_steps_take_bf16_copies_and_narrow_steps_the_quantized_weights(
     tmp_path: Path, monkeypatch
 ) -> None:
+    if not onednn_packs_bf16():
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (AVX2 only): no copies")
     model, folder = _gguf_model(tmp_path, "llama", Q.Q4_1)
     monkeypatch.setenv(WIDE_ROWS_ENV, "0")
     plain = _runner(folder)
@@ -142,6 +144,8 @@ def test_wide_steps_take_bf16_copies_and_narrow_steps_the_quantized_weights(
 
 
 def test_wide_copies_are_skipped_when_memory_is_short(tmp_path: Path, monkeypatch) -> None:
+    if not onednn_packs_bf16():
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (AVX2 only): no copies")
     _, folder = _gguf_model(tmp_path, "llama", Q.Q8_0)
     monkeypatch.setenv(WIDE_ROWS_ENV, "4")
     monkeypatch.setattr(causal_lm, "WIDE_COPY_MEMORY_SHARE", 0.0)
@@ -268,3 +272,14 @@ def test_a_cached_conversion_follows_its_gguf_to_a_new_place(tmp_path: Path) -> 
     again = convert_gguf_cached(moved, tmp_path / "first" / "cache")
     assert again == folder
     assert gguf_source(folder) == moved
+
+
+def test_no_copies_where_onednn_cannot_pack_bf16(tmp_path: Path, monkeypatch) -> None:
+    _, folder = _gguf_model(tmp_path, "llama", Q.Q4_0)
+    monkeypatch.setenv(WIDE_ROWS_ENV, "4")
+    monkeypatch.setattr(causal_lm, "onednn_packs_bf16", lambda: False)  # as on AVX2-only CPUs
+    runner = _runner(folder)
+    assert runner.wide_rows is None and runner.model.vocab.wide_packed is None
+    assert all(m.wide is None for m in runner.model.modules() if isinstance(m, Linear))
+    s = Session(runner)
+    assert s.step([(s.new_request(), random_ids(12, seed=8))])[0].shape[0] == 12
