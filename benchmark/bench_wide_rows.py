@@ -140,7 +140,9 @@ def write_results(
         if args.unquant
         else "the default model (Q4_1 kept quantized)"
     )
-    baseline = "oneDNN for every step" if args.unquant else "quantized weights only"
+    baseline = (
+        "no copies (on AMX: oneDNN for every step)" if args.unquant else "quantized weights only"
+    )
     body = "\n".join(
         [
             f"CPU: {s['cpu']}, {s['cores']} cores; {model}, an "

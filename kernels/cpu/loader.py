@@ -22,9 +22,10 @@ REQUIRE_ENV = "RADIXGEN_REQUIRE_NATIVE"  # "1": a failed build is an error, not 
 # "0": oneDNN serves the linear layers (for comparisons); "1": the native GEMM serves them on AMX
 # CPUs too (where oneDNN is the default); unset: native unless the CPU has AMX
 GEMM_ENV = "RADIXGEN_NATIVE_GEMM"
-# A model whose linear layers are kept quantized may also keep a bf16 copy of them for steps of
-# at least N rows, which oneDNN multiplies (on AMX CPUs, on the tile unit: 2.0-2.8x the decode
-# throughput of 32-64 requests on a 2-core Sapphire Rapids). Opt-in, as a row's result then
+# A model may also keep a bf16 copy of its linear layers (kept quantized, or packed for the
+# native bf16 GEMM) for steps of at least N rows, which oneDNN multiplies (on AMX CPUs on the
+# tile unit: 1.9-2.8x the decode throughput of 32-64 requests of the quantized default model on
+# a 2-core Sapphire Rapids). Opt-in, as a row's result then
 # depends on its step's size: "N" rows, "auto" the AMX defaults below on AMX CPUs (else never),
 # unset or "0" never
 WIDE_ROWS_ENV = "RADIXGEN_AMX_WIDE_ROWS"
@@ -122,8 +123,8 @@ def select_wide_rows(
     """The step rows from which a model runs its linear layers and head from bf16 copies
     through oneDNN, or None for never (RADIXGEN_AMX_WIDE_ROWS: unset or "0" never, "N" rows,
     "auto" AMX_WIDE_ROWS_DEFAULT (a bf16 model: AMX_WIDE_ROWS_DENSE_DEFAULT) where the CPU has
-    AMX-BF16, whose tile unit multiplies bf16
-    several times faster than the native GEMMs' vector code once a step has many rows). The
+    AMX-BF16, whose tile unit multiplies bf16 several times faster than the native GEMMs'
+    vector code once a step has many rows). The
     smaller steps keep the native kernels: the quantized GEMM for weights kept quantized
     (`quantization` not "unquant"), the native bf16 GEMM (AVX512-BF16, not turned off by
     RADIXGEN_NATIVE_GEMM=0) for a bf16 model. Not the default: the rows of a step then differ
@@ -135,19 +136,18 @@ def select_wide_rows(
         dtype != torch.bfloat16 or not native.has_bf16_gemm or os.environ.get(GEMM_ENV) == "0"
     ):
         return None
+    auto = AMX_WIDE_ROWS_DENSE_DEFAULT if quantization == "unquant" else AMX_WIDE_ROWS_DEFAULT
     choice = os.environ.get(WIDE_ROWS_ENV)
     if choice is None:
         if has_amx_bf16():
             logger.info(
                 "this CPU has AMX: %s=auto would run steps of %d+ rows from bf16 copies of the "
-                "quantized weights on the tile unit (~2x batched decode, ~3x prefill; rows "
-                "then depend on the batch)", WIDE_ROWS_ENV, AMX_WIDE_ROWS_DEFAULT,
+                "linear layers on the tile unit (faster batches and prefill; rows then depend "
+                "on the batch)", WIDE_ROWS_ENV, auto,
             )  # fmt: skip
         return None
     if choice == "auto":
-        if not has_amx_bf16():
-            return None
-        return AMX_WIDE_ROWS_DENSE_DEFAULT if quantization == "unquant" else AMX_WIDE_ROWS_DEFAULT
+        return auto if has_amx_bf16() else None
     try:
         rows = int(choice)
     except ValueError:

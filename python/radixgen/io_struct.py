@@ -264,7 +264,7 @@ class SchedulerReadyOut:
     # the quantized GEMM's activations: "int8" (RADIXGEN_CPU_ACT_QUANT) or "off" (float32);
     # None without native kernels
     kernel_act_quant: str | None = None
-    # steps of this many rows run a quantized model's layers from bf16 copies
+    # steps of this many rows run the model's linear layers from bf16 copies on oneDNN
     # (RADIXGEN_AMX_WIDE_ROWS); None: never
     kernel_wide_rows: int | None = None
     # an embedding model's vector width (`--is-embedding`, or an encoder's config); None: the

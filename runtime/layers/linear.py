@@ -115,8 +115,8 @@ class Linear(nn.Linear):
     # NOTE: None (the class default) unless --enable-lora attached adapters' slots: the base
     # path pays one attribute test a call
     delta: LinearDelta | None = None
-    # a quantized layer's bf16 copy packed for oneDNN, serving calls of at least `wide_rows`
-    # rows (`add_wide_copy`; None, the class default: every call takes `packed`)
+    # a bf16 copy of the weight packed for oneDNN, serving calls of at least `wide_rows` rows
+    # (`add_wide_copy`; None, the class default: every call takes `packed`)
     wide: torch.Tensor | None = None
     wide_rows: int = 0
     wide_bias: torch.Tensor | None = None

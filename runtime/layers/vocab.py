@@ -33,8 +33,8 @@ class VocabHead:
         self.embed_quant: QuantLinearWeight | None = None  # rows dequantized on lookup
         self.head_quant: QuantLinearWeight | None = None  # the LM head kept quantized
         self.quant_kernels: NativeKernels | None = None
-        # a quantized head's bf16 copy for steps of `wide_rows` rows or more (`add_wide_copy`):
-        # packed for oneDNN, and dense for the near-max re-scoring of its bf16 logits
+        # the head's bf16 copy for steps of `wide_rows` rows or more (`add_wide_copy`): packed
+        # for oneDNN, and, for a quantized head, dense for the near-max re-scoring of its logits
         self.wide_packed: torch.Tensor | None = None
         self.wide_dense: torch.Tensor | None = None
         self.wide_rows = 0

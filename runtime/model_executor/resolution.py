@@ -148,7 +148,7 @@ class RunnerChoices:
     # torch ops); attention and logits keep `native` (CPU only)
     layer_ops: FusedLayerOps | None
     quantization: str  # as `resolve_quantization` decided ("unquant" under TP)
-    # steps of this many rows run a quantized model's linear layers from bf16 copies (AMX)
+    # steps of this many rows run the linear layers from bf16 copies on oneDNN (opt-in, AMX)
     wide_rows: int | None = None
 
 

@@ -71,8 +71,8 @@ def load_model(
     Triton), handed to `CausalLM.prepack`. The class follows the architecture
     (registry.py). quantization: as `resolve_quantization` decided (gguf: read from the source
     GGUF; w8a16 / int8: quantized after loading), with the native `kernels` serving the
-    quantized weights. wide_rows: steps of this many rows take bf16 copies of the quantized
-    layers (`CausalLM.prepack`; None: never)."""
+    quantized weights. wide_rows: steps of this many rows take bf16 copies of the linear
+    layers on oneDNN (`CausalLM.prepack`; None: never)."""
     model: CausalLM = model_class(cfg).create(cfg, dtype, device, max_positions)
     source = quant_loader.gguf_source(folder) if quantization == "gguf" else None
     if source is not None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from radixgen.errors import InvalidRequestError
 from radixgen.kernels.attention.base import AttentionLayerInfo
-from radixgen.kernels.cpu import NativeKernels, QuantLinearWeight
+from radixgen.kernels.cpu import NativeKernels
 from radixgen.kernels.step_cancel import raise_if_cancelled
 from radixgen.runtime.layers.attention import Attention
 from radixgen.runtime.layers.linear import Linear, onednn_packs_bf16
@@ -33,6 +33,7 @@ from radixgen.runtime.models.native_stack import NativeDecoderStack
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+; we support 3.10
 
+    from radixgen.kernels.cpu import QuantLinearWeight
     from radixgen.kernels.layer_ops import FusedLayerOps
     from radixgen.runtime.model_executor.forward_batch import ForwardBatch
 
@@ -239,6 +240,8 @@ class CausalLM(nn.Module):
         sizes = [m.wide_copy_bytes() for m in layers]
         head = self.vocab.wide_copy_bytes(self.lm_head_weight)
         if not layers or None in sizes or head is None:
+            logger.info("no bf16 copies for wide steps: a layer is neither quantized nor packed "
+                        "for the native GEMM")  # fmt: skip
             return None
         need = sum(s for s in sizes if s is not None) + head
         available = psutil.virtual_memory().available
